@@ -1,0 +1,41 @@
+# turnout — developer entry points. Everything installs into .venv; nothing touches the system Python.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test check lint typecheck fmt llama-server clean help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+demo: $(STAMP)  ## run the gateway on two built-in simulated engines (Ctrl-C stops everything)
+	$(BIN)/turnout demo
+
+test: $(STAMP)  ## install what the tests need, then run them all
+	$(BIN)/python -m pytest
+
+check: lint typecheck  ## ruff + mypy --strict
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway backends policies tests bench
+	$(BIN)/ruff format --check gateway backends policies tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+fmt: $(STAMP)  ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix gateway backends policies tests bench
+	$(BIN)/ruff format gateway backends policies tests bench
+
+llama-server: $(STAMP)  ## build (or reuse) the real llama-server used by the real-engine tests
+	$(BIN)/python tests/real/build_llama_server.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,191 @@
+"""The adapter contract: prepare a request for one engine, send it, probe the engine.
+
+All HTTP to engines goes through an adapter and one shared ``httpx.AsyncClient`` injected by the
+caller. Adapters translate every transport and status failure into :mod:`backends.errors`.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import httpx
+import msgspec
+
+from backends.errors import UpstreamStatusError, UpstreamUnavailable, parse_error_body
+from backends.parsers.openai import ServedModel, parse_models
+from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health
+
+UPSTREAM_PATHS: dict[Endpoint, str] = {
+    Endpoint.CHAT: "/v1/chat/completions",
+    Endpoint.COMPLETIONS: "/v1/completions",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """What an adapter needs to know about its engine (built from the gateway's settings)."""
+
+    id: str
+    kind: EngineKind
+    base_url: str
+    api_key: str | None = None
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0
+    probe_timeout: float = 2.0
+    probe_interval_s: float = 2.0
+    deployments: tuple[Deployment, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    """A request ready to send, and the rewrites its response needs on the way back."""
+
+    backend_id: str
+    url: str
+    body: bytes
+    stream: bool
+    headers: tuple[tuple[str, str], ...] = ()
+    strip_usage_chunk: bool = False
+    """turnout asked for ``include_usage`` itself; the extra usage chunk is not the client's."""
+    model_rename: tuple[bytes, bytes] | None = None
+    """``(b'"model":"<upstream>"', b'"model":"<client>"')`` when the names differ."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def model_rename(upstream: str, client: str) -> tuple[bytes, bytes] | None:
+    if upstream == client:
+        return None
+    encode = msgspec.json.encode
+    return b'"model":' + encode(upstream), b'"model":' + encode(client)
+
+
+class Adapter(ABC):
+    """One engine kind's knowledge: request rewrites, response parsing, probing."""
+
+    kind: ClassVar[EngineKind]
+
+    def __init__(self, spec: BackendSpec, client: httpx.AsyncClient) -> None:
+        self.spec = spec
+        self.client = client
+        self._auth: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {spec.api_key}"),) if spec.api_key else ()
+        )
+        self._timeout = httpx.Timeout(spec.read_timeout, connect=spec.connect_timeout)
+        self._probe_timeout = httpx.Timeout(spec.probe_timeout)
+
+    # -- requests ---------------------------------------------------------------------------
+    def rewrite_body(self, body: dict[str, Any], deployment: Deployment) -> bool:
+        """Engine-specific changes to the upstream body (in place); returns ``strip_usage_chunk``."""
+        return False
+
+    def prepare(
+        self, endpoint: Endpoint, body: Mapping[str, Any], deployment: Deployment, client_model: str
+    ) -> UpstreamRequest:
+        """The upstream request: the client's body with the model mapped and the engine's rewrites."""
+        upstream = dict(body)
+        upstream["model"] = deployment.upstream_name
+        strip = self.rewrite_body(upstream, deployment)
+        stream = bool(upstream.get("stream", False))
+        return UpstreamRequest(
+            backend_id=self.spec.id,
+            url=self.spec.base_url + UPSTREAM_PATHS[endpoint],
+            body=msgspec.json.encode(upstream),
+            stream=stream,
+            headers=(("content-type", "application/json"), *self._auth),
+            strip_usage_chunk=strip,
+            model_rename=model_rename(deployment.upstream_name, client_model),
+        )
+
+    async def send(self, request: UpstreamRequest) -> httpx.Response:
+        """Send and return the open response once its status is 2xx (the body is not read yet).
+
+        Raises :class:`UpstreamUnavailable` when there is no answer, :class:`UpstreamStatusError`
+        for an error status (its body read and normalised).
+        """
+        http_request = self.client.build_request(
+            "POST", request.url, content=request.body, headers=request.headers, timeout=self._timeout
+        )
+        try:
+            response = await self.client.send(http_request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamUnavailable(self.spec.id, f"timed out: {type(exc).__name__}") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(self.spec.id, f"unreachable: {type(exc).__name__}") from exc
+        if response.status_code >= 400:
+            try:
+                body = await response.aread()
+            except httpx.HTTPError:
+                body = b""
+            finally:
+                await response.aclose()
+            raise parse_error_body(self.spec.id, response.status_code, body)
+        return response
+
+    # -- probes -----------------------------------------------------------------------------
+    async def _get(self, path: str) -> tuple[int, Any]:
+        """GET a probe path; returns (status, decoded JSON or text)."""
+        response = await self.client.get(
+            self.spec.base_url + path, headers=dict(self._auth), timeout=self._probe_timeout
+        )
+        content = response.content
+        if response.headers.get("content-type", "").startswith("application/json") and content:
+            try:
+                return response.status_code, msgspec.json.decode(content)
+            except msgspec.DecodeError:
+                return response.status_code, content.decode("utf-8", "replace")
+        return response.status_code, content.decode("utf-8", "replace")
+
+    async def _get_ok(self, path: str) -> Any:
+        status, data = await self._get(path)
+        if status >= 400:
+            raise UpstreamStatusError(self.spec.id, status, f"GET {path} answered {status}")
+        return data
+
+    async def probe_models(self) -> tuple[ServedModel, ...]:
+        return parse_models(await self._get_ok("/v1/models"))
+
+    @abstractmethod
+    async def probe_engine(self, base: BackendSnapshot) -> BackendSnapshot:
+        """Engine-specific probing on top of a ready snapshot (load, slots, cache counters)."""
+
+    async def probe(self) -> BackendSnapshot:
+        """One probe: health, models and load, as an immutable snapshot. Never raises."""
+        base = BackendSnapshot(self.spec.id, self.kind, Health.UNKNOWN, time.time(), self.spec.deployments)
+        try:
+            health = await self.client.get(
+                self.spec.base_url + "/health", headers=dict(self._auth), timeout=self._probe_timeout
+            )
+            if health.status_code >= 400:
+                error = parse_error_body(self.spec.id, health.status_code, health.content)
+                return replace(base, health=self.health_for_status(error), error=error.message)
+            served = await self.probe_models()
+            snapshot = replace(
+                base,
+                health=Health.READY,
+                served_names=tuple(m.id for m in served),
+                deployments=self._with_windows(served),
+            )
+            return await self.probe_engine(snapshot)
+        except UpstreamStatusError as exc:
+            return replace(base, health=self.health_for_status(exc), error=exc.message)
+        except (httpx.HTTPError, ValueError, msgspec.DecodeError) as exc:
+            return replace(base, health=Health.DOWN, error=f"{type(exc).__name__}: {exc}"[:200])
+
+    def health_for_status(self, error: UpstreamStatusError) -> Health:
+        return Health.DOWN
+
+    def _with_windows(self, served: tuple[ServedModel, ...]) -> tuple[Deployment, ...]:
+        """Deployments with the context window the engine reports, where it is smaller."""
+        windows = {m.id: m.context_window for m in served}
+        updated = []
+        for deployment in self.spec.deployments:
+            reported = windows.get(deployment.upstream_name)
+            configured = deployment.context_window
+            if reported is not None and (configured is None or reported < configured):
+                deployment = replace(deployment, context_window=reported)
+            updated.append(deployment)
+        return tuple(updated)

@@ -1,0 +1,83 @@
+"""Errors raised by backend adapters; every lower-level failure is translated here.
+
+    UpstreamError                   anything that went wrong talking to an engine
+    ├── UpstreamUnavailable         no response: connect refused, timeout, reset before headers
+    ├── UpstreamStatusError         the engine answered with an error status (before streaming)
+    └── UpstreamStreamError         the connection failed after the response had begun
+
+Only ``UpstreamUnavailable`` and ``UpstreamStatusError`` with a 5xx status are worth another
+backend: both happen before any byte reached the client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class UpstreamError(Exception):
+    """Base class; ``backend_id`` names the engine."""
+
+    def __init__(self, backend_id: str, message: str) -> None:
+        super().__init__(message)
+        self.backend_id = backend_id
+        self.message = message
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The engine could not be reached or did not answer in time."""
+
+    retryable = True
+
+
+class UpstreamStreamError(UpstreamError):
+    """The engine's response broke off after it had started."""
+
+
+class UpstreamStatusError(UpstreamError):
+    """The engine answered with an HTTP error.
+
+    ``message``, ``type`` and ``code`` are normalised from whichever error shape the engine used
+    (OpenAI-style, llama.cpp's, vLLM's bare ``{"error": "Unauthorized"}``, FastAPI's ``detail``).
+    ``extra`` keeps engine-specific fields such as llama.cpp's ``n_prompt_tokens``/``n_ctx``.
+    """
+
+    def __init__(
+        self,
+        backend_id: str,
+        status: int,
+        message: str,
+        error_type: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(backend_id, message)
+        self.status = status
+        self.error_type = error_type
+        self.extra = extra or {}
+
+    @property
+    def retryable(self) -> bool:
+        return self.status >= 500
+
+
+def parse_error_body(backend_id: str, status: int, body: bytes) -> UpstreamStatusError:
+    """Normalise an engine's error response into an :class:`UpstreamStatusError`."""
+    message = body.decode("utf-8", "replace").strip()[:500] or f"HTTP {status}"
+    error_type: str | None = None
+    extra: dict[str, Any] = {}
+    try:
+        data = msgspec.json.decode(body) if body else None
+    except msgspec.DecodeError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error", data.get("detail"))
+        if isinstance(error, dict):
+            message = str(error.get("message", message))
+            error_type = str(error["type"]) if error.get("type") is not None else None
+            extra = {k: v for k, v in error.items() if k not in {"message", "type", "code", "param"}}
+        elif isinstance(error, str):  # vLLM's --api-key failure: {"error": "Unauthorized"}
+            message = error
+        elif isinstance(error, list):  # FastAPI validation detail
+            message = "; ".join(str(item.get("msg", item)) for item in error if isinstance(item, dict)) or message
+    return UpstreamStatusError(backend_id, status, message, error_type, extra)

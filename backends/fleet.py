@@ -1,0 +1,77 @@
+"""The fleet: every configured backend's adapter, and a probe loop keeping their snapshots fresh.
+
+``snapshots()`` is what routing reads: a tuple of the latest immutable snapshots, in configured
+order, swapped whole by the probe tasks (no locks, no partial views).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import httpx
+import structlog
+
+from backends.base import Adapter, BackendSpec
+from backends.registry import create_adapter
+from policies.types import BackendSnapshot, Health
+
+log = structlog.get_logger(__name__)
+
+
+class Fleet:
+    """Adapters by backend id, their latest snapshots, and the probe tasks."""
+
+    def __init__(self, specs: Sequence[BackendSpec], client: httpx.AsyncClient) -> None:
+        self.adapters: dict[str, Adapter] = {spec.id: create_adapter(spec, client) for spec in specs}
+        self._snapshots: dict[str, BackendSnapshot] = {
+            spec.id: BackendSnapshot(spec.id, spec.kind, Health.UNKNOWN, 0.0, spec.deployments) for spec in specs
+        }
+        self._view: tuple[BackendSnapshot, ...] = tuple(self._snapshots.values())
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def snapshots(self) -> tuple[BackendSnapshot, ...]:
+        return self._view
+
+    def adapter(self, backend_id: str) -> Adapter:
+        return self.adapters[backend_id]
+
+    def _store(self, snapshot: BackendSnapshot) -> None:
+        previous = self._snapshots.get(snapshot.backend_id)
+        if previous is None or previous.health != snapshot.health:
+            log.info("backend.health", backend=snapshot.backend_id, health=snapshot.health, error=snapshot.error)
+        self._snapshots[snapshot.backend_id] = snapshot
+        self._view = tuple(self._snapshots.values())
+
+    def report_failure(self, backend_id: str, error: str) -> None:
+        """A request found the backend unreachable: route around it until the next probe says otherwise."""
+        current = self._snapshots[backend_id]
+        self._store(replace(current, health=Health.DOWN, taken_at=time.time(), error=error))
+
+    async def probe_all(self) -> tuple[BackendSnapshot, ...]:
+        """Probe every backend once, concurrently, and store the results."""
+        results = await asyncio.gather(*(adapter.probe() for adapter in self.adapters.values()))
+        for snapshot in results:
+            self._store(snapshot)
+        return self._view
+
+    async def _loop(self, adapter: Adapter) -> None:
+        while True:
+            await asyncio.sleep(adapter.spec.probe_interval_s)
+            self._store(await adapter.probe())
+
+    async def start(self) -> None:
+        """Probe once (so routing starts with real snapshots), then keep probing in the background."""
+        await self.probe_all()
+        self._tasks = [asyncio.create_task(self._loop(a), name=f"probe-{a.spec.id}") for a in self.adapters.values()]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []

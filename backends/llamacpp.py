@@ -1,0 +1,57 @@
+"""llama-server adapter: prompt caching on, slots and load from /props, /slots and /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from backends.base import Adapter
+from backends.errors import UpstreamStatusError
+from backends.parsers.llamacpp import parse_metrics, parse_props, parse_slots
+from policies.types import BackendSnapshot, Deployment, EngineKind, Health
+
+
+class LlamaCppAdapter(Adapter):
+    """llama.cpp's ``llama-server``.
+
+    Its streams always end with ``timings`` (and ``usage`` on ``/v1/completions``), so no usage
+    request is added; ``cache_prompt`` is set to true unless the client chose otherwise.
+    """
+
+    kind: ClassVar[EngineKind] = EngineKind.LLAMACPP
+
+    def rewrite_body(self, body: dict[str, Any], deployment: Deployment) -> bool:
+        body.setdefault("cache_prompt", True)
+        return False
+
+    def health_for_status(self, error: UpstreamStatusError) -> Health:
+        if error.status == 503 and error.message == "Loading model":
+            return Health.LOADING
+        return Health.DOWN
+
+    async def probe_engine(self, base: BackendSnapshot) -> BackendSnapshot:
+        props = parse_props(await self._get_ok("/props"))
+        slots = await self._probe_slots()
+        status, text = await self._get("/metrics")
+        if status < 400:  # /metrics needs --metrics; without it, busy slots are all we know
+            metrics = parse_metrics(str(text))
+            running, queued = metrics.processing, metrics.deferred
+        else:
+            running, queued = sum(1 for s in slots if s.is_processing), 0
+        deployments = base.deployments
+        if props.n_ctx:
+            deployments = tuple(
+                replace(d, context_window=min(d.context_window or props.n_ctx, props.n_ctx)) for d in deployments
+            )
+        return replace(
+            base,
+            deployments=deployments,
+            running=running,
+            queued=queued,
+            slots=slots,
+            total_slots=props.total_slots,
+        )
+
+    async def _probe_slots(self) -> tuple[Any, ...]:
+        status, data = await self._get("/slots")
+        return parse_slots(data) if status < 400 else ()

@@ -1,0 +1,123 @@
+"""Relaying an engine's response: SSE events through as they arrive, usage read on the way.
+
+The hot path touches bytes only: complete events are forwarded as the engine sent them, in the
+read that completed them. JSON is decoded only for the one or two events that carry ``usage`` or
+``timings``. The documented rewrites are the model name (to the name the client asked for) and
+the removal of a usage chunk that turnout itself asked for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import msgspec
+
+from backends.base import UpstreamRequest
+from backends.errors import UpstreamStreamError
+from backends.parsers.openai import parse_usage
+from policies.types import Usage
+
+_USAGE_MARKERS = (b'"usage"', b'"timings"')
+_EMPTY_CHOICES = b'"choices":[]'
+
+
+def _boundary(buffer: bytes) -> int:
+    """Index just past the last complete SSE event in ``buffer`` (0 when there is none)."""
+    lf = buffer.rfind(b"\n\n")
+    crlf = buffer.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _event_json(event: bytes) -> Any:
+    data = b"".join(
+        line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")
+    )
+    if not data or data == b"[DONE]":
+        return None
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+
+
+class ResponseRelay:
+    """Forwards one upstream response and records what routing learns from it.
+
+    ``first_byte_at`` (monotonic) marks the first body bytes (time to first token for streams),
+    ``usage`` the last usage/timings seen.
+    """
+
+    def __init__(
+        self,
+        request: UpstreamRequest,
+        response: httpx.Response,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.request = request
+        self.response = response
+        self.clock = clock
+        self.usage: Usage | None = None
+        self.first_byte_at: float | None = None
+        self.finished = False
+
+    def _rename(self, data: bytes) -> bytes:
+        rename = self.request.model_rename
+        return data.replace(rename[0], rename[1]) if rename is not None else data
+
+    def _inspect(self, events: bytes) -> bytes:
+        """Record usage; drop turnout's own usage chunk; keep everything else byte for byte."""
+        if not any(marker in events for marker in _USAGE_MARKERS):
+            return events
+        kept: list[bytes] = []
+        for event in events.split(b"\n\n"):
+            if any(marker in event for marker in _USAGE_MARKERS):
+                data = _event_json(event)
+                if isinstance(data, dict):
+                    self.usage = parse_usage(data) or self.usage
+                if self.request.strip_usage_chunk and _EMPTY_CHOICES in event:
+                    continue
+            kept.append(event)
+        return b"\n\n".join(kept)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The SSE body, one yield per upstream read that completed at least one event."""
+        buffer = b""
+        try:
+            async for chunk in self.response.aiter_bytes():
+                if self.first_byte_at is None:
+                    self.first_byte_at = self.clock()
+                buffer = buffer + chunk if buffer else chunk
+                end = _boundary(buffer)
+                if end == 0:
+                    continue
+                complete, buffer = buffer[:end], buffer[end:]
+                out = self._inspect(self._rename(complete))
+                if out:
+                    yield out
+        except httpx.HTTPError as exc:
+            raise UpstreamStreamError(self.request.backend_id, f"stream broke off: {type(exc).__name__}") from exc
+        if buffer:
+            yield self._rename(buffer)
+        self.finished = True
+
+    async def body(self) -> bytes:
+        """A whole non-streamed body, with usage recorded and the model name rewritten."""
+        try:
+            content = await self.response.aread()
+        except httpx.HTTPError as exc:
+            raise UpstreamStreamError(self.request.backend_id, f"body broke off: {type(exc).__name__}") from exc
+        self.first_byte_at = self.clock()
+        try:
+            data = msgspec.json.decode(content)
+        except msgspec.DecodeError:
+            data = None
+        if isinstance(data, dict):
+            self.usage = parse_usage(data)
+        self.finished = True
+        return self._rename(content)
+
+    async def aclose(self) -> None:
+        await self.response.aclose()

@@ -1,0 +1,120 @@
+"""The composition root: ``create_app(settings)`` builds the whole gateway; nothing else does."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from litestar import Litestar, Request, Response, get, post
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from backends.base import BackendSpec
+from backends.fleet import Fleet
+from gateway.catalog import Catalog
+from gateway.errors import GatewayError, openai_error_body
+from gateway.middleware import request_id_middleware
+from gateway.relay import Relay
+from gateway.settings import Settings
+from policies import BUILTIN_PROFILES, Endpoint
+
+JSON = "application/json"
+
+
+def backend_specs(settings: Settings, catalog: Catalog) -> list[BackendSpec]:
+    return [
+        BackendSpec(
+            id=b.id,
+            kind=b.kind,
+            base_url=b.base_url,
+            api_key=b.api_key,
+            connect_timeout=b.timeouts.connect,
+            read_timeout=b.timeouts.read,
+            probe_timeout=b.timeouts.probe,
+            probe_interval_s=b.probe_interval_s,
+            deployments=catalog.deployments_on(b.id),
+        )
+        for b in settings.backends
+    ]
+
+
+def _relay(state: State) -> Relay:
+    relay: Relay = state.relay
+    return relay
+
+
+@post("/v1/chat/completions")
+async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    return await _relay(state).handle(request, Endpoint.CHAT)
+
+
+@post("/v1/completions")
+async def completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    return await _relay(state).handle(request, Endpoint.COMPLETIONS)
+
+
+@get("/v1/models")
+async def list_models(state: State) -> Response[Any]:
+    relay = _relay(state)
+    return Response(relay.catalog.listing(relay.fleet.snapshots()), media_type=JSON)
+
+
+@get("/health")
+async def health(state: State) -> Response[Any]:
+    """200 while at least one backend is ready (or not yet probed); 503 otherwise."""
+    snapshots = _relay(state).fleet.snapshots()
+    backends = {s.backend_id: s.health.value for s in snapshots}
+    ok = any(h in ("ready", "unknown") for h in backends.values())
+    return Response({"status": "ok" if ok else "unavailable", "backends": backends}, status_code=200 if ok else 503)
+
+
+def _gateway_error(_: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    return Response(exc.openai_body(), status_code=exc.status, media_type=JSON)
+
+
+def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return Response(openai_error_body(exc.detail, type_), status_code=exc.status_code, media_type=JSON)
+
+
+def _internal_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    body = openai_error_body("The gateway failed to handle this request.", "server_error")
+    return Response(body, status_code=HTTP_500_INTERNAL_SERVER_ERROR, media_type=JSON)
+
+
+def create_app(settings: Settings) -> Litestar:
+    """Build the gateway for ``settings``; engines are probed when the app starts."""
+    catalog = Catalog(settings.models, created=int(time.time()))
+    profile = BUILTIN_PROFILES[settings.profile]
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+            fleet = Fleet(backend_specs(settings, catalog), client)
+            app.state.relay = Relay(
+                fleet, catalog, profile, retries=settings.limits.retries, max_body=settings.limits.max_body_bytes
+            )
+            await fleet.start()
+            try:
+                yield
+            finally:
+                await fleet.stop()
+
+    return Litestar(
+        route_handlers=[chat_completions, completions, list_models, health],
+        lifespan=[lifespan],
+        middleware=[request_id_middleware],
+        exception_handlers={
+            GatewayError: _gateway_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        request_max_body_size=None,
+        openapi_config=None,
+        debug=False,
+    )

@@ -1,0 +1,104 @@
+"""``turnout demo``: simulated engines for the reference workstation, and the gateway in front.
+
+Each backend of the bundled ``demo.toml`` gets a simulator process on a free loopback port; the
+gateway runs in this process on ``TURNOUT_PORT`` (8484). Ctrl-C or SIGTERM stops everything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import httpx
+
+from gateway.cli import run_gateway
+from gateway.settings import BackendConfig, Settings, load_settings
+
+# Simulator options per demo backend (the engine facts of DOMAIN.md: vLLM prefill ~6600 tok/s and
+# decode ~64 tok/s; llama.cpp ~3000 and ~109 tok/s for the 27B; the MoE decodes slower).
+SIM_ARGS: dict[str, list[str]] = {
+    "vllm": ["vllm", "--architecture", "hybrid", "--no-prefix-caching"],
+    "llama-moe": ["llamacpp", "--architecture", "moe", "--slots", "2", "--prefill-tok-s", "900",
+                  "--decode-tok-s", "38"],
+    "llama-27b": ["llamacpp", "--architecture", "hybrid", "--slots", "2"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def demo_settings() -> Settings:
+    text = resources.files("gateway").joinpath("demo.toml").read_text(encoding="utf-8")
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"turnout-demo-{os.getpid()}.toml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        return load_settings(path)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _sim_command(backend: BackendConfig, settings: Settings, port: int) -> list[str]:
+    deployment = next(d for m in settings.models for d in m.deployments if d.backend == backend.id)
+    args = [sys.executable, "-m", "gateway", "sim", *SIM_ARGS[backend.id], "--port", str(port)]
+    args += ["--model", deployment.upstream_name, "--context-window", str(deployment.context_window)]
+    return args
+
+
+def _wait_ready(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"simulator at {url} did not start within {timeout:.0f} s")
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_demo() -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so `finally` stops the simulators
+    base = demo_settings()
+    ports = {b.id: _free_port() for b in base.backends}
+    backends = [b.model_copy(update={"url": f"http://127.0.0.1:{ports[b.id]}"}) for b in base.backends]
+    settings = base.model_copy(update={"backends": tuple(backends)})
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        for backend in settings.backends:
+            children.append(subprocess.Popen(_sim_command(backend, settings, ports[backend.id])))
+        for backend in settings.backends:
+            _wait_ready(backend.base_url)
+        url = f"http://{settings.host}:{settings.port}"
+        print(
+            f"\nturnout demo: gateway on {url}\n"
+            + "".join(f"  {b.id:<10} ({b.kind.value}) simulator on {b.base_url}\n" for b in settings.backends)
+            + "\nTry:\n"
+            f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n"
+            "    -d '{\"model\": \"qwen3.8-27b\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'\n"
+            f"  curl -s {url}/v1/models\n\nCtrl-C stops the gateway and the simulators.\n",
+            flush=True,
+        )
+        run_gateway(settings)
+        return 0
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()

@@ -1,0 +1,105 @@
+"""The gateway's error tree, and its one translation into client-facing JSON.
+
+    GatewayError                       rendered as {"error": {"message", "type", "param", "code"}}
+    ├── InvalidRequest            400  bad JSON, missing or mistyped fields
+    │   └── ContextLengthExceeded 400  the prompt fits no backend serving the model
+    ├── ModelNotFound             404  unknown model (the message lists valid names)
+    ├── PayloadTooLarge           413  body over limits.max_body_bytes
+    ├── NoBackendAvailable        503  every candidate dropped (the message says why)
+    └── UpstreamFailed            502  the engine failed or refused turnout itself
+
+Upstream errors (:mod:`backends.errors`) become gateway errors in :func:`from_upstream`, the one
+place that decides which engine failures are the client's and which are the gateway's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from backends.errors import UpstreamError, UpstreamStatusError
+
+
+class GatewayError(Exception):
+    status: int = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.error_code = code or self.code
+
+    def openai_body(self) -> bytes:
+        return openai_error_body(self.message, self.type, self.param, self.error_code)
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class NoBackendAvailable(GatewayError):
+    status = 503
+    type = "service_unavailable_error"
+    code = "no_backend_available"
+
+
+class UpstreamFailed(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_failed"
+
+
+class UpstreamRejected(GatewayError):
+    """The engine refused the request as the client sent it; its status is kept."""
+
+    type = "invalid_request_error"
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+
+
+def openai_error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
+    error: dict[str, Any] = {"message": message, "type": type_, "param": param, "code": code}
+    return msgspec.json.encode({"error": error})
+
+
+_CLIENT_STATUSES = frozenset({400, 413, 422})
+
+
+def from_upstream(error: UpstreamError) -> GatewayError:
+    """Translate an engine failure for the client.
+
+    A 400/413/422 is about the request: the client gets the engine's own message with its
+    status (llama.cpp's ``exceed_context_size_error`` becomes ``context_length_exceeded``).
+    429 stays 429. Anything else (auth or model errors caused by turnout's config, 5xx, no
+    answer) is the gateway's problem: 502, naming the backend.
+    """
+    if isinstance(error, UpstreamStatusError):
+        if error.status in _CLIENT_STATUSES:
+            code = "context_length_exceeded" if error.error_type == "exceed_context_size_error" else None
+            return UpstreamRejected(400 if error.status == 422 else error.status, error.message, code)
+        if error.status == 429:
+            return UpstreamRejected(429, error.message, "rate_limited")
+        return UpstreamFailed(f"backend {error.backend_id} answered {error.status}: {error.message}")
+    return UpstreamFailed(f"backend {error.backend_id} failed: {error.message}")

@@ -1,0 +1,33 @@
+"""``turnout config check``: probe every configured backend once and report what it serves."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from backends.fleet import Fleet
+from gateway.app import backend_specs
+from gateway.catalog import Catalog
+from gateway.settings import Settings
+from policies.types import Health
+
+
+async def check_backends(settings: Settings) -> int:
+    """Print one line per backend; 0 when every backend is ready and serves its deployments, else 3."""
+    catalog = Catalog(settings.models, created=int(time.time()))
+    problems = 0
+    async with httpx.AsyncClient() as client:
+        fleet = Fleet(backend_specs(settings, catalog), client)
+        for snapshot in await fleet.probe_all():
+            missing = [d.upstream_name for d in snapshot.deployments if d.upstream_name not in snapshot.served_names]
+            ok = snapshot.health is Health.READY and not missing
+            problems += not ok
+            detail = snapshot.error or ""
+            if snapshot.health is Health.READY:
+                windows = ", ".join(f"{d.upstream_name} ({d.context_window} tokens)" for d in snapshot.deployments)
+                detail = f"serves {', '.join(snapshot.served_names) or 'nothing'}; deployments: {windows}"
+                if missing:
+                    detail += f"; NOT SERVED: {', '.join(missing)}"
+            print(f"  {snapshot.backend_id:<16} {snapshot.kind.value:<9} {snapshot.health.value:<8} {detail}")
+    return 3 if problems else 0

@@ -1,0 +1,53 @@
+"""The facts of one request, gathered as it goes, written once as the canonical log line."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from policies.types import Usage
+
+log = structlog.get_logger("turnout.request")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Mutable only while its request runs; logged once by :meth:`emit`."""
+
+    endpoint: str
+    started: float = field(default_factory=time.monotonic)
+    model: str | None = None
+    stream: bool = False
+    backend: str | None = None
+    reason: str | None = None
+    status: int = 200
+    first_byte_at: float | None = None
+    usage: Usage | None = None
+    retries: int = 0
+    error: str | None = None
+    emitted: bool = False
+
+    def emit(self) -> None:
+        if self.emitted:
+            return
+        self.emitted = True
+        now = time.monotonic()
+        usage = self.usage
+        log.info(
+            "request.completed",
+            endpoint=self.endpoint,
+            model=self.model,
+            stream=self.stream,
+            backend=self.backend,
+            reason=self.reason,
+            status=self.status,
+            ttft_ms=round((self.first_byte_at - self.started) * 1000, 1) if self.first_byte_at else None,
+            duration_ms=round((now - self.started) * 1000, 1),
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            cached_tokens=usage.cached_tokens if usage else None,
+            retries=self.retries,
+            error=self.error,
+        )

@@ -1,0 +1,70 @@
+"""Reading a client request: the body within its size limit, JSON decoding, shape checks.
+
+Only what routing needs is checked here; everything else is the engine's to validate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request
+
+from gateway.errors import InvalidRequest, PayloadTooLarge
+from policies.types import Endpoint
+
+
+async def read_body(request: Request[Any, Any, Any], limit: int) -> bytes:
+    """The raw body; 413 as soon as it (or its declared length) passes ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _require(body: dict[str, Any], key: str, kinds: tuple[type, ...], what: str) -> Any:
+    if key not in body or body[key] is None:
+        raise InvalidRequest(f"Missing required parameter: '{key}'.", param=key)
+    value = body[key]
+    if not isinstance(value, kinds) or isinstance(value, bool):
+        raise InvalidRequest(f"Invalid type for '{key}': expected {what}.", param=key)
+    return value
+
+
+def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
+    """Decode and check the fields routing reads; 400 with the parameter named otherwise."""
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; expected a JSON object.")
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}.") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    _require(body, "model", (str,), "a string")
+    if endpoint is Endpoint.CHAT:
+        messages = _require(body, "messages", (list,), "an array of messages")
+        if not messages:
+            raise InvalidRequest("'messages' must contain at least one message.", param="messages")
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise InvalidRequest(
+                    f"Invalid message at messages[{index}]: expected an object with a 'role'.",
+                    param=f"messages[{index}]",
+                )
+    else:
+        _require(body, "prompt", (str, list), "a string or an array of strings")
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise InvalidRequest(f"Invalid '{key}': expected a non-negative integer.", param=key)
+    if "stream" in body and not isinstance(body["stream"], bool | None):
+        raise InvalidRequest("Invalid type for 'stream': expected a boolean.", param="stream")
+    return body

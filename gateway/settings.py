@@ -1,0 +1,183 @@
+"""Typed settings: a TOML config file plus ``TURNOUT_*`` environment overrides.
+
+Precedence, highest first: environment (``TURNOUT_PORT``, ``TURNOUT_HOST``, ``TURNOUT_PROFILE``,
+``TURNOUT_LOG_FORMAT``, ... and nested keys with ``__``, e.g. ``TURNOUT_LIMITS__MAX_BODY_BYTES``),
+then the config file, then the defaults below. Settings are read once by the CLI and passed to
+``create_app``; nothing reads them at import time.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from policies import BUILTIN_PROFILES, Architecture, EngineKind
+
+
+class ConfigError(Exception):
+    """A config file that cannot be read or does not validate; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Strict):
+    """Upstream timeouts in seconds."""
+
+    connect: float = Field(5.0, gt=0)
+    """Opening a connection to the engine."""
+    read: float = Field(600.0, gt=0)
+    """Longest silence between two bytes of a response (a long prefill is silent on llama.cpp)."""
+    probe: float = Field(2.0, gt=0)
+    """One probe request (health, metrics, slots)."""
+
+
+class BackendConfig(_Strict):
+    """One engine endpoint."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """A short unique name used in headers, logs and the decision log."""
+    kind: EngineKind
+    """``vllm``, ``llamacpp`` or ``openai`` (any other OpenAI-compatible server)."""
+    url: HttpUrl
+    """Base URL of the engine, without ``/v1``."""
+    api_key: str | None = None
+    """Key turnout sends upstream as ``Authorization: Bearer``; never logged."""
+    timeouts: Timeouts = Timeouts()
+    probe_interval_s: float = Field(2.0, gt=0)
+    """How often the engine's health and load are probed."""
+
+    @property
+    def base_url(self) -> str:
+        return str(self.url).rstrip("/")
+
+
+class DeploymentConfig(_Strict):
+    """Where a model is served: on which backend, under which upstream name, with which window."""
+
+    backend: str
+    """The ``id`` of a configured backend."""
+    upstream_name: str
+    """The model name that engine answers to (vLLM ``--served-model-name``, llama ``--alias``)."""
+    context_window: int | None = Field(None, gt=0)
+    """Tokens per request; the smaller of this and what the engine reports is used."""
+    quantization: str | None = None
+
+
+class ModelConfig(_Strict):
+    """A model clients can ask for, and its deployments."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    architecture: Architecture = Architecture.DENSE
+    params_total_b: float | None = Field(None, gt=0)
+    """Total parameters, in billions."""
+    params_active_b: float | None = Field(None, gt=0)
+    """Parameters active per token (MoE), in billions."""
+    chars_per_token: float = Field(3.6, gt=0)
+    """Prior for estimating prompt tokens from characters."""
+    deployments: tuple[DeploymentConfig, ...] = Field(min_length=1)
+
+
+class Limits(_Strict):
+    """Request limits enforced by the gateway."""
+
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    """Largest request body accepted; larger bodies get 413."""
+    retries: int = Field(1, ge=0, le=5)
+    """Extra attempts on another backend when an upstream fails before its first byte."""
+
+
+class Settings(BaseSettings):
+    """Everything the gateway needs to run."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TURNOUT_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(8484, ge=0, le=65535)
+    profile: str = "least-loaded"
+    """The routing profile used for every request."""
+    log_format: Literal["auto", "json", "console"] = "auto"
+    """``auto``: console on a TTY, JSON otherwise."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    limits: Limits = Limits()
+    backends: tuple[BackendConfig, ...] = ()
+    models: tuple[ModelConfig, ...] = ()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The config file arrives as init kwargs; the environment overrides it.
+        return (env_settings, init_settings)
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        if value not in BUILTIN_PROFILES:
+            raise ValueError(f"unknown profile {value!r}; known: {', '.join(sorted(BUILTIN_PROFILES))}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Settings:
+        backend_ids = [b.id for b in self.backends]
+        duplicates = {b for b in backend_ids if backend_ids.count(b) > 1}
+        if duplicates:
+            raise ValueError(f"backends: duplicate id {sorted(duplicates)[0]!r}")
+        names: set[str] = set()
+        for model in self.models:
+            for name in (model.name, *model.aliases):
+                if name in names:
+                    raise ValueError(f"models: name or alias {name!r} is used twice")
+                names.add(name)
+            for deployment in model.deployments:
+                if deployment.backend not in backend_ids:
+                    raise ValueError(
+                        f"models.{model.name}.deployments: unknown backend {deployment.backend!r}"
+                        f" (configured: {', '.join(backend_ids) or 'none'})"
+                    )
+        return self
+
+    def backend(self, backend_id: str) -> BackendConfig:
+        return next(b for b in self.backends if b.id == backend_id)
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "config"
+        lines.append(f"{where}: {item['msg']}")
+    return "; ".join(lines)
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Read ``path`` (TOML) if given, apply the environment, and validate.
+
+    Raises :class:`ConfigError` with a message naming each bad field.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    data.update(overrides)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        source = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{source}{_describe(exc)}") from exc

@@ -1,0 +1,103 @@
+"""Feature extraction: the few facts about a request body that routing needs, computed once.
+
+The body arrives already parsed (the gateway validated its shape); this module only reads it.
+Token counts are estimates from character counts, using a characters-per-token ratio the caller
+passes in (a configured prior now, a learned value later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from policies.types import Endpoint, RequestFeatures
+
+MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators a chat template adds per message
+DEFAULT_CHARS_PER_TOKEN = 3.6
+
+
+def count_text_chars(value: Any) -> int:
+    """Characters of prompt text in a message ``content`` (a string or a list of parts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        total = 0
+        for part in value:
+            if isinstance(part, Mapping):
+                text = part.get("text")
+                total += len(text) if isinstance(text, str) else 0
+            elif isinstance(part, str):
+                total += len(part)
+        return total
+    return 0
+
+
+def _tool_call_chars(message: Mapping[str, Any]) -> int:
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return 0
+    total = 0
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            total += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+    return total
+
+
+def _json_chars(value: Any) -> int:
+    """A cheap size estimate of a JSON value (tool schemas) without serialising it."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if isinstance(value, Mapping):
+        return sum(len(str(k)) + 4 + _json_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_json_chars(v) + 1 for v in value)
+    return len(str(value))
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any], endpoint: Endpoint, chars_per_token: float) -> int:
+    """Estimate the prompt's token count from its characters."""
+    if endpoint is Endpoint.COMPLETIONS:
+        prompt = body.get("prompt", "")
+        chars = sum(len(p) for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else len(prompt)
+        return max(1, round(chars / chars_per_token))
+    messages = body.get("messages", [])
+    chars = 0
+    overhead = 0
+    for message in messages:
+        if isinstance(message, Mapping):
+            chars += count_text_chars(message.get("content")) + _tool_call_chars(message)
+            overhead += MESSAGE_OVERHEAD_TOKENS
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        chars += _json_chars(tools)
+    return max(1, round(chars / chars_per_token) + overhead)
+
+
+def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The output budget the client asked for, under any of its accepted names."""
+    for key in ("max_completion_tokens", "max_tokens", "n_predict"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def extract(
+    body: Mapping[str, Any],
+    endpoint: Endpoint,
+    *,
+    model: str,
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN,
+) -> RequestFeatures:
+    """Build the :class:`RequestFeatures` of a validated request body.
+
+    ``model`` is the canonical model name (aliases already resolved by the caller).
+    """
+    return RequestFeatures(
+        model=model,
+        endpoint=endpoint,
+        prompt_tokens=estimate_prompt_tokens(body, endpoint, chars_per_token),
+        max_tokens=requested_max_tokens(body),
+        stream=bool(body.get("stream", False)),
+    )

@@ -1,0 +1,57 @@
+"""Profiles: named, declarative routing configurations built from the filter and scorer registries.
+
+A profile lists filters (applied in order) and scorers with weights. Unknown names and scorers
+without a positive weight are configuration errors, raised when the profile is built, never while
+routing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from policies.filters import FILTERS
+from policies.scorers import SCORERS
+from policies.types import Reason
+
+DEFAULT_FILTERS = ("healthy", "context-fits")
+
+
+class ProfileError(ValueError):
+    """A profile names a filter or scorer that does not exist, or gives a bad weight."""
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A validated routing configuration."""
+
+    name: str
+    filters: tuple[str, ...]
+    scorers: tuple[tuple[str, float], ...]
+    reason: Reason  # the reason recorded when this profile picks among several candidates
+
+
+def build_profile(
+    name: str,
+    *,
+    filters: Sequence[str] = DEFAULT_FILTERS,
+    scorers: Mapping[str, float],
+    reason: Reason = Reason.LEAST_LOADED,
+) -> Profile:
+    """Check names against the registries and return a :class:`Profile`."""
+    for filter_name in filters:
+        if filter_name not in FILTERS:
+            raise ProfileError(f"profile {name!r}: unknown filter {filter_name!r}; known: {sorted(FILTERS)}")
+    if not scorers:
+        raise ProfileError(f"profile {name!r}: needs at least one scorer")
+    for scorer_name, weight in scorers.items():
+        if scorer_name not in SCORERS:
+            raise ProfileError(f"profile {name!r}: unknown scorer {scorer_name!r}; known: {sorted(SCORERS)}")
+        if not weight > 0:
+            raise ProfileError(f"profile {name!r}: scorer {scorer_name!r} needs a positive weight, got {weight}")
+    return Profile(name=name, filters=tuple(filters), scorers=tuple(scorers.items()), reason=reason)
+
+
+BUILTIN_PROFILES: dict[str, Profile] = {
+    "least-loaded": build_profile("least-loaded", scorers={"least-loaded": 1.0}),
+}

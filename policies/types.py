@@ -1,0 +1,171 @@
+"""The frozen shapes that flow through routing: what policies may know, and what they decide.
+
+Everything here is plain data: built by the gateway and the backend probes, read by the pure
+functions in this package. Nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class EngineKind(StrEnum):
+    """Which engine speaks behind a backend; adapters and the cost model key on it."""
+
+    VLLM = "vllm"
+    LLAMACPP = "llamacpp"
+    OPENAI = "openai"
+
+
+class Architecture(StrEnum):
+    """The model's layer family; decides how an engine can reuse a cached prefix."""
+
+    DENSE = "dense"
+    HYBRID = "hybrid"  # Gated DeltaNet / Mamba layers beside attention: recurrent state
+    MOE = "moe"
+
+
+class Health(StrEnum):
+    """A backend's state as its last probe saw it."""
+
+    UNKNOWN = "unknown"  # not probed yet
+    LOADING = "loading"  # up, model still loading (llama: 503 "Loading model"; vLLM: refused)
+    READY = "ready"
+    DOWN = "down"  # refused, timed out or failed
+
+
+class Endpoint(StrEnum):
+    """The client-facing API a request came in on."""
+
+    CHAT = "chat.completions"
+    COMPLETIONS = "completions"
+
+
+class Reason(StrEnum):
+    """Why a candidate was dropped, or why the chosen one won. Shown in headers, logs and the dashboard."""
+
+    NOT_SERVED = "model-not-served"
+    UNHEALTHY = "backend-unhealthy"
+    CONTEXT_TOO_LONG = "context-too-long"
+    ONLY_CANDIDATE = "only-candidate"
+    LEAST_LOADED = "least-loaded"
+    NO_CANDIDATE = "no-eligible-backend"
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """One model on one backend: the facts routing needs about that pair."""
+
+    model: str
+    backend_id: str
+    upstream_name: str
+    context_window: int | None = None
+    architecture: Architecture = Architecture.DENSE
+    quantization: str | None = None
+    params_total_b: float | None = None
+    params_active_b: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """One llama-server slot as ``/slots`` reported it."""
+
+    id: int
+    n_ctx: int
+    is_processing: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSnapshot:
+    """An immutable view of one backend at one instant, produced by its probe.
+
+    ``deployments`` are the configured deployments on this backend, with context windows corrected
+    from what the engine itself reports (``max_model_len``, llama's per-slot ``n_ctx``).
+    """
+
+    backend_id: str
+    kind: EngineKind
+    health: Health
+    taken_at: float
+    deployments: tuple[Deployment, ...] = ()
+    served_names: tuple[str, ...] = ()
+    running: int = 0
+    queued: int = 0
+    kv_usage: float | None = None
+    slots: tuple[SlotState, ...] = ()
+    total_slots: int | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    error: str | None = None
+
+    @property
+    def busy_slots(self) -> int:
+        return sum(1 for slot in self.slots if slot.is_processing)
+
+    def deployment_for(self, model: str) -> Deployment | None:
+        return next((d for d in self.deployments if d.model == model), None)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What a policy may know about one request, extracted once from its body."""
+
+    model: str
+    endpoint: Endpoint
+    prompt_tokens: int  # an estimate unless counted exactly
+    max_tokens: int | None
+    stream: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A candidate a filter dropped, and why."""
+
+    backend_id: str
+    reason: Reason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredCandidate:
+    """A candidate that passed every filter, with its weighted score (higher is better)."""
+
+    deployment: Deployment
+    score: float
+    components: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of routing: the chosen deployment (or none), every candidate and every rejection."""
+
+    profile: str
+    chosen: Deployment | None
+    reason: Reason
+    candidates: tuple[ScoredCandidate, ...] = ()
+    rejected: tuple[Rejection, ...] = field(default=())
+
+    @property
+    def explanation(self) -> str:
+        """One human line: why this backend, or why none."""
+        if self.chosen is not None:
+            return f"{self.reason}: {self.chosen.backend_id}"
+        details = "; ".join(f"{r.backend_id}: {r.detail}" for r in self.rejected)
+        return details or "no backend serves this model"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts (and engine timings, where the engine reports them) of one finished request.
+
+    ``cached_tokens`` is the prompt prefix the engine reused; ``None`` when the engine did not say
+    (vLLM without ``--enable-prompt-tokens-details``). ``prompt_ms``/``predicted_ms`` are
+    llama.cpp's own prefill and decode times.
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None = None
+    prompt_ms: float | None = None
+    predicted_ms: float | None = None

