@@ -79,5 +79,7 @@ def parse_error_body(backend_id: str, status: int, body: bytes) -> UpstreamStatu
         elif isinstance(error, str):  # vLLM's --api-key failure: {"error": "Unauthorized"}
             message = error
         elif isinstance(error, list):  # FastAPI validation detail
-            message = "; ".join(str(item.get("msg", item)) for item in error if isinstance(item, dict)) or message
+            message = (
+                "; ".join(str(item.get("msg", item)) for item in error if isinstance(item, dict)) or message
+            )
     return UpstreamStatusError(backend_id, status, message, error_type, extra)

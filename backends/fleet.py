@@ -28,7 +28,8 @@ class Fleet:
     def __init__(self, specs: Sequence[BackendSpec], client: httpx.AsyncClient) -> None:
         self.adapters: dict[str, Adapter] = {spec.id: create_adapter(spec, client) for spec in specs}
         self._snapshots: dict[str, BackendSnapshot] = {
-            spec.id: BackendSnapshot(spec.id, spec.kind, Health.UNKNOWN, 0.0, spec.deployments) for spec in specs
+            spec.id: BackendSnapshot(spec.id, spec.kind, Health.UNKNOWN, 0.0, spec.deployments)
+            for spec in specs
         }
         self._view: tuple[BackendSnapshot, ...] = tuple(self._snapshots.values())
         self._tasks: list[asyncio.Task[None]] = []
@@ -42,7 +43,9 @@ class Fleet:
     def _store(self, snapshot: BackendSnapshot) -> None:
         previous = self._snapshots.get(snapshot.backend_id)
         if previous is None or previous.health != snapshot.health:
-            log.info("backend.health", backend=snapshot.backend_id, health=snapshot.health, error=snapshot.error)
+            log.info(
+                "backend.health", backend=snapshot.backend_id, health=snapshot.health, error=snapshot.error
+            )
         self._snapshots[snapshot.backend_id] = snapshot
         self._view = tuple(self._snapshots.values())
 
@@ -66,7 +69,9 @@ class Fleet:
     async def start(self) -> None:
         """Probe once (so routing starts with real snapshots), then keep probing in the background."""
         await self.probe_all()
-        self._tasks = [asyncio.create_task(self._loop(a), name=f"probe-{a.spec.id}") for a in self.adapters.values()]
+        self._tasks = [
+            asyncio.create_task(self._loop(a), name=f"probe-{a.spec.id}") for a in self.adapters.values()
+        ]
 
     async def stop(self) -> None:
         for task in self._tasks:

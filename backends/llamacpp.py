@@ -41,7 +41,8 @@ class LlamaCppAdapter(Adapter):
         deployments = base.deployments
         if props.n_ctx:
             deployments = tuple(
-                replace(d, context_window=min(d.context_window or props.n_ctx, props.n_ctx)) for d in deployments
+                replace(d, context_window=min(d.context_window or props.n_ctx, props.n_ctx))
+                for d in deployments
             )
         return replace(
             base,

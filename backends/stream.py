@@ -32,9 +32,7 @@ def _boundary(buffer: bytes) -> int:
 
 
 def _event_json(event: bytes) -> Any:
-    data = b"".join(
-        line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")
-    )
+    data = b"".join(line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:"))
     if not data or data == b"[DONE]":
         return None
     try:
@@ -98,7 +96,9 @@ class ResponseRelay:
                 if out:
                     yield out
         except httpx.HTTPError as exc:
-            raise UpstreamStreamError(self.request.backend_id, f"stream broke off: {type(exc).__name__}") from exc
+            raise UpstreamStreamError(
+                self.request.backend_id, f"stream broke off: {type(exc).__name__}"
+            ) from exc
         if buffer:
             yield self._rename(buffer)
         self.finished = True
@@ -108,7 +108,9 @@ class ResponseRelay:
         try:
             content = await self.response.aread()
         except httpx.HTTPError as exc:
-            raise UpstreamStreamError(self.request.backend_id, f"body broke off: {type(exc).__name__}") from exc
+            raise UpstreamStreamError(
+                self.request.backend_id, f"body broke off: {type(exc).__name__}"
+            ) from exc
         self.first_byte_at = self.clock()
         try:
             data = msgspec.json.decode(content)

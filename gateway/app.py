@@ -69,7 +69,9 @@ async def health(state: State) -> Response[Any]:
     snapshots = _relay(state).fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
     ok = any(h in ("ready", "unknown") for h in backends.values())
-    return Response({"status": "ok" if ok else "unavailable", "backends": backends}, status_code=200 if ok else 503)
+    return Response(
+        {"status": "ok" if ok else "unavailable", "backends": backends}, status_code=200 if ok else 503
+    )
 
 
 def _gateway_error(_: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
@@ -97,7 +99,11 @@ def create_app(settings: Settings) -> Litestar:
         async with httpx.AsyncClient(limits=limits, timeout=None) as client:
             fleet = Fleet(backend_specs(settings, catalog), client)
             app.state.relay = Relay(
-                fleet, catalog, profile, retries=settings.limits.retries, max_body=settings.limits.max_body_bytes
+                fleet,
+                catalog,
+                profile,
+                retries=settings.limits.retries,
+                max_body=settings.limits.max_body_bytes,
             )
             await fleet.start()
             try:

@@ -51,7 +51,9 @@ class Catalog:
         model = self._by_name.get(requested)
         if model is None:
             valid = ", ".join(sorted(self._by_name)) or "none configured"
-            raise ModelNotFound(f"The model `{requested}` does not exist. Valid models: {valid}.", param="model")
+            raise ModelNotFound(
+                f"The model `{requested}` does not exist. Valid models: {valid}.", param="model"
+            )
         return model
 
     def deployments_on(self, backend_id: str) -> tuple[Deployment, ...]:

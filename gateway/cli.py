@@ -61,7 +61,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="turnout", description="Routing inference gateway for local LLM engines.")
+    parser = argparse.ArgumentParser(
+        prog="turnout", description="Routing inference gateway for local LLM engines."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway (config from --config or TURNOUT_CONFIG)")
@@ -71,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the gateway on simulated vLLM and llama.cpp backends")
     demo.set_defaults(func=cmd_demo)
 
-    commands.add_parser("sim", help="run an engine simulator: turnout sim vllm|llamacpp --port N ...", add_help=False)
+    commands.add_parser(
+        "sim", help="run an engine simulator: turnout sim vllm|llamacpp --port N ...", add_help=False
+    )
 
     config = commands.add_parser("config", help="configuration tools")
     config_commands = config.add_subparsers(dest="config_command", required=True)

@@ -24,8 +24,17 @@ from gateway.settings import BackendConfig, Settings, load_settings
 # decode ~64 tok/s; llama.cpp ~3000 and ~109 tok/s for the 27B; the MoE decodes slower).
 SIM_ARGS: dict[str, list[str]] = {
     "vllm": ["vllm", "--architecture", "hybrid", "--no-prefix-caching"],
-    "llama-moe": ["llamacpp", "--architecture", "moe", "--slots", "2", "--prefill-tok-s", "900",
-                  "--decode-tok-s", "38"],
+    "llama-moe": [
+        "llamacpp",
+        "--architecture",
+        "moe",
+        "--slots",
+        "2",
+        "--prefill-tok-s",
+        "900",
+        "--decode-tok-s",
+        "38",
+    ],
     "llama-27b": ["llamacpp", "--architecture", "hybrid", "--slots", "2"],
 }
 
@@ -88,7 +97,7 @@ def run_demo() -> int:
             + "".join(f"  {b.id:<10} ({b.kind.value}) simulator on {b.base_url}\n" for b in settings.backends)
             + "\nTry:\n"
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n"
-            "    -d '{\"model\": \"qwen3.8-27b\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'\n"
+            '    -d \'{"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "Hello!"}]}\'\n'
             f"  curl -s {url}/v1/models\n\nCtrl-C stops the gateway and the simulators.\n",
             flush=True,
         )

@@ -6,6 +6,7 @@ import re
 import uuid
 
 import structlog
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -15,7 +16,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
     """Accept a sane incoming ``x-request-id`` or make one; every log line of the request carries it."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
         incoming = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"").decode("latin-1")

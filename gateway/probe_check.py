@@ -20,12 +20,16 @@ async def check_backends(settings: Settings) -> int:
     async with httpx.AsyncClient() as client:
         fleet = Fleet(backend_specs(settings, catalog), client)
         for snapshot in await fleet.probe_all():
-            missing = [d.upstream_name for d in snapshot.deployments if d.upstream_name not in snapshot.served_names]
+            missing = [
+                d.upstream_name for d in snapshot.deployments if d.upstream_name not in snapshot.served_names
+            ]
             ok = snapshot.health is Health.READY and not missing
             problems += not ok
             detail = snapshot.error or ""
             if snapshot.health is Health.READY:
-                windows = ", ".join(f"{d.upstream_name} ({d.context_window} tokens)" for d in snapshot.deployments)
+                windows = ", ".join(
+                    f"{d.upstream_name} ({d.context_window} tokens)" for d in snapshot.deployments
+                )
                 detail = f"serves {', '.join(snapshot.served_names) or 'nothing'}; deployments: {windows}"
                 if missing:
                     detail += f"; NOT SERVED: {', '.join(missing)}"

@@ -1,8 +1,8 @@
 """The request path: parse, route, send (re-routing only before the first byte), relay, record.
 
-    read body -> parse -> resolve model -> extract features -> route -> adapter.prepare
-      -> adapter.send (retry on another backend while nothing reached the client)
-      -> stream events through / return the body -> canonical log line
+read body -> parse -> resolve model -> extract features -> route -> adapter.prepare
+  -> adapter.send (retry on another backend while nothing reached the client)
+  -> stream events through / return the body -> canonical log line
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
-from backends.errors import UpstreamError, UpstreamStreamError
+from backends.errors import UpstreamError, UpstreamStreamError, UpstreamUnavailable
 from backends.fleet import Fleet
 from backends.stream import ResponseRelay
 from gateway.catalog import Catalog
@@ -69,7 +69,9 @@ class Opened:
 class Relay:
     """Everything one request needs, built once at start-up and shared by all requests."""
 
-    def __init__(self, fleet: Fleet, catalog: Catalog, profile: Profile, *, retries: int, max_body: int) -> None:
+    def __init__(
+        self, fleet: Fleet, catalog: Catalog, profile: Profile, *, retries: int, max_body: int
+    ) -> None:
         self.fleet = fleet
         self.catalog = catalog
         self.profile = profile
@@ -107,8 +109,9 @@ class Relay:
                             excluded.add(exc.backend_id)
                             last_error = exc
                             record.retries = attempt.retry_state.attempt_number
-                            self.fleet.report_failure(exc.backend_id, exc.message)
                             log.warning("upstream.failed", backend=exc.backend_id, error=exc.message)
+                        if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
+                            self.fleet.report_failure(exc.backend_id, exc.message)
                         raise
                     return Opened(decision, ResponseRelay(upstream, response))
         except UpstreamError as exc:
@@ -169,7 +172,11 @@ class Relay:
         except UpstreamStreamError as exc:
             record.error = exc.message
             message = f"backend {exc.backend_id} failed mid-stream: {exc.message}"
-            yield b"data: " + openai_error_body(message, UpstreamFailed.type, None, UpstreamFailed.code) + b"\n\n"
+            yield (
+                b"data: "
+                + openai_error_body(message, UpstreamFailed.type, None, UpstreamFailed.code)
+                + b"\n\n"
+            )
             yield b"data: [DONE]\n\n"
         finally:
             await relay.aclose()

@@ -45,7 +45,9 @@ def test_vllm_metrics_of_an_idle_server_without_counters() -> None:
 
 def test_llama_metrics() -> None:
     metrics = llamacpp.parse_metrics(fixture("llama_metrics.txt"))
-    assert metrics == llamacpp.LlamaMetrics(processing=2, deferred=1, prompt_tokens=1402, prompt_tokens_cached=5120)
+    assert metrics == llamacpp.LlamaMetrics(
+        processing=2, deferred=1, prompt_tokens=1402, prompt_tokens_cached=5120
+    )
 
 
 def test_llama_slots_and_props() -> None:
@@ -62,25 +64,49 @@ def test_llama_props_rejects_other_json(bad: object) -> None:
 
 
 def test_models_of_both_engines() -> None:
-    assert parse_models(json.loads(fixture("vllm_models.json"))) == (ServedModel("Qwen/Qwen3.8-27B-NVFP4", 94000),)
-    assert parse_models(json.loads(fixture("llama_models.json"))) == (ServedModel("qwen3.8-27b-q4_k_m", 32768),)
+    assert parse_models(json.loads(fixture("vllm_models.json"))) == (
+        ServedModel("Qwen/Qwen3.8-27B-NVFP4", 94000),
+    )
+    assert parse_models(json.loads(fixture("llama_models.json"))) == (
+        ServedModel("qwen3.8-27b-q4_k_m", 32768),
+    )
     with pytest.raises(ValueError, match="data"):
         parse_models({"object": "list"})
 
 
 class TestUsage:
     def test_openai_usage_with_cached_tokens(self) -> None:
-        data = {"usage": {"prompt_tokens": 600, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 512}}}
+        data = {
+            "usage": {
+                "prompt_tokens": 600,
+                "completion_tokens": 8,
+                "prompt_tokens_details": {"cached_tokens": 512},
+            }
+        }
         assert parse_usage(data) == Usage(600, 8, 512)
 
     def test_llama_timings_alone(self) -> None:
-        data = {"timings": {"cache_n": 90, "prompt_n": 10, "prompt_ms": 4.5, "predicted_n": 5, "predicted_ms": 40.0}}
+        data = {
+            "timings": {
+                "cache_n": 90,
+                "prompt_n": 10,
+                "prompt_ms": 4.5,
+                "predicted_n": 5,
+                "predicted_ms": 40.0,
+            }
+        }
         assert parse_usage(data) == Usage(100, 5, 90, 4.5, 40.0)
 
     def test_usage_and_timings(self) -> None:
         data = {
             "usage": {"prompt_tokens": 100, "completion_tokens": 5},
-            "timings": {"cache_n": 90, "prompt_n": 10, "prompt_ms": 4.5, "predicted_n": 5, "predicted_ms": 40.0},
+            "timings": {
+                "cache_n": 90,
+                "prompt_n": 10,
+                "prompt_ms": 4.5,
+                "predicted_n": 5,
+                "predicted_ms": 40.0,
+            },
         }
         assert parse_usage(data) == Usage(100, 5, 90, 4.5, 40.0)
 
@@ -94,8 +120,9 @@ class TestUsage:
         (401, b'{"error":"Unauthorized"}', "Unauthorized", None),
         (
             400,
-            b'{"error":{"code":400,"message":"request (9 tokens) exceeds the available context size (8 tokens),'
-            b' try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9,"n_ctx":8}}',
+            b'{"error":{"code":400,"message":"request (9 tokens) exceeds the available context size'
+            b' (8 tokens), try increasing it","type":"exceed_context_size_error",'
+            b'"n_prompt_tokens":9,"n_ctx":8}}',
             "request (9 tokens) exceeds the available context size (8 tokens), try increasing it",
             "exceed_context_size_error",
         ),
@@ -111,5 +138,8 @@ def test_error_bodies(status: int, body: bytes, message: str, type_: str | None)
 
 
 def test_llama_context_error_keeps_its_numbers() -> None:
-    body = b'{"error":{"code":400,"message":"m","type":"exceed_context_size_error","n_prompt_tokens":9,"n_ctx":8}}'
+    body = (
+        b'{"error":{"code":400,"message":"m","type":"exceed_context_size_error",'
+        b'"n_prompt_tokens":9,"n_ctx":8}}'
+    )
     assert parse_error_body("b", 400, body).extra == {"n_prompt_tokens": 9, "n_ctx": 8}

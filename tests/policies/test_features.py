@@ -13,12 +13,18 @@ def test_chat_estimate_counts_text_parts_tool_calls_and_tools() -> None:
         "messages": [
             {"role": "system", "content": "x" * 40},
             {"role": "user", "content": [{"type": "text", "text": "y" * 40}, {"type": "image_url"}]},
-            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "ab", "arguments": "cd"}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"function": {"name": "ab", "arguments": "cd"}}],
+            },
         ],
     }
     assert estimate_prompt_tokens(body, Endpoint.CHAT, 4.0) == 21 + 3 * MESSAGE_OVERHEAD_TOKENS
     with_tools = {**body, "tools": [{"type": "function", "function": {"name": "f"}}]}
-    assert estimate_prompt_tokens(with_tools, Endpoint.CHAT, 4.0) > estimate_prompt_tokens(body, Endpoint.CHAT, 4.0)
+    assert estimate_prompt_tokens(with_tools, Endpoint.CHAT, 4.0) > estimate_prompt_tokens(
+        body, Endpoint.CHAT, 4.0
+    )
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [("a" * 400, 100), (["a" * 200, "b" * 200], 100), ("", 1)])

@@ -93,7 +93,10 @@ class TestLeastLoaded:
 
     def test_slots_spread_load(self) -> None:
         """Two busy requests on four slots weigh less than one on an engine without slots."""
-        snapshots = [snapshot("vllm", running=1), snapshot("llama", running=2, slots=4, kind=EngineKind.LLAMACPP)]
+        snapshots = [
+            snapshot("vllm", running=1),
+            snapshot("llama", running=2, slots=4, kind=EngineKind.LLAMACPP),
+        ]
         decision = route(features(), snapshots, PROFILE, 0.0)
         assert decision.chosen is not None
         assert decision.chosen.backend_id == "llama"
@@ -115,7 +118,8 @@ loads = st.tuples(st.integers(0, 50), st.integers(0, 50), st.sampled_from([None,
 def test_properties(backends: list[tuple[int, int, int | None]], prompt: int, max_tokens: int | None) -> None:
     """Chosen is always eligible; same inputs give the same decision; scores are finite and in [0, 1]."""
     snapshots = [
-        snapshot(f"b{i}", running=r, queued=q, slots=s, window=16_000 * (i + 1)) for i, (r, q, s) in enumerate(backends)
+        snapshot(f"b{i}", running=r, queued=q, slots=s, window=16_000 * (i + 1))
+        for i, (r, q, s) in enumerate(backends)
     ]
     first = route(features(prompt, max_tokens), snapshots, PROFILE, 0.0)
     assert first == route(features(prompt, max_tokens), snapshots, PROFILE, 0.0)

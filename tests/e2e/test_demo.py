@@ -1,0 +1,89 @@
+"""``turnout demo`` as a user runs it: a process that serves, then stops all its children on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def refused(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=1)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    port = free_port()
+    env = {**os.environ, "TURNOUT_PORT": str(port), "TURNOUT_LOG_FORMAT": "json"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    banner: list[str] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        banner.append(line)
+        if line.startswith("Ctrl-C"):
+            break
+    sims = re.findall(r"simulator on (http://127\.0\.0\.1:\d+)", "".join(banner))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    try:
+        yield process, url, sims
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_demo_serves_both_models(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
+    _, url, sims = demo
+    assert len(sims) == 3
+    models = httpx.get(url + "/v1/models").json()["data"]
+    assert {m["id"] for m in models} == {"qwen3.8-27b", "qwen3.8-flash-next"}
+    for model, backends in (("qwen3.8-27b", {"vllm", "llama-27b"}), ("qwen3.8-flash-next", {"llama-moe"})):
+        response = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-turnout-backend"] in backends
+
+
+def test_demo_stops_everything_on_sigterm(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
+    process, url, sims = demo
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=15) in (0, 143, -signal.SIGTERM)
+    assert refused(url)
+    deadline = time.monotonic() + 5
+    while not all(refused(sim) for sim in sims) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(refused(sim) for sim in sims)

@@ -1,0 +1,83 @@
+"""A client that goes away cancels the engine's work at once: streaming, queued, or non-streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.sim import SimConfig
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+
+MSG = [{"role": "user", "content": "Tell me a very long story."}]
+
+
+@pytest.fixture(scope="module")
+def slow() -> Iterator[Stack]:
+    """Engines at a tenth of real time: a 2000-token answer takes seconds, so it is still running."""
+    running = start_stack(
+        vllm=SimConfig(kind="vllm", model="up-vllm", time_scale=0.1),
+        llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=0.1, slots=1),
+    )
+    try:
+        yield running
+    finally:
+        stop_stack(running)
+
+
+def wait_for_event(stack: Stack, backend: str, kind: str, since: int, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for event in stack.events(backend)[since:]:
+            if event.kind == kind:
+                return event
+        time.sleep(0.02)
+    return None
+
+
+@pytest.mark.parametrize(("model", "backend"), [("m-vllm", "vllm"), ("m-llama", "llama")])
+def test_stream_disconnect_cancels_within_a_second(slow: Stack, model: str, backend: str) -> None:
+    before = len(slow.events(backend))
+    body = {"model": model, "messages": MSG, "stream": True, "max_tokens": 2000}
+    with httpx.Client(base_url=slow.url, timeout=10) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            chunks = response.iter_raw()
+            next(chunks)
+            next(chunks)
+        closed_at = time.monotonic()
+    cancel = wait_for_event(slow, backend, "cancel", before, timeout=1.0)
+    assert cancel is not None, f"{backend} saw no cancel: {slow.events(backend)[before:]}"
+    assert cancel.at - closed_at < 1.0
+    assert cancel.completion_tokens < 2000
+
+
+def test_non_stream_disconnect_cancels(slow: Stack) -> None:
+    before = len(slow.events("vllm"))
+    body = {"model": "m-vllm", "messages": MSG, "max_tokens": 2000}
+    with (
+        httpx.Client(base_url=slow.url, timeout=httpx.Timeout(0.5)) as client,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        client.post("/v1/chat/completions", json=body)
+    assert wait_for_event(slow, "vllm", "cancel", before, timeout=1.0) is not None
+
+
+def test_queued_llama_request_is_cancelled_before_it_starts(slow: Stack) -> None:
+    """llama-server sends no headers while a stream waits for a slot; leaving must still cancel it."""
+    before = len(slow.events("llama"))
+    busy = {"model": "m-llama", "messages": MSG, "stream": True, "max_tokens": 400}
+    queued = {"model": "m-llama", "messages": [{"role": "user", "content": "Queued."}], "stream": True}
+    with (
+        httpx.Client(base_url=slow.url, timeout=10) as client,
+        client.stream("POST", "/v1/chat/completions", json=busy) as running,
+    ):
+        next(running.iter_raw())
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/chat/completions", json=queued, timeout=httpx.Timeout(0.5))
+        cancel = wait_for_event(slow, "llama", "cancel", before, timeout=1.0)
+    assert cancel is not None
+    assert cancel.completion_tokens == 0

@@ -1,0 +1,125 @@
+"""Every gateway-made error: OpenAI error JSON with the right status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from backends.sim import SimConfig
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+
+
+def assert_openai_error(response: Any, status: int, type_: str, code: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == type_
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return dict(error)
+
+
+def post(stack: Stack, body: Any, path: str = "/v1/chat/completions", **kwargs: Any) -> Any:
+    with stack.client() as client:
+        if isinstance(body, bytes | str):
+            return client.post(path, content=body, headers={"content-type": "application/json"}, **kwargs)
+        return client.post(path, json=body, **kwargs)
+
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_unknown_model_lists_valid_names(stack: Stack) -> None:
+    error = assert_openai_error(
+        post(stack, {"model": "gpt-9", "messages": MSG}), 404, "invalid_request_error"
+    )
+    assert error["code"] == "model_not_found"
+    assert error["param"] == "model"
+    for name in ("m-vllm", "m-llama", "m-both", "both"):
+        assert name in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b"", None),
+        (b"[1, 2]", None),
+        ({"messages": MSG}, "model"),
+        ({"model": 3, "messages": MSG}, "model"),
+        ({"model": "m-vllm"}, "messages"),
+        ({"model": "m-vllm", "messages": []}, "messages"),
+        ({"model": "m-vllm", "messages": ["hi"]}, "messages[0]"),
+        ({"model": "m-vllm", "messages": MSG, "max_tokens": "ten"}, "max_tokens"),
+        ({"model": "m-vllm", "messages": MSG, "stream": "yes"}, "stream"),
+    ],
+)
+def test_bad_requests(stack: Stack, body: Any, param: str | None) -> None:
+    error = assert_openai_error(post(stack, body), 400, "invalid_request_error")
+    assert error["param"] == param
+
+
+def test_completions_need_a_prompt(stack: Stack) -> None:
+    error = assert_openai_error(
+        post(stack, {"model": "m-vllm"}, "/v1/completions"), 400, "invalid_request_error"
+    )
+    assert error["param"] == "prompt"
+
+
+def test_unknown_path_and_method(stack: Stack) -> None:
+    with stack.client() as client:
+        assert_openai_error(client.get("/v1/nothing"), 404, "not_found_error")
+        assert_openai_error(client.get("/v1/chat/completions"), 405, "invalid_request_error")
+
+
+def test_context_too_long_for_every_backend(stack: Stack) -> None:
+    long_prompt = [{"role": "user", "content": "word " * 200_000}]
+    error = assert_openai_error(
+        post(stack, {"model": "m-both", "messages": long_prompt}), 400, "invalid_request_error"
+    )
+    assert error["code"] == "context_length_exceeded"
+    assert "32768" in error["message"]
+
+
+@pytest.fixture(scope="module")
+def limited() -> Iterator[Stack]:
+    """A stack with a small body limit, a vLLM that wants a key turnout does not have, and a dead backend."""
+    running = start_stack(
+        vllm=SimConfig(kind="vllm", model="up-vllm", time_scale=0.002, api_key="secret"),
+        extra_backends=[
+            {"id": "dead", "kind": "openai", "url": "http://127.0.0.1:9", "probe_interval_s": 60}
+        ],
+        extra_models=[{"name": "m-dead", "deployments": [{"backend": "dead", "upstream_name": "x"}]}],
+        limits={"max_body_bytes": 2048, "retries": 0},
+    )
+    try:
+        yield running
+    finally:
+        stop_stack(running)
+
+
+def test_body_over_limit(limited: Stack) -> None:
+    body = {"model": "m-llama", "messages": [{"role": "user", "content": "x" * 4096}]}
+    assert_openai_error(post(limited, body), 413, "invalid_request_error", "request_too_large")
+
+
+def test_backend_refusing_turnouts_key_is_unavailable(limited: Stack) -> None:
+    """The probe meets vLLM's 401 on /v1/models, so the backend is down and the client hears why."""
+    error = assert_openai_error(
+        post(limited, {"model": "m-vllm", "messages": MSG}), 503, "service_unavailable_error"
+    )
+    assert "vllm" in error["message"]
+    assert "401" in error["message"]
+
+
+def test_dead_backend(limited: Stack) -> None:
+    error = assert_openai_error(
+        post(limited, {"model": "m-dead", "messages": MSG}), 503, "service_unavailable_error"
+    )
+    assert error["code"] == "no_backend_available"
+    assert "dead: backend is down" in error["message"]

@@ -1,0 +1,116 @@
+"""One canonical log line per request, with the numbers and without the prompt; config check probes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from gateway.cli import main
+from tests.e2e.conftest import Stack
+
+SECRET_PROMPT = "the-password-is-swordfish"
+
+
+def completed_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == "request.completed"]
+
+
+def wait_for_lines(logs: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 2
+    while len(completed_lines(logs)) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return completed_lines(logs)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_request_completed_line(stack: Stack, stream: bool) -> None:
+    body = {"model": "m-llama", "messages": [{"role": "user", "content": SECRET_PROMPT}], "max_tokens": 5}
+    with capture_logs() as logs, stack.client() as client:
+        if stream:
+            with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+                response.read()
+        else:
+            response = client.post(
+                "/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-x"}
+            )
+        lines = wait_for_lines(logs, 1)
+    assert len(lines) == 1
+    line = lines[0]
+    assert line["request_id"] == response.headers["x-request-id"]
+    assert (line["model"], line["backend"], line["reason"], line["status"]) == (
+        "m-llama",
+        "llama",
+        "only-candidate",
+        200,
+    )
+    assert line["completion_tokens"] == 5
+    assert line["prompt_tokens"] > 0
+    assert line["cached_tokens"] is not None
+    assert line["ttft_ms"] is not None
+    assert line["duration_ms"] >= line["ttft_ms"]
+    assert line["retries"] == 0
+    assert SECRET_PROMPT not in repr(logs)
+    assert "sk-x" not in repr(logs)
+
+
+def test_error_is_logged_with_its_status(stack: Stack) -> None:
+    with capture_logs() as logs, stack.client() as client:
+        client.post(
+            "/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]}
+        )
+        lines = wait_for_lines(logs, 1)
+    assert lines[0]["status"] == 404
+    assert "nope" in lines[0]["error"]
+
+
+def test_config_check_probes_every_backend(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vllm, llama = stack.sims["vllm"].url, stack.sims["llama"].url
+    config = tmp_path / "turnout.toml"
+    config.write_text(
+        f"""
+[[backends]]
+id = "vllm"
+kind = "vllm"
+url = "{vllm}"
+
+[[backends]]
+id = "llama"
+kind = "llamacpp"
+url = "{llama}"
+
+[[backends]]
+id = "gone"
+kind = "openai"
+url = "http://127.0.0.1:9"
+
+[[models]]
+name = "m"
+  [[models.deployments]]
+  backend = "vllm"
+  upstream_name = "up-vllm"
+  [[models.deployments]]
+  backend = "llama"
+  upstream_name = "wrong-name"
+"""
+    )
+    assert main(["config", "check", str(config)]) == 3
+    out = capsys.readouterr().out
+    assert "valid (3 backends, 1 models)" in out
+    assert "vllm" in out
+    assert "up-vllm (32768 tokens)" in out
+    assert "NOT SERVED: wrong-name" in out
+    assert "gone" in out
+    assert "down" in out
+
+
+def test_config_check_rejects_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('[[backends]]\nid = "x"\nkind = "nope"\nurl = "http://127.0.0.1:1"\n')
+    assert main(["config", "check", str(config)]) == 1
+    assert "backends.0.kind" in capsys.readouterr().err
