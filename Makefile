@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## run the gateway on two built-in simulated engines (Ctrl-C stops everything)
 	$(BIN)/turnout demo
 
-test: $(STAMP)  ## install what the tests need, then run them all
+test: $(STAMP) llama-server  ## install what the tests need (incl. a real llama-server), then run them all
 	$(BIN)/python -m pytest
 
 check: lint typecheck  ## ruff + mypy --strict
@@ -35,7 +35,7 @@ fmt: $(STAMP)  ## apply ruff's fixes and formatting
 	$(BIN)/ruff format gateway backends policies tests bench
 
 llama-server: $(STAMP)  ## build (or reuse) the real llama-server used by the real-engine tests
-	$(BIN)/python tests/real/build_llama_server.py
+	$(BIN)/python tests/real/build_llama_server.py --if-possible
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -47,12 +47,12 @@ def _relay(state: State) -> Relay:
     return relay
 
 
-@post("/v1/chat/completions")
+@post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     return await _relay(state).handle(request, Endpoint.CHAT)
 
 
-@post("/v1/completions")
+@post("/v1/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     return await _relay(state).handle(request, Endpoint.COMPLETIONS)
 

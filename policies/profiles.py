@@ -48,7 +48,9 @@ def build_profile(
         if scorer_name not in SCORERS:
             raise ProfileError(f"profile {name!r}: unknown scorer {scorer_name!r}; known: {sorted(SCORERS)}")
         if not weight > 0:
-            raise ProfileError(f"profile {name!r}: scorer {scorer_name!r} needs a positive weight, got {weight}")
+            raise ProfileError(
+                f"profile {name!r}: scorer {scorer_name!r} needs a positive weight, got {weight}"
+            )
     return Profile(name=name, filters=tuple(filters), scorers=tuple(scorers.items()), reason=reason)
 
 

@@ -48,7 +48,9 @@ def route(
         components = tuple(
             (name, _clamp(SCORERS[name](features, deployment, snapshot))) for name, _ in profile.scorers
         )
-        score = sum(value * weight for (_, value), (_, weight) in zip(components, profile.scorers, strict=True))
+        score = sum(
+            value * weight for (_, value), (_, weight) in zip(components, profile.scorers, strict=True)
+        )
         scored.append(ScoredCandidate(deployment, score / total_weight, components))
 
     best = max(range(len(scored)), key=lambda i: (scored[i].score, -i))

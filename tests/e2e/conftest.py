@@ -45,7 +45,7 @@ class Tap:
         try:
             await self.app(scope, tap_receive, tap_send)
         finally:
-            if scope["path"].startswith("/v1/"):
+            if scope["method"] == "POST" and scope["path"].startswith("/v1/"):  # not the probes
                 self.bodies.append((scope["path"], b"".join(sent)))
                 self.requests.append(b"".join(received))
 
@@ -79,10 +79,10 @@ def stack_settings(
     extra_models: list[dict[str, Any]] | None = None,
     **over: Any,
 ) -> Settings:
-    backends = [
+    backends = [  # extra backends first: ties go to configured order, so they are tried first
+        *(extra_backends or []),
         {"id": "vllm", "kind": "vllm", "url": urls["vllm"], "probe_interval_s": 0.2},
         {"id": "llama", "kind": "llamacpp", "url": urls["llama"], "probe_interval_s": 0.2},
-        *(extra_backends or []),
     ]
     models = [
         {

@@ -41,7 +41,7 @@ def wait_for_event(stack: Stack, backend: str, kind: str, since: int, timeout: f
 @pytest.mark.parametrize(("model", "backend"), [("m-vllm", "vllm"), ("m-llama", "llama")])
 def test_stream_disconnect_cancels_within_a_second(slow: Stack, model: str, backend: str) -> None:
     before = len(slow.events(backend))
-    body = {"model": model, "messages": MSG, "stream": True, "max_tokens": 2000}
+    body = {"model": model, "messages": MSG, "stream": True, "max_tokens": 2000, "ignore_eos": True}
     with httpx.Client(base_url=slow.url, timeout=10) as client:
         with client.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
@@ -57,7 +57,7 @@ def test_stream_disconnect_cancels_within_a_second(slow: Stack, model: str, back
 
 def test_non_stream_disconnect_cancels(slow: Stack) -> None:
     before = len(slow.events("vllm"))
-    body = {"model": "m-vllm", "messages": MSG, "max_tokens": 2000}
+    body = {"model": "m-vllm", "messages": MSG, "max_tokens": 2000, "ignore_eos": True}
     with (
         httpx.Client(base_url=slow.url, timeout=httpx.Timeout(0.5)) as client,
         pytest.raises(httpx.ReadTimeout),
@@ -69,13 +69,14 @@ def test_non_stream_disconnect_cancels(slow: Stack) -> None:
 def test_queued_llama_request_is_cancelled_before_it_starts(slow: Stack) -> None:
     """llama-server sends no headers while a stream waits for a slot; leaving must still cancel it."""
     before = len(slow.events("llama"))
-    busy = {"model": "m-llama", "messages": MSG, "stream": True, "max_tokens": 400}
+    busy = {"model": "m-llama", "messages": MSG, "stream": True, "max_tokens": 4000, "ignore_eos": True}
     queued = {"model": "m-llama", "messages": [{"role": "user", "content": "Queued."}], "stream": True}
     with (
         httpx.Client(base_url=slow.url, timeout=10) as client,
         client.stream("POST", "/v1/chat/completions", json=busy) as running,
     ):
-        next(running.iter_raw())
+        chunks = running.iter_raw()  # keep a reference: a dropped iterator closes the response
+        next(chunks)
         with pytest.raises(httpx.ReadTimeout):
             client.post("/v1/chat/completions", json=queued, timeout=httpx.Timeout(0.5))
         cancel = wait_for_event(slow, "llama", "cancel", before, timeout=1.0)

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
+import structlog
+from structlog.testing import LogCapture
 
 from gateway.cli import main
 from tests.e2e.conftest import Stack
 
 SECRET_PROMPT = "the-password-is-swordfish"
+
+
+@contextmanager
+def capture_logs() -> Iterator[list[dict[str, Any]]]:
+    """Capture log entries with the production context processor (so ``request_id`` is bound)."""
+    capture = LogCapture()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
+    try:
+        yield capture.entries
+    finally:
+        structlog.reset_defaults()
 
 
 def completed_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,76 @@
+"""The simulator's settings (one frozen dataclass; the CLI and tests build it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from policies.types import Architecture
+
+SimKind = Literal["vllm", "llamacpp"]
+
+DEFAULT_PREFILL_TOK_S: dict[str, float] = {"vllm": 6600.0, "llamacpp": 3000.0}
+DEFAULT_DECODE_TOK_S: dict[str, float] = {"vllm": 64.0, "llamacpp": 109.0}
+DENSE_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How one simulated engine behaves. Every field has a default.
+
+    ``prefill_tok_s`` / ``decode_tok_s`` of 0 mean "the kind's default" (vLLM 6600 / 64 tok/s, llama.cpp
+    3000 / 109 tok/s, from DOMAIN.md) and are resolved at construction, so readers always see the
+    effective value. Every simulated duration is multiplied by ``time_scale``.
+    """
+
+    kind: SimKind = "vllm"
+    model: str = "sim-model"
+    """Served name: vLLM ``--served-model-name``, llama.cpp ``--alias``."""
+    context_window: int = 32768
+    """vLLM ``max_model_len``; llama.cpp per-slot ``n_ctx``."""
+    architecture: Architecture = Architecture.HYBRID
+    slots: int = 2
+    """llama.cpp ``-np`` (ignored by vLLM)."""
+    max_num_seqs: int = 256
+    """vLLM ``--max-num-seqs`` (ignored by llama.cpp)."""
+    prefix_caching: bool = True
+    """vLLM only: hybrid -> block-aligned reuse when on, none when off; dense/moe -> 16-token blocks."""
+    block_size: int = 256
+    """vLLM prefix-cache block for hybrid ``align`` mode."""
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    batch_slowdown: float = 0.06
+    """Decode step time = (1 / decode_tok_s) * (1 + batch_slowdown * (n_running - 1))."""
+    time_scale: float = 1.0
+    api_key: str | None = None
+    load_seconds: float = 0.0
+    """llama.cpp: every non-UI path answers 503 "Loading model" for this long after startup."""
+    default_max_tokens: int | None = None
+    """Cap on generated tokens when the request sets none (the natural answer is 16..48 tokens)."""
+    enable_prompt_tokens_details: bool = True
+    """vLLM ``--enable-prompt-tokens-details``."""
+    seed: int = 0
+    prefill_chunk: int = field(default=2048)
+    """Prompt tokens processed per engine step (vLLM max_num_batched_tokens, llama.cpp n_batch)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("vllm", "llamacpp"):
+            raise ValueError(f"unknown simulator kind {self.kind!r}")
+        object.__setattr__(self, "architecture", Architecture(self.architecture))
+        if self.prefill_tok_s <= 0:
+            object.__setattr__(self, "prefill_tok_s", DEFAULT_PREFILL_TOK_S[self.kind])
+        if self.decode_tok_s <= 0:
+            object.__setattr__(self, "decode_tok_s", DEFAULT_DECODE_TOK_S[self.kind])
+        if self.slots < 1 or self.context_window < 1 or self.block_size < 1 or self.max_num_seqs < 1:
+            raise ValueError("slots, context_window, block_size and max_num_seqs must be >= 1")
+        if self.time_scale < 0:
+            raise ValueError("time_scale must be >= 0")
+
+    @property
+    def cache_block_size(self) -> int:
+        """vLLM prefix-cache granularity: ``block_size`` for hybrids, 16 tokens otherwise."""
+        return self.block_size if self.architecture is Architecture.HYBRID else DENSE_BLOCK_SIZE
+
+    def with_kind(self, kind: SimKind) -> SimConfig:
+        """A copy for another engine kind, with that kind's default speeds."""
+        return replace(self, kind=kind, prefill_tok_s=0.0, decode_tok_s=0.0)

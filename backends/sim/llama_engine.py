@@ -1,0 +1,149 @@
+"""Simulated llama-server: ``-np`` slots, an unbounded deferred FIFO, per-slot prefix reuse.
+
+A submitted task picks a slot (``llama_slots.select_slot``); if none is idle, or its pinned slot is
+busy, it is deferred. Starting on a slot: a prompt longer than the slot's ``n_ctx`` fails with
+``exceed_context_size_error`` and releases the slot at once; otherwise ``prefix_cache.llama_reuse``
+decides ``cache_n`` and the prompt's checkpoints are recorded. On release the slot keeps the prompt
+plus the generated tokens except the last sampled one (it was never decoded), stamps
+``t_last_used`` and retries one deferred task (``llama_slots.pick_deferred``).
+Metrics follow ``server_task_result_metrics::to_metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from backends.sim.config import SimConfig
+from backends.sim.engine_base import BatchEngine
+from backends.sim.events import EventKind
+from backends.sim.llama_slots import Slot, pick_deferred, select_slot
+from backends.sim.prefix_cache import add_checkpoints, llama_reuse
+from backends.sim.task import SimError, SimTask, Update, UpdateKind
+from policies.types import Architecture
+
+
+def context_error(n_prompt: int, n_ctx: int) -> SimError:
+    """The 400 ``exceed_context_size_error`` a slot sends for a prompt longer than its context."""
+    message = (
+        f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it"
+    )
+    body = {
+        "error": {
+            "code": 400,
+            "message": message,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": n_prompt,
+            "n_ctx": n_ctx,
+        }
+    }
+    return SimError(400, body)
+
+
+class LlamaEngine(BatchEngine):
+    """The llama-server slot scheduler (see the module docstring)."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.slots = [Slot(i, config.context_window) for i in range(config.slots)]
+        self.deferred: deque[SimTask] = deque()
+        self.hybrid = config.architecture is Architecture.HYBRID
+        self.started_at = time.monotonic()
+        self.process_start = time.time()
+        self._use_counter = 0
+        self.n_prompt_processed = 0
+        self.n_prompt_cached = 0
+        self.prompt_seconds = 0.0
+        self.n_predicted = 0
+        self.predict_seconds = 0.0
+        self.n_tokens_max = 0
+        self.bucket = [0, 0.0, 0, 0.0]  # prompt n, prompt s, predicted n, predicted s since last scrape
+
+    @property
+    def is_loading(self) -> bool:
+        """True during the first ``load_seconds * time_scale`` wall seconds."""
+        return time.monotonic() - self.started_at < self.config.load_seconds * self.config.time_scale
+
+    def submit(self, task: SimTask) -> None:
+        """Give ``task`` a slot now or defer it."""
+        slot = select_slot(self.slots, task.prompt, task.id_slot)
+        if slot is None or slot.busy:
+            self.deferred.append(task)
+            return
+        self._launch(slot, task)
+
+    def admit(self) -> None:
+        """Nothing to do: tasks start in ``submit`` or when a slot is released."""
+
+    def remove_waiting(self, task: SimTask) -> None:
+        """Drop a deferred task (client left while queued)."""
+        if task in self.deferred:
+            self.deferred.remove(task)
+
+    def _launch(self, slot: Slot, task: SimTask) -> None:
+        slot.task = task
+        slot.last_task = task
+        task.slot = slot.id
+        if len(task.prompt) > slot.n_ctx:
+            task.finished = True
+            self.log.record(EventKind.REJECT, task.id, prompt_tokens=len(task.prompt), slot=slot.id)
+            task.send(Update(UpdateKind.ERROR, error=context_error(len(task.prompt), slot.n_ctx)))
+            self._release(slot)
+            return
+        reuse = llama_reuse(
+            slot.tokens, slot.checkpoints, task.prompt, hybrid=self.hybrid, cache_prompt=task.cache_prompt
+        )
+        task.cached = reuse.n_past
+        slot.checkpoints = (
+            add_checkpoints(reuse.checkpoints, len(task.prompt), reuse.n_past) if self.hybrid else ()
+        )
+        slot.tokens = list(task.prompt[: reuse.n_past])
+        self.begin(task, slot.id)
+
+    def on_prompt_done(self, task: SimTask) -> None:
+        """Count the prompt (llama counts processed tokens, excluding cached)."""
+        slot = self.slots[task.slot or 0]
+        slot.tokens = list(task.prompt)
+        processed = len(task.prompt) - task.cached
+        seconds = task.sim_prompt_end - task.sim_start
+        self.n_prompt_processed += processed
+        self.n_prompt_cached += task.cached
+        self.prompt_seconds += seconds
+        self.bucket[0] += processed
+        self.bucket[1] += seconds
+
+    def on_end(self, task: SimTask, kind: EventKind) -> None:
+        """Keep the slot's tokens for reuse, count generation and release the slot."""
+        slot = self.slots[task.slot or 0]
+        done = len(task.prompt) - task.prefill_left
+        decoded = [t.id for t in task.generated][:-1]
+        slot.tokens = list(task.prompt[:done]) + decoded
+        self.n_tokens_max = max(self.n_tokens_max, len(task.prompt) + task.n_emitted)
+        if task.n_emitted:
+            seconds = task.sim_last - task.sim_prompt_end
+            self.n_predicted += task.n_emitted
+            self.predict_seconds += seconds
+            self.bucket[2] += task.n_emitted
+            self.bucket[3] += seconds
+        self._release(slot)
+
+    def _release(self, slot: Slot) -> None:
+        slot.task = None
+        self._use_counter += 1
+        slot.t_last_used = self._use_counter
+        index = pick_deferred(self.deferred, slot.id)
+        if index is not None:
+            task = self.deferred[index]
+            del self.deferred[index]
+            self.submit(task)
+
+    @property
+    def n_processing(self) -> int:
+        """Busy slots."""
+        return sum(1 for s in self.slots if s.busy)
+
+    def take_bucket(self) -> tuple[float, float]:
+        """Prompt and generation throughput (tok/s) since the previous scrape; resets the window."""
+        n_p, t_p, n_g, t_g = self.bucket
+        self.bucket = [0, 0.0, 0, 0.0]
+        return (n_p / t_p if t_p > 0 else 0.0, n_g / t_g if t_g > 0 else 0.0)

@@ -1,0 +1,215 @@
+"""Start, wait for, and stop a real ``llama-server`` process for the tests.
+
+The server always runs with explicit arguments: ``-np`` slots (2 by default) sharing ``-c`` total
+context (split evenly: the KV cache is not unified with an explicit ``-np``), one compute thread
+(``-t 1``: with more threads on a busy two-core machine ggml spin-waits and runs about 100x
+slower), ``--metrics``, ``--slots`` and ``--alias``, bound to a free port on 127.0.0.1.  Its output
+goes to a log file.  ``start()`` returns once ``/health`` answers 200; it records whether it saw
+the 503 "Loading model" answer first.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+import httpx
+
+DEFAULT_ALIAS = "tiny-qwen35"
+BIND_ERROR = "couldn't bind HTTP server socket"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class LlamaServerError(RuntimeError):
+    """The server exited or did not become ready; the message ends with its log tail."""
+
+
+class LlamaServer:
+    """One ``llama-server`` process.  Use ``with LlamaServer(...) as server:`` or start()/stop()."""
+
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        *,
+        log_path: Path,
+        alias: str = DEFAULT_ALIAS,
+        n_parallel: int = 2,
+        ctx_total: int = 4096,
+        threads: int = 1,
+        extra_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout: float = 120.0,
+    ) -> None:
+        self.binary = Path(binary)
+        self.model = Path(model)
+        self.log_path = Path(log_path)
+        self.alias = alias
+        self.n_parallel = n_parallel
+        self.ctx_total = ctx_total
+        self.threads = threads
+        self.extra_args = tuple(extra_args)
+        self.host = host
+        self._port_chosen = port is None
+        self.port = port if port is not None else free_port(host)
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.saw_loading_503 = False
+        self.startup_seconds: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def args(self) -> list[str]:
+        return [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--alias",
+            self.alias,
+            "-np",
+            str(self.n_parallel),
+            "-c",
+            str(self.ctx_total),
+            "-t",
+            str(self.threads),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--metrics",
+            "--slots",
+            *self.extra_args,
+        ]
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def start(self, *, bind_retries: int = 3) -> LlamaServer:
+        """Start the server and wait until ``/health`` is 200.  If the port was taken meanwhile
+        (and it was chosen here), retry on another free port."""
+        for attempt in range(bind_retries + 1):
+            try:
+                return self._start_once()
+            except LlamaServerError as error:
+                if not (self._port_chosen and BIND_ERROR in str(error)) or attempt == bind_retries:
+                    raise
+                self.process = None
+                self.port = free_port(self.host)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> LlamaServer:
+        if self.process is not None:
+            raise RuntimeError("already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Only the explicit arguments count: drop LLAMA_ARG_* settings inherited from the caller.
+        env = {key: value for key, value in os.environ.items() if not key.startswith("LLAMA_ARG_")}
+        started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal does not reach it twice
+            )
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def _wait_ready(self, started: float) -> None:
+        assert self.process is not None
+        deadline = started + self.startup_timeout
+        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise LlamaServerError(
+                        f"llama-server exited with code {code} during startup\n"
+                        f"command: {' '.join(self.args)}\n--- log tail ---\n{self.log_tail()}"
+                    )
+                try:
+                    response = client.get("/health")
+                except httpx.TransportError:
+                    pass  # not listening yet
+                else:
+                    if response.status_code == 200:
+                        return
+                    if response.status_code == 503:
+                        self.saw_loading_503 = True
+                if time.monotonic() > deadline:
+                    raise LlamaServerError(
+                        f"llama-server not ready after {self.startup_timeout:.0f} s\n"
+                        f"--- log tail ---\n{self.log_tail()}"
+                    )
+                time.sleep(0.02)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds; return the exit code."""
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout)
+        return process.returncode
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class LlamaServerFactory(Protocol):
+    """The ``llama_server`` fixture: starts a server on the tiny qwen35 model (or ``model``)."""
+
+    def __call__(
+        self,
+        *,
+        model: Path | None = ...,
+        alias: str = ...,
+        n_parallel: int = ...,
+        ctx_total: int = ...,
+        extra_args: Sequence[str] = ...,
+        startup_timeout: float = ...,
+    ) -> LlamaServer: ...
