@@ -122,5 +122,6 @@ def create_app(settings: Settings) -> Litestar:
         },
         request_max_body_size=None,
         openapi_config=None,
+        logging_config=None,  # structlog is configured by the CLI; no stdlib handlers of litestar's
         debug=False,
     )
