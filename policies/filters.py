@@ -4,8 +4,9 @@ A filter takes the request features and the remaining candidates and returns the
 plus a :class:`Rejection` for each one it drops. Filters never reorder candidates.
 
 - ``healthy``: the backend's last probe found it ready (``unknown`` passes: not probed yet).
-- ``context-fits``: ``prompt_tokens + max(max_tokens, 1) <= context_window`` of the deployment
-  (llama.cpp reports its per-slot window; that is the limit a request meets).
+- ``context-fits``: the prompt must fit the deployment's window (llama.cpp reports its per-slot
+  window; that is the limit a request meets); where some candidates also have room for the whole
+  ``max_tokens``, only those stay.
 """
 
 from __future__ import annotations
@@ -32,20 +33,36 @@ def healthy(features: RequestFeatures, candidates: Sequence[Candidate]) -> Filte
 
 
 def context_fits(features: RequestFeatures, candidates: Sequence[Candidate]) -> FilterResult:
-    kept: list[Candidate] = []
+    """Drop candidates the prompt does not fit; prefer those where the whole output fits too.
+
+    Both engines accept a ``max_tokens`` larger than the room left (vLLM clamps it, llama.cpp
+    stops at the window), so a prompt that fits is never refused for its ``max_tokens`` alone:
+    only when some other candidate has room for all of it are the tighter ones dropped.
+    """
+    output = max(features.max_tokens or 0, 1)
+    fits_prompt: list[Candidate] = []
+    fits_all: list[Candidate] = []
     dropped: list[Rejection] = []
-    needed = features.prompt_tokens + max(features.max_tokens or 0, 1)
     for deployment, snapshot in candidates:
         window = deployment.context_window
-        if window is None or needed <= window:
-            kept.append((deployment, snapshot))
+        if window is None or features.prompt_tokens + output <= window:
+            fits_all.append((deployment, snapshot))
+            fits_prompt.append((deployment, snapshot))
+        elif features.prompt_tokens + 1 <= window:
+            fits_prompt.append((deployment, snapshot))
         else:
             detail = (
-                f"prompt of ~{features.prompt_tokens} tokens + max_tokens {features.max_tokens or 0}"
-                f" exceeds the context window of {window} tokens"
+                f"prompt of ~{features.prompt_tokens} tokens exceeds the context window of {window} tokens"
             )
             dropped.append(Rejection(snapshot.backend_id, Reason.CONTEXT_TOO_LONG, detail))
-    return kept, dropped
+    if not fits_all:
+        return fits_prompt, dropped
+    for deployment, snapshot in fits_prompt:
+        if (deployment, snapshot) not in fits_all:
+            room = (deployment.context_window or 0) - features.prompt_tokens
+            detail = f"only ~{room} of max_tokens {output} would fit; another backend has room for all"
+            dropped.append(Rejection(snapshot.backend_id, Reason.OUTPUT_WOULD_BE_CUT, detail))
+    return fits_all, dropped
 
 
 FILTERS: dict[str, Filter] = {

@@ -48,6 +48,7 @@ class Reason(StrEnum):
     NOT_SERVED = "model-not-served"
     UNHEALTHY = "backend-unhealthy"
     CONTEXT_TOO_LONG = "context-too-long"
+    OUTPUT_WOULD_BE_CUT = "output-would-be-cut"
     ONLY_CANDIDATE = "only-candidate"
     LEAST_LOADED = "least-loaded"
     NO_CANDIDATE = "no-eligible-backend"

@@ -60,15 +60,22 @@ class TestFilters:
 
     @pytest.mark.parametrize(
         ("prompt", "max_tokens", "fits"),
-        [(31_000, 1000, True), (31_000, 1001, False), (31_999, None, True), (32_000, None, False)],
+        [(31_000, 1000, True), (31_000, 50_000, True), (31_999, None, True), (32_000, None, False)],
     )
     def test_context_fits(self, prompt: int, max_tokens: int | None, fits: bool) -> None:
-        """prompt + max(max_tokens, 1) must not exceed the window."""
+        """The prompt must leave room for one token; a large max_tokens alone refuses nothing (engines clamp)."""
         decision = route(features(prompt, max_tokens), [snapshot("a", window=32_000)], PROFILE, 0.0)
         assert (decision.chosen is not None) == fits
         if not fits:
             assert decision.rejected[0].reason is Reason.CONTEXT_TOO_LONG
             assert "32000" in decision.rejected[0].detail
+
+    def test_prefers_a_backend_with_room_for_the_whole_output(self) -> None:
+        snapshots = [snapshot("tight", window=32_000), snapshot("roomy", window=64_000, running=9)]
+        decision = route(features(30_000, 8_000), snapshots, PROFILE, 0.0)
+        assert decision.chosen is not None
+        assert decision.chosen.backend_id == "roomy"
+        assert decision.rejected[0].reason is Reason.OUTPUT_WOULD_BE_CUT
 
     def test_long_prompt_goes_to_the_backend_whose_window_fits(self) -> None:
         snapshots = [snapshot("small", window=8_000), snapshot("large", window=64_000, running=5)]
@@ -128,7 +135,9 @@ def test_properties(backends: list[tuple[int, int, int | None]], prompt: int, ma
     if first.chosen is not None:
         window = first.chosen.context_window
         assert window is not None
-        assert prompt + max(max_tokens or 0, 1) <= window
+        assert prompt + 1 <= window
+        if any(prompt + max(max_tokens or 0, 1) <= 16_000 * (i + 1) for i in range(len(snapshots))):
+            assert prompt + max(max_tokens or 0, 1) <= window
         best = max(c.score for c in first.candidates)
         assert next(c.score for c in first.candidates if c.deployment == first.chosen) == best
     else:

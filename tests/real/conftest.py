@@ -95,6 +95,38 @@ def llama_server(
             print(f"\n--- {server.log_path} (tail) ---\n{server.log_tail(60)}", file=sys.stderr)
 
 
+@pytest.fixture(scope="module")
+def llama_server_module(
+    llama_binary: Path, qwen35_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaServerFactory]:
+    """Like ``llama_server``, but the servers live for the whole test module (one start, many tests)."""
+    servers: list[LlamaServer] = []
+    log_dir = tmp_path_factory.mktemp("llama-module")
+
+    def start(
+        *,
+        alias: str = DEFAULT_ALIAS,
+        n_parallel: int = 2,
+        ctx_total: int = 4096,
+        extra_args: Sequence[str] = (),
+    ) -> LlamaServer:
+        server = LlamaServer(
+            llama_binary,
+            qwen35_gguf,
+            log_path=log_dir / f"llama-server-{len(servers)}.log",
+            alias=alias,
+            n_parallel=n_parallel,
+            ctx_total=ctx_total,
+            extra_args=extra_args,
+        )
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
 def _failed(request: pytest.FixtureRequest) -> bool:
     report = getattr(request.node, "rep_call", None)
     return report is None or bool(report.failed)

