@@ -44,17 +44,18 @@ def test_vllm_metrics_of_an_idle_server_without_counters() -> None:
 
 
 def test_llama_metrics() -> None:
+    """Recorded while slot 1 generated: one request processing, none deferred."""
     metrics = llamacpp.parse_metrics(fixture("llama_metrics.txt"))
-    assert metrics == llamacpp.LlamaMetrics(
-        processing=2, deferred=1, prompt_tokens=1402, prompt_tokens_cached=5120
-    )
+    assert (metrics.processing, metrics.deferred) == (1, 0)
+    assert metrics.prompt_tokens is not None
+    assert metrics.prompt_tokens_cached is not None
 
 
 def test_llama_slots_and_props() -> None:
     slots = llamacpp.parse_slots(json.loads(fixture("llama_slots.json")))
-    assert slots == (SlotState(0, 32768, True), SlotState(1, 32768, False))
+    assert slots == (SlotState(0, 2048, False), SlotState(1, 2048, True))
     props = llamacpp.parse_props(json.loads(fixture("llama_props.json")))
-    assert props == llamacpp.LlamaProps(total_slots=2, n_ctx=32768, model_alias="qwen3.8-27b-q4_k_m")
+    assert props == llamacpp.LlamaProps(total_slots=2, n_ctx=2048, model_alias="tiny-qwen35")
 
 
 @pytest.mark.parametrize("bad", [{}, {"total_slots": "2"}, []])
@@ -68,7 +69,7 @@ def test_models_of_both_engines() -> None:
         ServedModel("Qwen/Qwen3.8-27B-NVFP4", 94000),
     )
     assert parse_models(json.loads(fixture("llama_models.json"))) == (
-        ServedModel("qwen3.8-27b-q4_k_m", 32768),
+        ServedModel("tiny-qwen35", 2048),
     )
     with pytest.raises(ValueError, match="data"):
         parse_models({"object": "list"})
@@ -143,3 +144,18 @@ def test_llama_context_error_keeps_its_numbers() -> None:
         b'"n_prompt_tokens":9,"n_ctx":8}}'
     )
     assert parse_error_body("b", 400, body).extra == {"n_prompt_tokens": 9, "n_ctx": 8}
+
+
+def test_llama_recorded_responses_give_usage() -> None:
+    """The non-streamed body and the stream's final event both carry usage and timings."""
+    body = json.loads(fixture("llama_chat.json"))
+    usage = parse_usage(body)
+    assert usage is not None
+    assert usage.prompt_tokens == body["usage"]["prompt_tokens"]
+    assert usage.cached_tokens == body["timings"]["cache_n"]
+    events = [e for e in fixture("llama_chat_stream.txt").split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2].removeprefix("data: "))
+    stream_usage = parse_usage(last)
+    assert stream_usage is not None
+    assert stream_usage.completion_tokens == last["timings"]["predicted_n"]

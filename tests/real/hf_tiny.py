@@ -186,9 +186,7 @@ def write_model(out_dir: Path, arch: str = "qwen3next", seed: int = 0) -> Path:
     fields = _qwen3next_config(vocab_size) if arch == "qwen3next" else _qwen3_config(vocab_size)
     fields.update(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
     config_cls = transformers.Qwen3NextConfig if arch == "qwen3next" else transformers.Qwen3Config
-    model_cls = (
-        transformers.Qwen3NextForCausalLM if arch == "qwen3next" else transformers.Qwen3ForCausalLM
-    )
+    model_cls = transformers.Qwen3NextForCausalLM if arch == "qwen3next" else transformers.Qwen3ForCausalLM
     config_fields = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
     config = config_cls(**config_fields)
     config.architectures = fields["architectures"]
@@ -209,8 +207,7 @@ def write_model(out_dir: Path, arch: str = "qwen3next", seed: int = 0) -> Path:
         special_map = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
         (tmp / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(
-            json.dumps({"eos_token_id": eos_id, "pad_token_id": pad_id, "do_sample": False}, indent=2)
-            + "\n"
+            json.dumps({"eos_token_id": eos_id, "pad_token_id": pad_id, "do_sample": False}, indent=2) + "\n"
         )
         meta = {"generator_version": GENERATOR_VERSION, "arch": arch, "seed": seed}
         (tmp / "turnout_tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
