@@ -78,17 +78,22 @@ class Adapter(ABC):
         self._probe_timeout = httpx.Timeout(spec.probe_timeout)
 
     # -- requests ---------------------------------------------------------------------------
-    def rewrite_body(self, body: dict[str, Any], deployment: Deployment) -> bool:
+    def rewrite_body(self, body: dict[str, Any], deployment: Deployment, slot: int | None) -> bool:
         """Engine-specific changes to the upstream body (in place); returns ``strip_usage_chunk``."""
         return False
 
     def prepare(
-        self, endpoint: Endpoint, body: Mapping[str, Any], deployment: Deployment, client_model: str
+        self,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        deployment: Deployment,
+        client_model: str,
+        slot: int | None = None,
     ) -> UpstreamRequest:
         """The upstream request: the client's body with the model mapped and the engine's rewrites."""
         upstream = dict(body)
         upstream["model"] = deployment.upstream_name
-        strip = self.rewrite_body(upstream, deployment)
+        strip = self.rewrite_body(upstream, deployment, slot)
         stream = bool(upstream.get("stream", False))
         return UpstreamRequest(
             backend_id=self.spec.id,

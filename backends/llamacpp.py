@@ -15,13 +15,16 @@ class LlamaCppAdapter(Adapter):
     """llama.cpp's ``llama-server``.
 
     Its streams always end with ``timings`` (and ``usage`` on ``/v1/completions``), so no usage
-    request is added; ``cache_prompt`` is set to true unless the client chose otherwise.
+    request is added; ``cache_prompt`` is set to true unless the client chose otherwise, and the
+    session's slot is pinned with ``id_slot``.
     """
 
     kind: ClassVar[EngineKind] = EngineKind.LLAMACPP
 
-    def rewrite_body(self, body: dict[str, Any], deployment: Deployment) -> bool:
+    def rewrite_body(self, body: dict[str, Any], deployment: Deployment, slot: int | None) -> bool:
         body.setdefault("cache_prompt", True)
+        if slot is not None:
+            body.setdefault("id_slot", slot)  # a client's own id_slot wins
         return False
 
     def health_for_status(self, error: UpstreamStatusError) -> Health:

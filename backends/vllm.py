@@ -19,7 +19,7 @@ class VllmAdapter(Adapter):
 
     kind: ClassVar[EngineKind] = EngineKind.VLLM
 
-    def rewrite_body(self, body: dict[str, Any], deployment: Deployment) -> bool:
+    def rewrite_body(self, body: dict[str, Any], deployment: Deployment, slot: int | None) -> bool:
         if not body.get("stream"):
             return False
         options = body.get("stream_options")

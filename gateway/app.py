@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.params import QueryParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from backends.base import BackendSpec
@@ -19,8 +20,10 @@ from gateway.catalog import Catalog
 from gateway.errors import GatewayError, openai_error_body
 from gateway.middleware import request_id_middleware
 from gateway.relay import Relay
+from gateway.routing import Router
 from gateway.settings import Settings
-from policies import BUILTIN_PROFILES, Endpoint
+from gateway.state import MemoryStore
+from policies import Endpoint
 
 JSON = "application/json"
 
@@ -63,6 +66,15 @@ async def list_models(state: State) -> Response[Any]:
     return Response(relay.catalog.listing(relay.fleet.snapshots()), media_type=JSON)
 
 
+@get("/admin/api/decisions")
+async def decisions(
+    state: State, limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 100
+) -> Response[Any]:
+    """The newest routing decisions, newest first: every candidate's prediction and the outcome."""
+    entries = await _relay(state).router.store.decisions(limit)
+    return Response({"object": "list", "data": entries}, media_type=JSON)
+
+
 @get("/health")
 async def health(state: State) -> Response[Any]:
     """200 while at least one backend is ready (or not yet probed); 503 otherwise."""
@@ -91,17 +103,23 @@ def _internal_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes
 def create_app(settings: Settings) -> Litestar:
     """Build the gateway for ``settings``; engines are probed when the app starts."""
     catalog = Catalog(settings.models, created=int(time.time()))
-    profile = BUILTIN_PROFILES[settings.profile]
+    profile = settings.routing_profile()
+    store = MemoryStore(
+        max_sessions=settings.state.max_sessions,
+        session_ttl_s=settings.state.session_ttl_s,
+        max_decisions=settings.state.decision_log_size,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(limits=limits, timeout=None) as client:
             fleet = Fleet(backend_specs(settings, catalog), client)
+            router = Router(fleet, store, profile)
             app.state.relay = Relay(
                 fleet,
                 catalog,
-                profile,
+                router,
                 retries=settings.limits.retries,
                 max_body=settings.limits.max_body_bytes,
             )
@@ -112,7 +130,7 @@ def create_app(settings: Settings) -> Litestar:
                 await fleet.stop()
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, health],
+        route_handlers=[chat_completions, completions, list_models, decisions, health],
         lifespan=[lifespan],
         middleware=[request_id_middleware],
         exception_handlers={

@@ -18,6 +18,9 @@ class RequestRecord:
 
     endpoint: str
     started: float = field(default_factory=time.monotonic)
+    request_id: str = field(
+        default_factory=lambda: str(structlog.contextvars.get_contextvars().get("request_id", ""))
+    )
     model: str | None = None
     stream: bool = False
     backend: str | None = None

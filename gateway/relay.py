@@ -8,7 +8,7 @@ read body -> parse -> resolve model -> extract features -> route -> adapter.prep
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,9 @@ from gateway.errors import (
 )
 from gateway.record import RequestRecord
 from gateway.requests import parse_body, read_body
-from policies import Decision, Endpoint, Profile, Reason, RequestFeatures, extract, route
+from gateway.routing import Routed, Router, decision_entry
+from policies import Decision, Endpoint, Reason, RequestFeatures, extract
+from policies.types import Outcome
 
 log = structlog.get_logger(__name__)
 
@@ -62,30 +64,30 @@ def no_route_error(decision: Decision, features: RequestFeatures) -> GatewayErro
 
 @dataclass(frozen=True, slots=True)
 class Opened:
-    decision: Decision
+    routed: Routed
     relay: ResponseRelay
+
+    @property
+    def decision(self) -> Decision:
+        return self.routed.decision
 
 
 class Relay:
     """Everything one request needs, built once at start-up and shared by all requests."""
 
     def __init__(
-        self, fleet: Fleet, catalog: Catalog, profile: Profile, *, retries: int, max_body: int
+        self, fleet: Fleet, catalog: Catalog, router: Router, *, retries: int, max_body: int
     ) -> None:
         self.fleet = fleet
         self.catalog = catalog
-        self.profile = profile
+        self.router = router
         self.retries = retries
         self.max_body = max_body
 
-    def decide(self, features: RequestFeatures, excluded: frozenset[str] = frozenset()) -> Decision:
-        snapshots = [s for s in self.fleet.snapshots() if s.backend_id not in excluded]
-        return route(features, snapshots, self.profile, time.time())
-
     async def open(
-        self, endpoint: Endpoint, body: dict[str, Any], features: RequestFeatures, record: RequestRecord
+        self, endpoint: Endpoint, body: dict[str, Any], routed: Routed, record: RequestRecord
     ) -> Opened:
-        """Route and send; on a failure before any byte, exclude that backend and route again."""
+        """Send along ``routed``; on a failure before any byte, exclude that backend and route again."""
         excluded: set[str] = set()
         last_error: UpstreamError | None = None
         retrying = AsyncRetrying(
@@ -94,14 +96,20 @@ class Relay:
         try:
             async for attempt in retrying:
                 with attempt:
-                    decision = self.decide(features, frozenset(excluded))
+                    if excluded:
+                        routed = await self.router.decide(
+                            routed.features, routed.session, frozenset(excluded)
+                        )
+                    decision = routed.decision
                     if decision.chosen is None:
                         if last_error is not None:
                             raise last_error
-                        raise no_route_error(decision, features)
-                    record.backend, record.reason = decision.chosen.backend_id, decision.reason.value
+                        raise no_route_error(decision, routed.features)
+                    record.backend, record.reason = decision.chosen.backend_id, decision.header
                     adapter = self.fleet.adapter(decision.chosen.backend_id)
-                    upstream = adapter.prepare(endpoint, body, decision.chosen, body["model"])
+                    upstream = adapter.prepare(
+                        endpoint, body, decision.chosen, body["model"], slot=decision.slot
+                    )
                     try:
                         response = await adapter.send(upstream)
                     except UpstreamError as exc:
@@ -113,39 +121,45 @@ class Relay:
                         if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
                             self.fleet.report_failure(exc.backend_id, exc.message)
                         raise
-                    return Opened(decision, ResponseRelay(upstream, response))
+                    return Opened(routed, ResponseRelay(upstream, response))
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
         raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
+
+    async def route(self, body: dict[str, Any], endpoint: Endpoint, headers: Mapping[str, str]) -> Routed:
+        """Resolve the model and the session, then decide."""
+        model = self.catalog.resolve(body["model"])
+        chars_per_token = self.router.learned.for_model(
+            model.name, model.chars_per_token
+        ).chars_per_token.value
+        features = extract(body, endpoint, model=model.name, headers=headers, chars_per_token=chars_per_token)
+        features, session = await self.router.resolve_session(features)
+        return await self.router.decide(features, session)
 
     async def handle(self, request: Request[Any, Any, Any], endpoint: Endpoint) -> Response[Any]:
         record = RequestRecord(endpoint=endpoint.value)
         watch: DisconnectWatch | None = None
         try:
             body = parse_body(await read_body(request, self.max_body), endpoint)
-            model = self.catalog.resolve(body["model"])
-            record.model, record.stream = model.name, bool(body.get("stream"))
-            features = extract(body, endpoint, model=model.name, chars_per_token=model.chars_per_token)
+            record.stream = bool(body.get("stream"))
+            routed = await self.route(body, endpoint, request.headers)
+            record.model = routed.features.model
             watch = DisconnectWatch(request.receive)
-            opened = await watch.run(self.open(endpoint, body, features, record))
-            headers = {
-                "x-turnout-backend": opened.decision.chosen.backend_id if opened.decision.chosen else "",
-                "x-turnout-route-reason": opened.decision.reason.value,
-            }
+            opened = await watch.run(self.open(endpoint, body, routed, record))
+            headers = self._headers(opened)
             if opened.relay.request.stream:
                 await watch.stop()
                 return Stream(
                     self._stream(opened.relay, record),
                     media_type="text/event-stream",
                     headers={**SSE_HEADERS, **headers},
-                    background=BackgroundTask(self._finish_stream, opened.relay, record),
+                    background=BackgroundTask(self._finish_stream, opened, record),
                 )
             try:
                 content = await watch.run(opened.relay.body())
             finally:
                 await opened.relay.aclose()
-            record.first_byte_at, record.usage = opened.relay.first_byte_at, opened.relay.usage
-            record.emit()
+            await self._complete(opened, record)
             return Response(content, media_type="application/json", headers=headers)
         except ClientDisconnected:
             record.status, record.error = CLIENT_CLOSED, "client disconnected"
@@ -164,6 +178,19 @@ class Relay:
             if watch is not None:
                 await watch.stop()
 
+    @staticmethod
+    def _headers(opened: Opened) -> dict[str, str]:
+        decision = opened.decision
+        headers = {
+            "x-turnout-backend": decision.chosen.backend_id if decision.chosen else "",
+            "x-turnout-route-reason": decision.header,
+        }
+        if decision.slot is not None:
+            headers["x-turnout-slot"] = str(decision.slot)
+        if opened.routed.features.session_key is not None:
+            headers["x-turnout-session-source"] = opened.routed.features.session_source.value
+        return headers
+
     async def _stream(self, relay: ResponseRelay, record: RequestRecord) -> AsyncIterator[bytes]:
         """Relay events; a failure after the first byte becomes an error event, then a clean end."""
         try:
@@ -181,10 +208,34 @@ class Relay:
         finally:
             await relay.aclose()
 
-    async def _finish_stream(self, relay: ResponseRelay, record: RequestRecord) -> None:
-        """Runs after the stream ended or the client left: close upstream, write the log line."""
-        await relay.aclose()
-        record.first_byte_at, record.usage = relay.first_byte_at, relay.usage
-        if not relay.finished and record.error is None:
+    async def _finish_stream(self, opened: Opened, record: RequestRecord) -> None:
+        """Runs after the stream ended or the client left: close upstream, learn, write the log line."""
+        await opened.relay.aclose()
+        if not opened.relay.finished and record.error is None:
             record.status, record.error = CLIENT_CLOSED, "client disconnected"
+        await self._complete(opened, record)
+
+    async def _complete(self, opened: Opened, record: RequestRecord) -> None:
+        """After a response: the outcome goes to learning, the session and the decision log; one log line."""
+        relay = opened.relay
+        record.first_byte_at, record.usage = relay.first_byte_at, relay.usage
+        outcome = None
+        chosen = opened.decision.chosen_candidate
+        if relay.usage is not None and chosen is not None and record.error is None:
+            outcome = Outcome(
+                backend_id=chosen.deployment.backend_id,
+                model=chosen.deployment.model,
+                kind=self.fleet.adapter(chosen.deployment.backend_id).kind,
+                usage=relay.usage,
+                ttft_s=(relay.first_byte_at - record.started) if relay.first_byte_at else None,
+                duration_s=time.monotonic() - record.started,
+                prompt_chars=opened.routed.features.prompt_chars,
+                shared_prefix_tokens=chosen.estimate.shared_prefix_tokens if chosen.estimate else 0,
+                stream=relay.request.stream,
+            )
+        entry = decision_entry(opened.routed, record.request_id, outcome, record.status)
+        if outcome is not None:
+            await self.router.complete(opened.routed, outcome, entry)
+        else:
+            await self.router.store.record_decision(entry)
         record.emit()

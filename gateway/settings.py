@@ -12,10 +12,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from policies import BUILTIN_PROFILES, Architecture, EngineKind
+from policies import BUILTIN_PROFILES, Architecture, EngineKind, Profile, ProfileError, build_profile
 
 
 class ConfigError(Exception):
@@ -84,6 +84,25 @@ class ModelConfig(_Strict):
     deployments: tuple[DeploymentConfig, ...] = Field(min_length=1)
 
 
+class ProfileConfig(_Strict):
+    """A routing profile of your own, built from the registered filters and scorers."""
+
+    name: str
+    filters: tuple[str, ...] = ("healthy", "context-fits")
+    scorers: dict[str, float] = Field(min_length=1)
+    """Scorer name -> positive weight (see policies/scorers.py for the registry)."""
+
+
+class StateConfig(_Strict):
+    """Where sessions and slot leases live, and how long."""
+
+    max_sessions: int = Field(10_000, gt=0)
+    session_ttl_s: float = Field(6 * 3600, gt=0)
+    """A session unseen this long is forgotten."""
+    decision_log_size: int = Field(1000, gt=0)
+    """Decisions kept for ``GET /admin/api/decisions``."""
+
+
 class Limits(_Strict):
     """Request limits enforced by the gateway."""
 
@@ -102,12 +121,14 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8484, ge=0, le=65535)
-    profile: str = "least-loaded"
-    """The routing profile used for every request."""
+    profile: str = "cost"
+    """The routing profile used for every request: a built-in one or one of ``profiles``."""
     log_format: Literal["auto", "json", "console"] = "auto"
     """``auto``: console on a TTY, JSON otherwise."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     limits: Limits = Limits()
+    state: StateConfig = StateConfig()
+    profiles: tuple[ProfileConfig, ...] = ()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
 
@@ -123,12 +144,25 @@ class Settings(BaseSettings):
         # The config file arrives as init kwargs; the environment overrides it.
         return (env_settings, init_settings)
 
-    @field_validator("profile")
-    @classmethod
-    def _known_profile(cls, value: str) -> str:
-        if value not in BUILTIN_PROFILES:
-            raise ValueError(f"unknown profile {value!r}; known: {', '.join(sorted(BUILTIN_PROFILES))}")
-        return value
+    @model_validator(mode="after")
+    def _profiles(self) -> Settings:
+        for index, profile in enumerate(self.profiles):
+            try:
+                build_profile(profile.name, filters=profile.filters, scorers=profile.scorers)
+            except ProfileError as exc:
+                raise ValueError(f"profiles.{index}: {exc}") from exc
+        known = {*BUILTIN_PROFILES, *(p.name for p in self.profiles)}
+        if self.profile not in known:
+            raise ValueError(f"profile: unknown profile {self.profile!r}; known: {', '.join(sorted(known))}")
+        return self
+
+    def routing_profile(self, name: str | None = None) -> Profile:
+        """The named profile (default: ``profile``), built-in or configured."""
+        name = name or self.profile
+        for profile in self.profiles:
+            if profile.name == name:
+                return build_profile(profile.name, filters=profile.filters, scorers=profile.scorers)
+        return BUILTIN_PROFILES[name]
 
     @model_validator(mode="after")
     def _cross_references(self) -> Settings:

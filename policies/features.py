@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from policies.sessions import explicit_session, prefix_hashes
 from policies.types import Endpoint, RequestFeatures
 
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators a chat template adds per message
@@ -55,22 +56,27 @@ def _json_chars(value: Any) -> int:
     return len(str(value))
 
 
-def estimate_prompt_tokens(body: Mapping[str, Any], endpoint: Endpoint, chars_per_token: float) -> int:
-    """Estimate the prompt's token count from its characters."""
+def prompt_size(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[int, int]:
+    """``(characters of prompt text, template overhead tokens)`` of a request."""
     if endpoint is Endpoint.COMPLETIONS:
         prompt = body.get("prompt", "")
         chars = sum(len(p) for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else len(prompt)
-        return max(1, round(chars / chars_per_token))
-    messages = body.get("messages", [])
+        return chars, 0
     chars = 0
     overhead = 0
-    for message in messages:
+    for message in body.get("messages", []):
         if isinstance(message, Mapping):
             chars += count_text_chars(message.get("content")) + _tool_call_chars(message)
             overhead += MESSAGE_OVERHEAD_TOKENS
     tools = body.get("tools")
     if isinstance(tools, list):
         chars += _json_chars(tools)
+    return chars, overhead
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any], endpoint: Endpoint, chars_per_token: float) -> int:
+    """Estimate the prompt's token count from its characters."""
+    chars, overhead = prompt_size(body, endpoint)
     return max(1, round(chars / chars_per_token) + overhead)
 
 
@@ -88,16 +94,27 @@ def extract(
     endpoint: Endpoint,
     *,
     model: str,
+    headers: Mapping[str, str] | None = None,
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN,
 ) -> RequestFeatures:
     """Build the :class:`RequestFeatures` of a validated request body.
 
-    ``model`` is the canonical model name (aliases already resolved by the caller).
+    ``model`` is the canonical model name (aliases already resolved by the caller); ``headers``
+    have lower-case names. The session key is the explicit one, if any (see :mod:`policies.sessions`).
     """
+    chars, overhead = prompt_size(body, endpoint)
+    key, source = explicit_session(headers or {}, body)
+    messages = body.get("messages")
     return RequestFeatures(
         model=model,
         endpoint=endpoint,
-        prompt_tokens=estimate_prompt_tokens(body, endpoint, chars_per_token),
+        prompt_tokens=max(1, round(chars / chars_per_token) + overhead),
         max_tokens=requested_max_tokens(body),
         stream=bool(body.get("stream", False)),
+        session_key=key,
+        session_source=source,
+        prefix_hashes=prefix_hashes(messages, body.get("system"), body.get("tools"))
+        if isinstance(messages, list)
+        else (),
+        prompt_chars=chars,
     )

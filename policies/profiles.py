@@ -55,5 +55,22 @@ def build_profile(
 
 
 BUILTIN_PROFILES: dict[str, Profile] = {
+    "cost": build_profile(
+        "cost", scorers={"ttft": 1.0, "session-affinity": 0.001}, reason=Reason.LOWEST_TTFT
+    ),
+    "cost-completion": build_profile(
+        "cost-completion",
+        scorers={"completion": 1.0, "session-affinity": 0.001},
+        reason=Reason.LOWEST_COMPLETION,
+    ),
     "least-loaded": build_profile("least-loaded", scorers={"least-loaded": 1.0}),
+    "round-robin": build_profile("round-robin", scorers={"round-robin": 1.0}, reason=Reason.ROUND_ROBIN),
+    "prefer-vllm": build_profile(
+        "prefer-vllm", scorers={"prefer-vllm": 1.0, "least-loaded": 0.01}, reason=Reason.PREFERRED_ENGINE
+    ),
+    "prefer-llamacpp": build_profile(
+        "prefer-llamacpp",
+        scorers={"prefer-llamacpp": 1.0, "least-loaded": 0.01},
+        reason=Reason.PREFERRED_ENGINE,
+    ),
 }

@@ -1,17 +1,40 @@
-"""The route engine: candidates -> filters -> weighted scorers -> pick, with every reason kept.
+"""The route engine: candidates -> filters -> cost estimates -> weighted scorers -> pick.
 
-``route`` is pure and deterministic: the same features, snapshots and profile give the same
-decision. Ties keep the snapshot order (the order backends are configured in).
+``route`` is pure and deterministic: the same features, snapshots, context and profile give the
+same decision. Ties keep the snapshot order (the order backends are configured in).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
+from policies.cost import estimate
 from policies.filters import FILTERS, Candidate
+from policies.learning import LearnedState
 from policies.profiles import Profile
-from policies.scorers import SCORERS
-from policies.types import BackendSnapshot, Decision, Reason, Rejection, RequestFeatures, ScoredCandidate
+from policies.scorers import SCORERS, CandidateView
+from policies.types import (
+    BackendSnapshot,
+    Decision,
+    Reason,
+    Rejection,
+    RequestFeatures,
+    ScoredCandidate,
+    SessionView,
+    SlotLease,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingContext:
+    """What routing knows beyond the request and the snapshots: the session, slot leases, learning."""
+
+    session: SessionView | None = None
+    leases: Mapping[str, tuple[SlotLease, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    learned: LearnedState = field(default_factory=LearnedState)
+    sequence: int = 0  # a request counter, for round-robin
 
 
 def _clamp(value: float) -> float:
@@ -25,8 +48,10 @@ def route(
     snapshots: Sequence[BackendSnapshot],
     profile: Profile,
     now: float,
+    context: RoutingContext | None = None,
 ) -> Decision:
-    """Choose a deployment for ``features`` among ``snapshots`` under ``profile``."""
+    """Choose a deployment (and llama.cpp slot) for ``features`` under ``profile``."""
+    context = context or RoutingContext()
     candidates: list[Candidate] = []
     for snapshot in snapshots:
         deployment = snapshot.deployment_for(features.model)
@@ -42,16 +67,34 @@ def route(
     if not candidates:
         return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
 
+    views = [
+        CandidateView(
+            deployment,
+            snapshot,
+            estimate(
+                features,
+                deployment,
+                snapshot,
+                session=context.session,
+                leases=context.leases.get(snapshot.backend_id, ()),
+                learned=context.learned,
+            ),
+        )
+        for deployment, snapshot in candidates
+    ]
     total_weight = sum(weight for _, weight in profile.scorers)
+    columns = [
+        [_clamp(v) for v in SCORERS[name](features, views, context.sequence)] for name, _ in profile.scorers
+    ]
     scored: list[ScoredCandidate] = []
-    for deployment, snapshot in candidates:
+    for index, view in enumerate(views):
         components = tuple(
-            (name, _clamp(SCORERS[name](features, deployment, snapshot))) for name, _ in profile.scorers
+            (name, column[index]) for (name, _), column in zip(profile.scorers, columns, strict=True)
         )
         score = sum(
             value * weight for (_, value), (_, weight) in zip(components, profile.scorers, strict=True)
         )
-        scored.append(ScoredCandidate(deployment, score / total_weight, components))
+        scored.append(ScoredCandidate(view.deployment, score / total_weight, components, view.estimate))
 
     best = max(range(len(scored)), key=lambda i: (scored[i].score, -i))
     reason = Reason.ONLY_CANDIDATE if len(scored) == 1 else profile.reason

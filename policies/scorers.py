@@ -1,20 +1,36 @@
-"""Scorers: soft preferences, each a value in [0, 1] per candidate (higher is better).
+"""Scorers: soft preferences over the candidates that passed the filters, each in [0, 1].
 
-The route engine clamps every value into [0, 1] and combines them with the profile's weights, so
-a scorer only states its formula.
+A scorer sees all candidates at once (some scores are relative to the best) and returns one value
+per candidate, higher is better. The route engine clamps every value into [0, 1] and combines
+them with the profile's weights, so a scorer only states its formula.
 
-- ``least-loaded``: ``1 / (1 + load)`` where ``load = (running + queued) / parallelism`` and
-  parallelism is the llama.cpp slot count (or 1 for engines without slots, whose running count
-  already measures batch pressure). An idle backend scores 1.
+- ``ttft``: ``best_ttft / ttft`` over the cost model's predictions (1 for the fastest).
+- ``completion``: ``best_total / total``, the same for the time to the last token.
+- ``session-affinity``: 1 where the session's cache is warm, else 0 (a tie-breaker).
+- ``least-loaded``: ``1 / (1 + load)``, ``load = (running + queued) / parallelism``, parallelism
+  being the llama.cpp slot count (1 for engines whose running count already is batch pressure).
+- ``round-robin``: 1 for candidate ``sequence mod n``, else 0.
+- ``prefer-vllm`` / ``prefer-llamacpp``: 1 for that engine kind, else 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from policies.types import BackendSnapshot, Deployment, RequestFeatures
+from policies.types import BackendSnapshot, Deployment, EngineKind, Estimate, RequestFeatures
 
-Scorer = Callable[[RequestFeatures, Deployment, BackendSnapshot], float]
+
+@dataclass(frozen=True, slots=True)
+class CandidateView:
+    """A candidate as scorers see it: the deployment, its backend's snapshot, the cost estimate."""
+
+    deployment: Deployment
+    snapshot: BackendSnapshot
+    estimate: Estimate
+
+
+Scorer = Callable[[RequestFeatures, Sequence[CandidateView], int], list[float]]
 
 
 def load_of(snapshot: BackendSnapshot) -> float:
@@ -23,10 +39,46 @@ def load_of(snapshot: BackendSnapshot) -> float:
     return (snapshot.running + snapshot.queued) / parallelism
 
 
-def least_loaded(features: RequestFeatures, deployment: Deployment, snapshot: BackendSnapshot) -> float:
-    return 1.0 / (1.0 + load_of(snapshot))
+def least_loaded(
+    features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int
+) -> list[float]:
+    return [1.0 / (1.0 + load_of(c.snapshot)) for c in candidates]
+
+
+def ttft(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
+    best = min(c.estimate.ttft_s for c in candidates)
+    return [best / c.estimate.ttft_s if c.estimate.ttft_s > 0 else 1.0 for c in candidates]
+
+
+def completion(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
+    best = min(c.estimate.total_s for c in candidates)
+    return [best / c.estimate.total_s if c.estimate.total_s > 0 else 1.0 for c in candidates]
+
+
+def session_affinity(
+    features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int
+) -> list[float]:
+    return [1.0 if c.estimate.warm else 0.0 for c in candidates]
+
+
+def round_robin(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
+    turn = sequence % len(candidates)
+    return [1.0 if index == turn else 0.0 for index in range(len(candidates))]
+
+
+def _prefer(kind: EngineKind) -> Scorer:
+    def prefer(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
+        return [1.0 if c.snapshot.kind is kind else 0.0 for c in candidates]
+
+    return prefer
 
 
 SCORERS: dict[str, Scorer] = {
+    "ttft": ttft,
+    "completion": completion,
+    "session-affinity": session_affinity,
     "least-loaded": least_loaded,
+    "round-robin": round_robin,
+    "prefer-vllm": _prefer(EngineKind.VLLM),
+    "prefer-llamacpp": _prefer(EngineKind.LLAMACPP),
 }

@@ -51,7 +51,23 @@ class Reason(StrEnum):
     OUTPUT_WOULD_BE_CUT = "output-would-be-cut"
     ONLY_CANDIDATE = "only-candidate"
     LEAST_LOADED = "least-loaded"
+    LOWEST_TTFT = "lowest-predicted-ttft"
+    LOWEST_COMPLETION = "lowest-predicted-completion"
+    ROUND_ROBIN = "round-robin"
+    PREFERRED_ENGINE = "preferred-engine"
     NO_CANDIDATE = "no-eligible-backend"
+
+
+class SessionSource(StrEnum):
+    """How a request's session was recognised (documented priority order, first match wins)."""
+
+    HEADER = "header"  # x-session-id
+    AGENT_HEADER = "agent-header"  # an agent's own session header, e.g. x-claude-code-session-id
+    PROMPT_CACHE_KEY = "prompt_cache_key"
+    USER = "user"
+    METADATA = "metadata.user_id"  # Anthropic
+    IMPLICIT = "implicit"  # the conversation continues a known one (message-prefix hashes)
+    NONE = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +126,51 @@ class BackendSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class RequestFeatures:
-    """What a policy may know about one request, extracted once from its body."""
+    """What a policy may know about one request, extracted once from its body.
+
+    ``prefix_hashes[i]`` identifies the conversation's first ``i + 1`` messages (canonical form),
+    so a request that resends a known conversation plus new turns shares its leading hashes.
+    """
 
     model: str
     endpoint: Endpoint
     prompt_tokens: int  # an estimate unless counted exactly
     max_tokens: int | None
     stream: bool
+    session_key: str | None = None
+    session_source: SessionSource = SessionSource.NONE
+    prefix_hashes: tuple[str, ...] = ()
+    prompt_chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """What the gateway remembers of a session: where its conversation is warm.
+
+    ``prompt_tokens`` is the engine's count of the session's last prompt; ``sent`` maps each backend
+    to the prompt tokens of the session's last request there (a prefix of today's conversation).
+    """
+
+    key: str
+    backend_id: str | None = None
+    slot: int | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    turns: int = 0
+    last_seen: float = 0.0
+    sent: tuple[tuple[str, int], ...] = ()
+
+    def sent_to(self, backend_id: str) -> int:
+        return next((tokens for backend, tokens in self.sent if backend == backend_id), 0)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLease:
+    """A llama.cpp slot held by one session since its last request there."""
+
+    slot: int
+    session_key: str
+    last_used: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +183,33 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True)
+class Estimate:
+    """The cost model's prediction for one candidate.
+
+    ``slot`` is the llama.cpp slot the request would be pinned to (``None`` for other engines);
+    ``evicts`` the session that slot would be taken from; ``warm`` whether the session's own
+    cache is there.
+    """
+
+    expected_cached_tokens: int
+    queue_s: float
+    ttft_s: float
+    total_s: float
+    shared_prefix_tokens: int = 0  # tokens of this conversation the engine may still hold
+    slot: int | None = None
+    warm: bool = False
+    evicts: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ScoredCandidate:
     """A candidate that passed every filter, with its weighted score (higher is better)."""
 
     deployment: Deployment
     score: float
     components: tuple[tuple[str, float], ...] = ()
+    estimate: Estimate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +221,25 @@ class Decision:
     reason: Reason
     candidates: tuple[ScoredCandidate, ...] = ()
     rejected: tuple[Rejection, ...] = field(default=())
+
+    @property
+    def chosen_candidate(self) -> ScoredCandidate | None:
+        return next((c for c in self.candidates if c.deployment == self.chosen), None)
+
+    @property
+    def slot(self) -> int | None:
+        chosen = self.chosen_candidate
+        return chosen.estimate.slot if chosen is not None and chosen.estimate is not None else None
+
+    @property
+    def header(self) -> str:
+        """``x-turnout-route-reason``: the reason, then why the others were dropped."""
+        parts = [self.reason.value]
+        chosen = self.chosen_candidate
+        if chosen is not None and chosen.estimate is not None and chosen.estimate.note:
+            parts.append(chosen.estimate.note)
+        parts += [f"{r.backend_id}: {r.reason.value}" for r in self.rejected]
+        return "; ".join(parts)
 
     @property
     def explanation(self) -> str:
@@ -170,3 +264,18 @@ class Usage:
     cached_tokens: int | None = None
     prompt_ms: float | None = None
     predicted_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one routed request really did, for learning: measured by the gateway, told by the engine."""
+
+    backend_id: str
+    model: str
+    kind: EngineKind
+    usage: Usage
+    ttft_s: float | None
+    duration_s: float
+    prompt_chars: int
+    shared_prefix_tokens: int  # tokens of this conversation sent to this backend before
+    stream: bool

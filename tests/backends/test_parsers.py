@@ -68,9 +68,7 @@ def test_models_of_both_engines() -> None:
     assert parse_models(json.loads(fixture("vllm_models.json"))) == (
         ServedModel("Qwen/Qwen3.8-27B-NVFP4", 94000),
     )
-    assert parse_models(json.loads(fixture("llama_models.json"))) == (
-        ServedModel("tiny-qwen35", 2048),
-    )
+    assert parse_models(json.loads(fixture("llama_models.json"))) == (ServedModel("tiny-qwen35", 2048),)
     with pytest.raises(ValueError, match="data"):
         parse_models({"object": "list"})
 

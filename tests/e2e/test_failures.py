@@ -20,6 +20,7 @@ def faulty() -> Iterator[tuple[Stack, Fault]]:
     fault = Fault()
     server = ServerThread(create_faulty_app(fault)).start()
     running = start_stack(
+        profile="least-loaded",  # ties keep configured order, so the faulty backend is tried first
         extra_backends=[{"id": "faulty", "kind": "openai", "url": server.url, "probe_interval_s": 60}],
         extra_models=[
             {"name": "m-faulty", "deployments": [{"backend": "faulty", "upstream_name": "up-faulty"}]},

@@ -22,11 +22,12 @@ SECRET_PROMPT = "the-password-is-swordfish"
 def capture_logs() -> Iterator[list[dict[str, Any]]]:
     """Capture log entries with the production context processor (so ``request_id`` is bound)."""
     capture = LogCapture()
+    previous = structlog.get_config()
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
     try:
         yield capture.entries
     finally:
-        structlog.reset_defaults()
+        structlog.configure(**previous)
 
 
 def completed_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -55,12 +56,8 @@ def test_request_completed_line(stack: Stack, stream: bool) -> None:
     assert len(lines) == 1
     line = lines[0]
     assert line["request_id"] == response.headers["x-request-id"]
-    assert (line["model"], line["backend"], line["reason"], line["status"]) == (
-        "m-llama",
-        "llama",
-        "only-candidate",
-        200,
-    )
+    assert (line["model"], line["backend"], line["status"]) == ("m-llama", "llama", 200)
+    assert line["reason"].startswith("only-candidate")
     assert line["completion_tokens"] == 5
     assert line["prompt_tokens"] > 0
     assert line["cached_tokens"] is not None

@@ -10,8 +10,10 @@ Architectures:
 * ``qwen3next`` -> ``Qwen3NextForCausalLM``, the hybrid one: Gated DeltaNet (linear attention)
   layers, one full-attention layer and sparse-MoE feed-forward blocks.  vLLM's CPU gated-delta-net
   op needs linear key/value head dims of 64 and ``--dtype bfloat16``; the model class needs at
-  least one MoE layer.  The attention KV page per token (``2 * kv_heads * head_dim * 2`` bytes) is
-  sized so that vLLM's attention block (which must hold one Mamba state page) is 32 tokens.
+  least one MoE layer.  A Mamba state page per layer (float32 SSM state ``2 * 64 * 64 * 4`` bytes
+  plus the conv state) fills 35 attention tokens (``2 * 4 kv heads * 64 * 2`` bytes each), so with
+  ``--block-size 32`` vLLM raises the attention block to 64 tokens (and logs it); with CPU's
+  default of 128 tokens it keeps 128 and pads the Mamba page instead.
 * ``qwen3`` -> ``Qwen3ForCausalLM``, dense, for contrast.
 
 The weights come from the transformers model class's own initialiser under ``torch.manual_seed``,
@@ -125,7 +127,14 @@ def _qwen3_config(vocab_size: int) -> dict[str, Any]:
 
 def build_tokenizer() -> Any:
     """A byte-level BPE tokenizer trained on ``CORPUS``; the special tokens get ids 0, 1, 2."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (  # type: ignore[import-not-found]  # the vLLM venv has it
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -174,8 +183,8 @@ def _tokenizer_config() -> dict[str, Any]:
 
 def write_model(out_dir: Path, arch: str = "qwen3next", seed: int = 0) -> Path:
     """Write the model directory ``out_dir`` atomically (a temporary sibling, then a rename)."""
-    import torch
-    import transformers
+    import torch  # type: ignore[import-not-found]  # the vLLM venv has it
+    import transformers  # type: ignore[import-not-found]
 
     if arch not in ARCHES:
         raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHES}")
@@ -211,6 +220,7 @@ def write_model(out_dir: Path, arch: str = "qwen3next", seed: int = 0) -> Path:
         )
         meta = {"generator_version": GENERATOR_VERSION, "arch": arch, "seed": seed}
         (tmp / "turnout_tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
+        tmp.chmod(0o755)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

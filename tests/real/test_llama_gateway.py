@@ -120,6 +120,7 @@ def test_sdk_through_the_gateway(gateway: ServerThread) -> None:
 def test_gateway_accounting_matches_the_server(gateway: ServerThread) -> None:
     """Over a pinned growing conversation, the logged cached tokens are the server's own ``cache_n``."""
     capture = LogCapture()
+    previous = structlog.get_config()
     structlog.configure(processors=[capture])
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
     reported: list[int] = []
@@ -145,7 +146,7 @@ def test_gateway_accounting_matches_the_server(gateway: ServerThread) -> None:
         ):
             time.sleep(0.01)
     finally:
-        structlog.reset_defaults()
+        structlog.configure(**previous)
     logged = [e["cached_tokens"] for e in capture.entries if e["event"] == "request.completed"]
     assert logged == reported
     assert reported[0] == 0

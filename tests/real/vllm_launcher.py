@@ -31,7 +31,7 @@ importlib.metadata.version = _version
 
 
 def main() -> None:
-    from vllm.entrypoints.cli.main import main as vllm_main
+    from vllm.entrypoints.cli.main import main as vllm_main  # type: ignore[import-not-found]
 
     sys.argv[0] = "vllm"
     vllm_main()

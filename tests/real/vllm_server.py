@@ -14,6 +14,7 @@ SIGKILL for whatever is left after the timeout, so no engine or worker process o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -214,10 +215,8 @@ class VllmServer:
 
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.process is not None
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, sig)  # the group id is the leader's pid (start_new_session)
-        except ProcessLookupError:
-            pass
 
     def _group_alive(self) -> bool:
         """Whether a live (not zombie) process is left in the server's process group."""
@@ -254,10 +253,8 @@ class VllmServer:
             return None
         self._signal_group(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
         # The children (engine core, worker) may outlive the API server briefly.
         while self._group_alive() and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -1,0 +1,172 @@
+"""The gateway's side of routing: sessions and slot leases from the store, learning, the decision log.
+
+``Router.decide`` gathers what the pure ``policies.route`` needs (session, leases, learned state),
+routes, and claims the chosen llama.cpp slot; ``Router.complete`` feeds the outcome back:
+learning, the session's new state, the decision log. Routing state changes only here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+
+from backends.fleet import Fleet
+from gateway.state import StateStore
+from policies import Decision, Profile, RequestFeatures, route
+from policies.learning import LearnedState, learn
+from policies.route import RoutingContext
+from policies.types import EngineKind, Outcome, SessionSource, SessionView
+
+log = structlog.get_logger(__name__)
+CLAIM_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A decision with the session it was made for."""
+
+    decision: Decision
+    features: RequestFeatures
+    session: SessionView | None
+
+
+def session_label(key: str) -> str:
+    """A short stable label for logs and the decision log (session keys may be user ids)."""
+    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+
+
+class Router:
+    def __init__(self, fleet: Fleet, store: StateStore, profile: Profile) -> None:
+        self.fleet = fleet
+        self.store = store
+        self.profile = profile
+        self.learned = LearnedState()
+        self._sequence = itertools.count()
+
+    async def resolve_session(self, features: RequestFeatures) -> tuple[RequestFeatures, SessionView | None]:
+        """The request's session: the named one, else a known conversation it continues, else a new one."""
+        key = features.session_key
+        if key is None:
+            if not features.prefix_hashes:
+                return features, None
+            key = await self.store.find_session(features.prefix_hashes) or f"i:{features.prefix_hashes[-1]}"
+            features = replace(features, session_key=key, session_source=SessionSource.IMPLICIT)
+        session = await self.store.get_session(key) or SessionView(key=key)
+        return features, session
+
+    async def _context(
+        self, session: SessionView | None, excluded: frozenset[str]
+    ) -> tuple[Any, RoutingContext]:
+        snapshots = [s for s in self.fleet.snapshots() if s.backend_id not in excluded]
+        leases = {
+            s.backend_id: await self.store.leases(s.backend_id)
+            for s in snapshots
+            if s.kind is EngineKind.LLAMACPP
+        }
+        context = RoutingContext(
+            session=session, leases=leases, learned=self.learned, sequence=next(self._sequence)
+        )
+        return snapshots, context
+
+    async def decide(
+        self, features: RequestFeatures, session: SessionView | None, excluded: frozenset[str] = frozenset()
+    ) -> Routed:
+        """Route, and hold the chosen slot for the session (re-routing if another request took it first)."""
+        for _ in range(CLAIM_ATTEMPTS):
+            snapshots, context = await self._context(session, excluded)
+            decision = route(features, snapshots, self.profile, time.time(), context)
+            chosen = decision.chosen_candidate
+            if chosen is None or chosen.estimate is None or chosen.estimate.slot is None or session is None:
+                return Routed(decision, features, session)
+            claimed = await self.store.claim_slot(
+                chosen.deployment.backend_id,
+                chosen.estimate.slot,
+                session.key,
+                time.time(),
+                chosen.estimate.evicts,
+            )
+            if claimed:
+                if chosen.estimate.evicts is not None:
+                    log.info("slot.evicted", backend=chosen.deployment.backend_id, slot=chosen.estimate.slot)
+                return Routed(decision, features, session)
+        return Routed(decision, features, session)
+
+    async def complete(self, routed: Routed, outcome: Outcome, record: dict[str, Any]) -> None:
+        """Learn from a finished request, move its session on, and log the decision."""
+        decision, session = routed.decision, routed.session
+        chosen = decision.chosen_candidate
+        if chosen is not None:
+            self.learned = learn(self.learned, outcome, chosen.deployment)
+        if session is not None and chosen is not None:
+            sent = dict(session.sent)
+            sent[outcome.backend_id] = outcome.usage.prompt_tokens
+            updated = SessionView(
+                key=session.key,
+                backend_id=outcome.backend_id,
+                slot=decision.slot,
+                prompt_tokens=outcome.usage.prompt_tokens,
+                cached_tokens=outcome.usage.cached_tokens or 0,
+                turns=session.turns + 1,
+                last_seen=time.time(),
+                sent=tuple(sent.items()),
+            )
+            prompt_hash = routed.features.prefix_hashes[-1] if routed.features.prefix_hashes else None
+            await self.store.save_session(updated, prompt_hash)
+        await self.store.record_decision(record)
+
+
+def decision_entry(routed: Routed, request_id: str, outcome: Outcome | None, status: int) -> dict[str, Any]:
+    """One decision log entry: the choice, every candidate's prediction, and what really happened."""
+    decision, features = routed.decision, routed.features
+    return {
+        "at": time.time(),
+        "request_id": request_id,
+        "model": features.model,
+        "endpoint": features.endpoint.value,
+        "profile": decision.profile,
+        "session": session_label(features.session_key) if features.session_key else None,
+        "session_source": features.session_source.value,
+        "prompt_tokens_estimate": features.prompt_tokens,
+        "chosen": decision.chosen.backend_id if decision.chosen else None,
+        "slot": decision.slot,
+        "reason": decision.header,
+        "candidates": [
+            {
+                "backend": c.deployment.backend_id,
+                "score": round(c.score, 4),
+                "components": dict(c.components),
+                **(
+                    {
+                        "expected_cached_tokens": c.estimate.expected_cached_tokens,
+                        "predicted_ttft_s": round(c.estimate.ttft_s, 4),
+                        "predicted_total_s": round(c.estimate.total_s, 4),
+                        "queue_s": round(c.estimate.queue_s, 4),
+                        "slot": c.estimate.slot,
+                        "warm": c.estimate.warm,
+                        "note": c.estimate.note,
+                    }
+                    if c.estimate
+                    else {}
+                ),
+            }
+            for c in decision.candidates
+        ],
+        "rejected": [
+            {"backend": r.backend_id, "reason": r.reason.value, "detail": r.detail} for r in decision.rejected
+        ],
+        "outcome": None
+        if outcome is None
+        else {
+            "status": status,
+            "ttft_s": outcome.ttft_s,
+            "duration_s": round(outcome.duration_s, 4),
+            "prompt_tokens": outcome.usage.prompt_tokens,
+            "cached_tokens": outcome.usage.cached_tokens,
+            "completion_tokens": outcome.usage.completion_tokens,
+        },
+    }

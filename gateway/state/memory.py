@@ -1,0 +1,81 @@
+"""In-memory state: the embedded default for one gateway process."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway.state.base import StateStore
+from policies.types import SessionView, SlotLease
+
+
+class MemoryStore(StateStore):
+    """Sessions in an LRU with a TTL, a bounded prefix index, slot leases and a ring of decisions."""
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int = 10_000,
+        session_ttl_s: float = 6 * 3600,
+        max_decisions: int = 1000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._sessions: OrderedDict[str, SessionView] = OrderedDict()
+        self._prefixes: OrderedDict[str, str] = OrderedDict()
+        self._leases: dict[str, dict[int, SlotLease]] = {}
+        self._decisions: deque[dict[str, Any]] = deque(maxlen=max_decisions)
+        self._max_sessions = max_sessions
+        self._ttl = session_ttl_s
+        self._clock = clock
+
+    async def get_session(self, key: str) -> SessionView | None:
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        if self._clock() - session.last_seen > self._ttl:
+            del self._sessions[key]
+            return None
+        self._sessions.move_to_end(key)
+        return session
+
+    async def find_session(self, prefix_hashes: Sequence[str]) -> str | None:
+        for digest in reversed(prefix_hashes):
+            key = self._prefixes.get(digest)
+            if key is not None and await self.get_session(key) is not None:
+                return key
+        return None
+
+    async def save_session(self, session: SessionView, prompt_hash: str | None) -> None:
+        self._sessions[session.key] = session
+        self._sessions.move_to_end(session.key)
+        while len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+        if prompt_hash is not None:
+            self._prefixes[prompt_hash] = session.key
+            self._prefixes.move_to_end(prompt_hash)
+            while len(self._prefixes) > 4 * self._max_sessions:
+                self._prefixes.popitem(last=False)
+
+    async def leases(self, backend_id: str) -> tuple[SlotLease, ...]:
+        return tuple(sorted(self._leases.get(backend_id, {}).values(), key=lambda lease: lease.slot))
+
+    async def claim_slot(
+        self, backend_id: str, slot: int, session_key: str, now: float, expected_owner: str | None
+    ) -> bool:
+        slots = self._leases.setdefault(backend_id, {})
+        holder = slots.get(slot)
+        if (holder.session_key if holder else None) not in (expected_owner, session_key):
+            return False
+        for other, lease in list(slots.items()):
+            if lease.session_key == session_key and other != slot:
+                del slots[other]
+        slots[slot] = SlotLease(slot, session_key, now)
+        return True
+
+    async def record_decision(self, entry: dict[str, Any]) -> None:
+        self._decisions.append(entry)
+
+    async def decisions(self, limit: int) -> list[dict[str, Any]]:
+        return list(reversed(self._decisions))[:limit]

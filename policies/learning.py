@@ -1,0 +1,147 @@
+"""Online learning: engine rates and cache behaviour, as bounded EWMAs over real outcomes.
+
+``learn(state, outcome)`` is a pure function returning a new state; the gateway calls it once per
+finished request. Nothing else changes what routing believes.
+
+Per deployment (``backend/model``):
+
+- ``prefill_tok_s``: llama.cpp ``prompt_n / prompt_ms``; others: uncached prompt tokens / TTFT
+  (streams only, at least 64 uncached tokens).
+- ``decode_tok_s``: llama.cpp ``(predicted_n - 1) / predicted_ms`` ("the first token is free");
+  others: ``(completion_tokens - 1) / (duration - ttft)`` on streams.
+- ``reuse``: ``cached_tokens / shared_prefix_tokens``, the share of the conversation already sent to
+  this backend that the engine really reused.
+- ``block``: the greatest common divisor of the non-zero ``cached_tokens`` seen (vLLM caches whole
+  blocks; llama.cpp's token-exact reuse drives it to 1).
+- ``service_s``: request duration, for queue-wait estimates.
+
+Per model: ``chars_per_token`` (prompt characters / prompt tokens) and ``completion_tokens``.
+The first sample replaces the prior; later ones move it by ``ALPHA``. Every value is clamped to
+``[prior / SPREAD, prior * SPREAD]`` so one odd measurement cannot derail routing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from policies.types import Architecture, Deployment, EngineKind, Outcome
+
+ALPHA = 0.3
+SPREAD = 50.0
+
+PRIOR_PREFILL = {EngineKind.VLLM: 6600.0, EngineKind.LLAMACPP: 3000.0, EngineKind.OPENAI: 3000.0}
+PRIOR_DECODE = {EngineKind.VLLM: 64.0, EngineKind.LLAMACPP: 109.0, EngineKind.OPENAI: 50.0}
+PRIOR_SERVICE_S = 5.0
+PRIOR_COMPLETION_TOKENS = 256.0
+
+
+def prior_reuse(kind: EngineKind, architecture: Architecture) -> float:
+    """Before any measurement: a pinned llama.cpp slot reuses almost all of it (DOMAIN: 97-100%);
+    vLLM reuses nothing of a hybrid model (none in older releases) and most of a dense one."""
+    if kind is EngineKind.LLAMACPP:
+        return 0.97
+    if kind is EngineKind.VLLM and architecture is not Architecture.HYBRID:
+        return 0.9
+    return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ewma:
+    value: float
+    prior: float
+    samples: int = 0
+
+    def update(self, sample: float) -> Ewma:
+        if not math.isfinite(sample):
+            return self
+        low, high = (self.prior / SPREAD, self.prior * SPREAD) if self.prior > 0 else (0.0, 1.5)
+        sample = min(max(sample, low), high)
+        value = sample if self.samples == 0 else self.value + ALPHA * (sample - self.value)
+        return Ewma(value, self.prior, self.samples + 1)
+
+
+def _ewma(prior: float) -> Ewma:
+    return Ewma(prior, prior)
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentStats:
+    prefill_tok_s: Ewma
+    decode_tok_s: Ewma
+    reuse: Ewma
+    service_s: Ewma
+    block: int = 0  # 0: no hit seen yet
+
+    @classmethod
+    def prior(cls, kind: EngineKind, architecture: Architecture) -> DeploymentStats:
+        return cls(
+            prefill_tok_s=_ewma(PRIOR_PREFILL[kind]),
+            decode_tok_s=_ewma(PRIOR_DECODE[kind]),
+            reuse=Ewma(prior_reuse(kind, architecture), prior_reuse(kind, architecture)),
+            service_s=_ewma(PRIOR_SERVICE_S),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStats:
+    chars_per_token: Ewma
+    completion_tokens: Ewma
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedState:
+    deployments: Mapping[str, DeploymentStats] = field(default_factory=lambda: MappingProxyType({}))
+    models: Mapping[str, ModelStats] = field(default_factory=lambda: MappingProxyType({}))
+
+    def for_deployment(self, deployment: Deployment, kind: EngineKind) -> DeploymentStats:
+        key = f"{deployment.backend_id}/{deployment.model}"
+        return self.deployments.get(key) or DeploymentStats.prior(kind, deployment.architecture)
+
+    def for_model(self, model: str, chars_per_token_prior: float = 3.6) -> ModelStats:
+        return self.models.get(model) or ModelStats(
+            _ewma(chars_per_token_prior), _ewma(PRIOR_COMPLETION_TOKENS)
+        )
+
+
+def _rates(stats: DeploymentStats, outcome: Outcome) -> DeploymentStats:
+    usage = outcome.usage
+    cached = usage.cached_tokens or 0
+    uncached = usage.prompt_tokens - cached
+    if usage.prompt_ms is not None and usage.prompt_ms > 0 and uncached >= 16:
+        stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(uncached / (usage.prompt_ms / 1000)))
+    elif outcome.stream and outcome.ttft_s and uncached >= 64:
+        stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(uncached / outcome.ttft_s))
+    steps = usage.completion_tokens - 1
+    if usage.predicted_ms is not None and usage.predicted_ms > 0 and steps >= 4:
+        stats = replace(stats, decode_tok_s=stats.decode_tok_s.update(steps / (usage.predicted_ms / 1000)))
+    elif outcome.stream and outcome.ttft_s is not None and steps >= 4 and outcome.duration_s > outcome.ttft_s:
+        stats = replace(
+            stats, decode_tok_s=stats.decode_tok_s.update(steps / (outcome.duration_s - outcome.ttft_s))
+        )
+    return stats
+
+
+def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> LearnedState:
+    """The state after one more outcome of ``deployment``."""
+    usage = outcome.usage
+    key = f"{deployment.backend_id}/{deployment.model}"
+    stats = _rates(state.for_deployment(deployment, outcome.kind), outcome)
+    stats = replace(stats, service_s=stats.service_s.update(outcome.duration_s))
+    if usage.cached_tokens is not None and outcome.shared_prefix_tokens > 0:
+        stats = replace(stats, reuse=stats.reuse.update(usage.cached_tokens / outcome.shared_prefix_tokens))
+    if usage.cached_tokens:
+        stats = replace(stats, block=math.gcd(stats.block, usage.cached_tokens))
+    model = state.for_model(deployment.model)
+    if usage.prompt_tokens >= 20 and outcome.prompt_chars > 0:
+        model = replace(
+            model, chars_per_token=model.chars_per_token.update(outcome.prompt_chars / usage.prompt_tokens)
+        )
+    if usage.completion_tokens > 0:
+        model = replace(model, completion_tokens=model.completion_tokens.update(usage.completion_tokens))
+    return LearnedState(
+        deployments=MappingProxyType({**state.deployments, key: stats}),
+        models=MappingProxyType({**state.models, deployment.model: model}),
+    )
