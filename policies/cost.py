@@ -17,6 +17,16 @@ Expected cached tokens follow each engine's semantics:
 - vLLM: the prefix cache is global; of the prompt already sent there, whole learned blocks are
   reused at the learned ratio (hybrid models cache block-aligned; no hit was ever seen → nothing).
 
+Sessions look ahead: a session expected to go on (an explicit key, or a conversation already
+recognised as a follow-up) also weighs the next turn's TTFT, ``future_s``, ``LOOKAHEAD_TURNS``
+times: after this turn, a llama.cpp slot holds the whole conversation, while a vLLM serving a
+hybrid model will re-prefill it. That is what moves a growing agent conversation onto a warm
+slot before it has grown large; a one-off request (``horizon`` 0) is routed on this turn alone.
+
+    growth   = prompt - session's last prompt   (first turn: GROWTH_PRIOR of the prompt)
+    future_s = (prompt + growth - cached_next) / prefill_tok_s
+    cached_next: llama.cpp ``prompt * reuse``; vLLM whole learned blocks of ``prompt * reuse``
+
 Slots (llama.cpp): the session's own slot if it still holds it; else a free slot; else, for a
 session that has proven to continue (an explicit key, or a recognised follow-up), the least
 recently used slot, whose session is evicted. A first, unrecognised request takes no slot from
@@ -25,6 +35,7 @@ anyone: llama-server chooses.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from policies.learning import DeploymentStats, LearnedState
@@ -40,6 +51,8 @@ from policies.types import (
 )
 
 BATCH_SLOWDOWN = 0.06
+LOOKAHEAD_TURNS = 3.0
+GROWTH_PRIOR = 0.2
 
 
 def _slot_for(
@@ -64,6 +77,11 @@ def _slot_for(
         return None, False, None
     victim = min(leases, key=lambda lease: (lease.last_used, lease.slot))
     return victim.slot, False, victim.session_key
+
+
+def _label(key: str) -> str:
+    """Session keys can be user ids: explanations show a short hash instead."""
+    return hashlib.blake2b(key.encode(), digest_size=4).hexdigest()
 
 
 def _slot_busy(snapshot: BackendSnapshot, slot: int) -> bool:
@@ -114,19 +132,39 @@ def estimate(
     decode_step = slowdown / stats.decode_tok_s.value
     ttft = queue + (prompt - cached) / stats.prefill_tok_s.value * slowdown + decode_step
     total = ttft + (expected_output(features, learned) - 1) * decode_step
-    note = ""
+    horizon = 0.0
+    future = 0.0
+    if session is not None and (features.session_source is not SessionSource.IMPLICIT or session.turns > 0):
+        horizon = LOOKAHEAD_TURNS
+        growth = prompt - session.prompt_tokens if session.turns > 0 else round(prompt * GROWTH_PRIOR)
+        next_prompt = prompt + max(growth, 1)
+        if snapshot.kind is EngineKind.LLAMACPP and slot is not None:
+            cached_next = round(prompt * stats.reuse.value)
+        elif snapshot.kind is EngineKind.LLAMACPP:
+            cached_next = 0  # llama-server picks a slot; no promise it keeps this one
+        else:
+            cached_next = (
+                int(prompt * stats.reuse.value) // max(stats.block, 1) * max(stats.block, 1)
+                if stats.block
+                else 0
+            )
+        future = (next_prompt - min(cached_next, next_prompt - 1)) / stats.prefill_tok_s.value
+    notes = []
+    if session is not None and snapshot.kind is EngineKind.LLAMACPP and sent and not warm:
+        notes.append("session's slot was lost: full re-prefill")
     if evicts is not None:
-        note = f"slot {slot} taken from session {evicts}"
-    elif session is not None and snapshot.kind is EngineKind.LLAMACPP and sent and not warm:
-        note = "session's slot was lost: full re-prefill"
+        notes.append(f"takes slot {slot} from session {evicts[:2]}{_label(evicts)}")
     elif warm:
-        note = f"warm slot {slot}"
+        notes.append(f"warm slot {slot}")
+    note = "; ".join(notes)
     return Estimate(
         expected_cached_tokens=cached,
         queue_s=queue,
         ttft_s=ttft,
         total_s=total,
         shared_prefix_tokens=shared,
+        future_s=future,
+        horizon=horizon,
         slot=slot,
         warm=warm,
         evicts=evicts,

@@ -4,8 +4,9 @@ A scorer sees all candidates at once (some scores are relative to the best) and 
 per candidate, higher is better. The route engine clamps every value into [0, 1] and combines
 them with the profile's weights, so a scorer only states its formula.
 
-- ``ttft``: ``best_ttft / ttft`` over the cost model's predictions (1 for the fastest).
-- ``completion``: ``best_total / total``, the same for the time to the last token.
+- ``ttft``: ``best / cost`` with ``cost = ttft + horizon * future_ttft`` from the cost model
+  (this turn's time to first token, plus the session's expected turns to come; 1 for the best).
+- ``completion``: the same with the time to the last token.
 - ``session-affinity``: 1 where the session's cache is warm, else 0 (a tie-breaker).
 - ``least-loaded``: ``1 / (1 + load)``, ``load = (running + queued) / parallelism``, parallelism
   being the llama.cpp slot count (1 for engines whose running count already is batch pressure).
@@ -45,14 +46,17 @@ def least_loaded(
     return [1.0 / (1.0 + load_of(c.snapshot)) for c in candidates]
 
 
+def _relative(costs: list[float]) -> list[float]:
+    best = min(costs)
+    return [best / cost if cost > 0 else 1.0 for cost in costs]
+
+
 def ttft(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
-    best = min(c.estimate.ttft_s for c in candidates)
-    return [best / c.estimate.ttft_s if c.estimate.ttft_s > 0 else 1.0 for c in candidates]
+    return _relative([c.estimate.objective_ttft_s for c in candidates])
 
 
 def completion(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
-    best = min(c.estimate.total_s for c in candidates)
-    return [best / c.estimate.total_s if c.estimate.total_s > 0 else 1.0 for c in candidates]
+    return _relative([c.estimate.objective_total_s for c in candidates])
 
 
 def session_affinity(

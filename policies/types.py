@@ -196,10 +196,21 @@ class Estimate:
     ttft_s: float
     total_s: float
     shared_prefix_tokens: int = 0  # tokens of this conversation the engine may still hold
+    future_s: float = 0.0  # predicted TTFT of the session's next turn if this candidate serves this one
+    horizon: float = 0.0  # how many more turns the session is expected to send
     slot: int | None = None
     warm: bool = False
     evicts: str | None = None
     note: str = ""
+
+    @property
+    def objective_ttft_s(self) -> float:
+        """This turn's TTFT plus the expected TTFT of the turns still to come."""
+        return self.ttft_s + self.horizon * self.future_s
+
+    @property
+    def objective_total_s(self) -> float:
+        return self.total_s + self.horizon * self.future_s
 
 
 @dataclass(frozen=True, slots=True)

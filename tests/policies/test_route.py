@@ -63,7 +63,7 @@ class TestFilters:
         [(31_000, 1000, True), (31_000, 50_000, True), (31_999, None, True), (32_000, None, False)],
     )
     def test_context_fits(self, prompt: int, max_tokens: int | None, fits: bool) -> None:
-        """The prompt must leave room for one token; a large max_tokens alone refuses nothing (engines clamp)."""
+        """The prompt must leave room for one token; max_tokens alone refuses nothing (engines clamp)."""
         decision = route(features(prompt, max_tokens), [snapshot("a", window=32_000)], PROFILE, 0.0)
         assert (decision.chosen is not None) == fits
         if not fits:

@@ -1,0 +1,166 @@
+"""Routing end to end on the simulators: sessions, slot pinning and eviction, windows, load."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.sim import SimConfig
+from policies import Architecture
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+
+WORDS = [
+    "the",
+    "router",
+    "keeps",
+    "each",
+    "agent",
+    "session",
+    "on",
+    "its",
+    "warm",
+    "slot",
+    "while",
+    "vllm",
+    "takes",
+    "the",
+    "one-off",
+    "work",
+]
+
+
+def text(n_words: int, seed: int) -> str:
+    return " ".join(WORDS[(seed * 7 + i * 3) % len(WORDS)] + str(i % 10) for i in range(n_words))
+
+
+@pytest.fixture
+def routing() -> Iterator[Stack]:
+    """vLLM (hybrid, no prefix caching, 8k window) and llama.cpp (2 slots of 64k) behind the cost profile."""
+    running = start_stack(
+        vllm=SimConfig(
+            kind="vllm",
+            model="up-vllm",
+            time_scale=0.002,
+            prefix_caching=False,
+            context_window=8192,
+            architecture=Architecture.HYBRID,
+        ),
+        llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2, context_window=65536),
+        profile="cost",
+    )
+    try:
+        yield running
+    finally:
+        stop_stack(running)
+
+
+def chat(
+    stack: Stack, messages: list[dict[str, Any]], model: str = "m-both", **headers: str
+) -> httpx.Response:
+    body = {"model": model, "messages": messages, "max_tokens": 8}
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def agent_turns(stack: Stack, turns: int, seed: int, **headers: str) -> list[httpx.Response]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": text(200, seed)}]
+    responses = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": text(150, seed + turn)})
+        response = chat(stack, messages, **headers)
+        responses.append(response)
+        messages.append(response.json()["choices"][0]["message"])
+    return responses
+
+
+def cached(response: httpx.Response) -> int:
+    return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_agent_session_sticks_to_its_slot_and_reuse_grows(routing: Stack) -> None:
+    responses = agent_turns(routing, 6, seed=1, **{"x-session-id": "agent-1"})
+    assert {r.headers["x-turnout-backend"] for r in responses} == {"llama"}
+    assert len({r.headers["x-turnout-slot"] for r in responses}) == 1
+    reuse = [cached(r) for r in responses]
+    assert reuse[0] == 0
+    assert all(later > earlier for earlier, later in itertools.pairwise(reuse))
+    assert "warm slot" in responses[-1].headers["x-turnout-route-reason"]
+    assert responses[-1].headers["x-turnout-session-source"] == "header"
+
+
+def test_implicit_session_without_any_header(routing: Stack) -> None:
+    responses = agent_turns(routing, 5, seed=2)
+    assert all(r.headers["x-turnout-session-source"] == "implicit" for r in responses)
+    later = responses[1:]
+    assert {r.headers["x-turnout-backend"] for r in later} == {"llama"}
+    assert len({r.headers["x-turnout-slot"] for r in later}) == 1
+    assert [cached(r) for r in later[1:]] == sorted(cached(r) for r in later[1:])
+    assert cached(later[-1]) > 0
+
+
+def test_two_sessions_two_slots_and_a_third_evicts_the_least_recent(routing: Stack) -> None:
+    first = {"role": "system", "content": text(100, 9)}
+    a = chat(routing, [first, {"role": "user", "content": "a"}], **{"x-session-id": "A"})
+    b = chat(routing, [first, {"role": "user", "content": "b"}], **{"x-session-id": "B"})
+    assert (a.headers["x-turnout-backend"], b.headers["x-turnout-backend"]) == ("llama", "llama")
+    assert a.headers["x-turnout-slot"] != b.headers["x-turnout-slot"]
+    c = chat(routing, [first, {"role": "user", "content": "c"}], **{"x-session-id": "C"})
+    assert c.headers["x-turnout-slot"] == a.headers["x-turnout-slot"]
+    assert f"takes slot {a.headers['x-turnout-slot']} from session" in c.headers["x-turnout-route-reason"]
+    again = [
+        first,
+        {"role": "user", "content": "a"},
+        a.json()["choices"][0]["message"],
+        {"role": "user", "content": "a2"},
+    ]
+    chat(routing, again, **{"x-session-id": "A"})
+    with routing.client() as client:
+        entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+    llama = next(c for c in entry["candidates"] if c["backend"] == "llama")
+    assert "session's slot was lost: full re-prefill" in llama["note"]
+    assert llama["expected_cached_tokens"] == 0
+
+
+def test_prompt_too_long_for_vllm_goes_to_llama(routing: Stack) -> None:
+    response = chat(routing, [{"role": "user", "content": text(9000, 3)}])
+    assert response.headers["x-turnout-backend"] == "llama"
+    assert "vllm: context-too-long" in response.headers["x-turnout-route-reason"]
+
+
+def test_the_moe_model_only_ever_goes_to_llama(routing: Stack) -> None:
+    for seed in range(3):
+        response = chat(routing, [{"role": "user", "content": text(50, seed)}], model="m-llama")
+        assert response.headers["x-turnout-backend"] == "llama"
+
+
+def test_concurrent_one_shot_load_goes_to_vllm(routing: Stack) -> None:
+    prompts = [[{"role": "user", "content": text(400, 100 + i)}] for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        backends = [r.headers["x-turnout-backend"] for r in pool.map(lambda m: chat(routing, m), prompts)]
+    assert backends.count("vllm") > len(backends) / 2, backends
+
+
+def test_decision_log(routing: Stack) -> None:
+    chat(routing, [{"role": "user", "content": "hello"}], **{"x-session-id": "log"})
+    with routing.client() as client:
+        data = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"]
+        bad = client.get("/admin/api/decisions", params={"limit": 0})
+    entry = data[0]
+    assert entry["profile"] == "cost"
+    assert entry["session_source"] == "header"
+    assert entry["session"] != "log"  # keys are shown as short hashes
+    assert {c["backend"] for c in entry["candidates"]} == {"vllm", "llama"}
+    for candidate in entry["candidates"]:
+        assert candidate["predicted_ttft_s"] > 0
+        assert candidate["predicted_total_s"] >= candidate["predicted_ttft_s"]
+    assert entry["outcome"]["status"] == 200
+    assert entry["outcome"]["completion_tokens"] == 8
+    assert bad.status_code == 400
+    assert bad.json()["error"]["type"] == "invalid_request_error"
