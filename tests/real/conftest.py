@@ -19,6 +19,13 @@ import pytest
 
 from tests.real.build_llama_server import cache_root, cannot_build_reason, ensure_llama_server
 from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory
+from tests.real.vllm_conftest_fixtures import (  # noqa: F401  (pytest finds the fixtures by name)
+    tiny_qwen3,
+    tiny_qwen3next,
+    vllm_python,
+    vllm_server,
+    vllm_server_module,
+)
 
 QWEN35_SEED = 0
 QWEN35_LAYERS = 4
