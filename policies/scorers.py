@@ -10,6 +10,8 @@ them with the profile's weights, so a scorer only states its formula.
 - ``session-affinity``: 1 where the session's cache is warm, else 0 (a tie-breaker).
 - ``least-loaded``: ``1 / (1 + load)``, ``load = (running + queued) / parallelism``, parallelism
   being the llama.cpp slot count (1 for engines whose running count already is batch pressure).
+- ``kv-headroom``: ``1 - kv_usage`` (0.5 where the engine does not report KV use); the worked
+  example of docs/adding-a-policy.md.
 - ``round-robin``: 1 for candidate ``sequence mod n``, else 0.
 - ``prefer-vllm`` / ``prefer-llamacpp``: 1 for that engine kind, else 0.
 """
@@ -65,6 +67,11 @@ def session_affinity(
     return [1.0 if c.estimate.warm else 0.0 for c in candidates]
 
 
+def kv_headroom(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
+    """1 - KV-cache use (vLLM's vllm:kv_cache_usage_perc); engines that do not report it score 0.5."""
+    return [1.0 - c.snapshot.kv_usage if c.snapshot.kv_usage is not None else 0.5 for c in candidates]
+
+
 def round_robin(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
     turn = sequence % len(candidates)
     return [1.0 if index == turn else 0.0 for index in range(len(candidates))]
@@ -82,6 +89,7 @@ SCORERS: dict[str, Scorer] = {
     "completion": completion,
     "session-affinity": session_affinity,
     "least-loaded": least_loaded,
+    "kv-headroom": kv_headroom,
     "round-robin": round_robin,
     "prefer-vllm": _prefer(EngineKind.VLLM),
     "prefer-llamacpp": _prefer(EngineKind.LLAMACPP),

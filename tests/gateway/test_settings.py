@@ -73,3 +73,19 @@ def test_bundled_demo_config_is_valid() -> None:
     assert [d.backend for m in settings.models if m.name == "qwen3.8-flash-next" for d in m.deployments] == [
         "llama-moe"
     ]
+
+
+def test_the_documented_custom_profile_loads(tmp_path: Path) -> None:
+    """The TOML snippet of docs/adding-a-policy.md is a valid profile."""
+    doc = (Path(__file__).parents[2] / "docs" / "adding-a-policy.md").read_text()
+    snippet = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    settings = load_settings(write(tmp_path, snippet + GOOD))
+    profile = settings.routing_profile()
+    assert profile.name == "roomy"
+    assert dict(profile.scorers) == {"ttft": 1.0, "kv-headroom": 0.3}
+
+
+def test_profile_with_unknown_scorer_names_it(tmp_path: Path) -> None:
+    text = 'profile = "p"\n[[profiles]]\nname = "p"\nscorers = { nope = 1.0 }\n' + GOOD
+    with pytest.raises(ConfigError, match="profiles.0: profile 'p': unknown scorer 'nope'"):
+        load_settings(write(tmp_path, text))
