@@ -130,6 +130,27 @@ class Adapter(ABC):
             raise parse_error_body(self.spec.id, response.status_code, body)
         return response
 
+    async def count_tokens(
+        self, endpoint: Endpoint, body: Mapping[str, Any], deployment: Deployment
+    ) -> int | None:
+        """The exact prompt token count by the engine's own tokenizer, or None where it cannot say."""
+        return None
+
+    async def _post_json(self, path: str, payload: Mapping[str, Any]) -> Any:
+        """POST a small JSON request (counting, templating) with the probe timeout; None on any failure."""
+        try:
+            response = await self.client.post(
+                self.spec.base_url + path,
+                content=msgspec.json.encode(payload),
+                headers=dict((("content-type", "application/json"), *self._auth)),
+                timeout=self._probe_timeout,
+            )
+            if response.status_code >= 400:
+                return None
+            return msgspec.json.decode(response.content)
+        except (httpx.HTTPError, msgspec.DecodeError):
+            return None
+
     # -- probes -----------------------------------------------------------------------------
     async def _get(self, path: str) -> tuple[int, Any]:
         """GET a probe path; returns (status, decoded JSON or text)."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from backends.base import Adapter
 from backends.errors import UpstreamStatusError
 from backends.parsers.llamacpp import parse_metrics, parse_props, parse_slots
-from policies.types import BackendSnapshot, Deployment, EngineKind, Health
+from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health
 
 
 class LlamaCppAdapter(Adapter):
@@ -26,6 +27,21 @@ class LlamaCppAdapter(Adapter):
         if slot is not None:
             body.setdefault("id_slot", slot)  # a client's own id_slot wins
         return False
+
+    async def count_tokens(
+        self, endpoint: Endpoint, body: Mapping[str, Any], deployment: Deployment
+    ) -> int | None:
+        """Chat: ``POST /v1/chat/completions/input_tokens``; text: ``POST /tokenize``."""
+        if endpoint is Endpoint.CHAT:
+            payload = {k: v for k, v in body.items() if k in ("messages", "tools", "tool_choice")}
+            data = await self._post_json("/v1/chat/completions/input_tokens", payload)
+            count = data.get("input_tokens") if isinstance(data, dict) else None
+            return count if isinstance(count, int) else None
+        if not isinstance(body.get("prompt"), str):
+            return None
+        data = await self._post_json("/tokenize", {"content": body["prompt"], "add_special": True})
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        return len(tokens) if isinstance(tokens, list) else None
 
     def health_for_status(self, error: UpstreamStatusError) -> Health:
         if error.status == 503 and error.message == "Loading model":

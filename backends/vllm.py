@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from backends.base import Adapter
 from backends.parsers.vllm import parse_metrics
-from policies.types import BackendSnapshot, Deployment, EngineKind
+from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind
 
 
 class VllmAdapter(Adapter):
@@ -27,6 +28,23 @@ class VllmAdapter(Adapter):
             return False
         body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         return True
+
+    async def count_tokens(
+        self, endpoint: Endpoint, body: Mapping[str, Any], deployment: Deployment
+    ) -> int | None:
+        """``POST /tokenize`` with the messages (chat template applied) or the prompt."""
+        payload: dict[str, Any] = {"model": deployment.upstream_name}
+        if endpoint is Endpoint.CHAT:
+            payload |= {"messages": body.get("messages"), "add_generation_prompt": True}
+            if body.get("tools"):
+                payload["tools"] = body["tools"]
+        elif isinstance(body.get("prompt"), str):
+            payload["prompt"] = body["prompt"]
+        else:
+            return None
+        data = await self._post_json("/tokenize", payload)
+        count = data.get("count") if isinstance(data, dict) else None
+        return count if isinstance(count, int) else None
 
     async def probe_engine(self, base: BackendSnapshot) -> BackendSnapshot:
         metrics = parse_metrics(str(await self._get_ok("/metrics")))

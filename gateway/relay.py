@@ -133,6 +133,7 @@ class Relay:
             model.name, model.chars_per_token
         ).chars_per_token.value
         features = extract(body, endpoint, model=model.name, headers=headers, chars_per_token=chars_per_token)
+        features = await self.router.count_if_near_limit(features, body)
         features, session = await self.router.resolve_session(features)
         return await self.router.decide(features, session)
 

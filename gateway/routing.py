@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,10 +21,12 @@ from gateway.state import StateStore
 from policies import Decision, Profile, RequestFeatures, route
 from policies.learning import LearnedState, learn
 from policies.route import RoutingContext
-from policies.types import EngineKind, Outcome, SessionSource, SessionView
+from policies.types import EngineKind, Health, Outcome, SessionSource, SessionView
 
 log = structlog.get_logger(__name__)
 CLAIM_ATTEMPTS = 3
+NEAR_LIMIT = 0.5  # count exactly when the estimate is within 50% of a candidate's window
+MIN_COUNTED_PROMPT = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,28 @@ class Router:
             features = replace(features, session_key=key, session_source=SessionSource.IMPLICIT)
         session = await self.store.get_session(key) or SessionView(key=key)
         return features, session
+
+    async def count_if_near_limit(
+        self, features: RequestFeatures, body: Mapping[str, Any]
+    ) -> RequestFeatures:
+        """Replace the estimate by the engine's exact count when it is close to a context window.
+
+        Estimates come from characters; near a limit the difference decides between a backend and
+        a 400, so the first healthy candidate whose window is within ``NEAR_LIMIT`` is asked.
+        """
+        if features.prompt_tokens < MIN_COUNTED_PROMPT:
+            return features
+        for snapshot in self.fleet.snapshots():
+            deployment = snapshot.deployment_for(features.model)
+            window = deployment.context_window if deployment else None
+            if deployment is None or window is None or snapshot.health not in (Health.READY, Health.UNKNOWN):
+                continue
+            if abs(features.prompt_tokens - window) <= NEAR_LIMIT * window:
+                adapter = self.fleet.adapter(snapshot.backend_id)
+                count = await adapter.count_tokens(features.endpoint, body, deployment)
+                if count is not None:
+                    return replace(features, prompt_tokens=count, prompt_exact=True)
+        return features
 
     async def _context(
         self, session: SessionView | None, excluded: frozenset[str]

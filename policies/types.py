@@ -141,6 +141,7 @@ class RequestFeatures:
     session_source: SessionSource = SessionSource.NONE
     prefix_hashes: tuple[str, ...] = ()
     prompt_chars: int = 0
+    prompt_exact: bool = False  # prompt_tokens was counted by an engine's tokenizer
 
 
 @dataclass(frozen=True, slots=True)

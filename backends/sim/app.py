@@ -16,6 +16,7 @@ from backends.sim.engine_base import BatchEngine
 from backends.sim.http_common import json_response
 from backends.sim.llama_engine import LlamaEngine
 from backends.sim.vllm_engine import VllmEngine
+from backends.sim.whatif import sim_whatif
 
 
 @get("/_sim/events")
@@ -27,7 +28,7 @@ async def sim_events(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 _LLAMA_HANDLERS: Sequence[BaseRouteHandler] = (
     llama_app.health, llama_app.props, llama_app.slots, llama_app.models, llama_app.metrics,
-    llama_app.tokenize,
+    llama_app.tokenize, llama_app.chat_input_tokens,
     llama_app.chat_completions, llama_app.completions,
 )  # fmt: skip
 _VLLM_HANDLERS: Sequence[BaseRouteHandler] = (
@@ -56,7 +57,7 @@ def create_sim_app(config: SimConfig) -> Litestar:
         MethodNotAllowedException: not_found,
     }
     return Litestar(
-        route_handlers=[*handlers, sim_events],
+        route_handlers=[*handlers, sim_events, sim_whatif],
         before_request=before,
         exception_handlers=exception_handlers,
         on_startup=[engine.start],

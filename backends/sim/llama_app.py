@@ -121,6 +121,22 @@ async def tokenize(request: AnyRequest) -> Response[bytes]:
     return json_response({"tokens": tokenizer.encode(content)})
 
 
+@post("/v1/chat/completions/input_tokens", status_code=200)
+async def chat_input_tokens(request: AnyRequest) -> Response[bytes]:
+    """A chat body -> ``{"input_tokens": N, "object": "response.input_tokens"}`` (no inference)."""
+    try:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise InvalidChat("request body must be a JSON object", "body")
+        req = parse_request(body, Endpoint.CHAT, llama=True)
+    except msgspec.DecodeError as exc:
+        message = f"[json.exception.parse_error.101] parse error: syntax error while parsing value - {exc}"
+        return _error(message, "invalid_request_error", 400)
+    except InvalidChat as exc:
+        return _error(str(exc), "invalid_request_error", 400)
+    return json_response({"input_tokens": len(req.prompt), "object": "response.input_tokens"})
+
+
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200)
 async def chat_completions(request: AnyRequest) -> Response[Any]:
     """OpenAI chat completions with llama.cpp extensions (``id_slot``, ``cache_prompt``, ``n_predict``)."""

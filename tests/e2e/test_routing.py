@@ -164,3 +164,13 @@ def test_decision_log(routing: Stack) -> None:
     assert entry["outcome"]["completion_tokens"] == 8
     assert bad.status_code == 400
     assert bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_estimate_near_a_window_is_replaced_by_the_engines_count(routing: Stack) -> None:
+    """Short words make the character estimate overshoot vLLM's 8k window; the exact count fits."""
+    words = " ".join(["abcd"] * 6500)  # ~6.5k simulator tokens, but ~9k by characters
+    response = chat(routing, [{"role": "user", "content": words}])
+    with routing.client() as client:
+        entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+    assert entry["prompt_tokens_estimate"] == response.json()["usage"]["prompt_tokens"]
+    assert {c["backend"] for c in entry["candidates"]} == {"vllm", "llama"}

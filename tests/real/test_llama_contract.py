@@ -73,6 +73,16 @@ def test_info_endpoints(pair: tuple[httpx.Client, httpx.Client], path: str) -> N
     assert_same_shape(real_json, sim_json)
 
 
+def test_input_tokens(pair: tuple[httpx.Client, httpx.Client]) -> None:
+    """``/v1/chat/completions/input_tokens`` counts the templated prompt without running it."""
+    body = {"model": DEFAULT_ALIAS, "messages": MESSAGES}
+    real, sim = both(pair, "POST", "/v1/chat/completions/input_tokens", json=body)
+    assert real.status_code == sim.status_code == 200
+    assert_same_shape(real.json(), sim.json())
+    completion = pair[0].post("/v1/chat/completions", json={**body, "max_tokens": 1}).json()
+    assert real.json()["input_tokens"] == completion["usage"]["prompt_tokens"]
+
+
 def test_slots(pair: tuple[httpx.Client, httpx.Client]) -> None:
     """A slot that never ran a task shows four keys; one that did adds its task's fields."""
     both(
