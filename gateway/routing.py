@@ -157,6 +157,7 @@ def decision_entry(routed: Routed, request_id: str, outcome: Outcome | None, sta
         "session": session_label(features.session_key) if features.session_key else None,
         "session_source": features.session_source.value,
         "prompt_tokens_estimate": features.prompt_tokens,
+        "prompt_tokens_exact": features.prompt_exact,
         "chosen": decision.chosen.backend_id if decision.chosen else None,
         "slot": decision.slot,
         "reason": decision.header,

@@ -172,5 +172,6 @@ def test_estimate_near_a_window_is_replaced_by_the_engines_count(routing: Stack)
     response = chat(routing, [{"role": "user", "content": words}])
     with routing.client() as client:
         entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+    assert entry["prompt_tokens_exact"] is True
     assert entry["prompt_tokens_estimate"] == response.json()["usage"]["prompt_tokens"]
     assert {c["backend"] for c in entry["candidates"]} == {"vllm", "llama"}
