@@ -22,6 +22,9 @@ from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, He
 UPSTREAM_PATHS: dict[Endpoint, str] = {
     Endpoint.CHAT: "/v1/chat/completions",
     Endpoint.COMPLETIONS: "/v1/completions",
+    Endpoint.MESSAGES: "/v1/messages",
+    Endpoint.COUNT_TOKENS: "/v1/messages/count_tokens",
+    Endpoint.RESPONSES: "/v1/responses",
 }
 
 
@@ -78,7 +81,9 @@ class Adapter(ABC):
         self._probe_timeout = httpx.Timeout(spec.probe_timeout)
 
     # -- requests ---------------------------------------------------------------------------
-    def rewrite_body(self, body: dict[str, Any], deployment: Deployment, slot: int | None) -> bool:
+    def rewrite_body(
+        self, endpoint: Endpoint, body: dict[str, Any], deployment: Deployment, slot: int | None
+    ) -> bool:
         """Engine-specific changes to the upstream body (in place); returns ``strip_usage_chunk``."""
         return False
 
@@ -93,17 +98,21 @@ class Adapter(ABC):
         """The upstream request: the client's body with the model mapped and the engine's rewrites."""
         upstream = dict(body)
         upstream["model"] = deployment.upstream_name
-        strip = self.rewrite_body(upstream, deployment, slot)
+        strip = self.rewrite_body(endpoint, upstream, deployment, slot)
         stream = bool(upstream.get("stream", False))
         return UpstreamRequest(
             backend_id=self.spec.id,
             url=self.spec.base_url + UPSTREAM_PATHS[endpoint],
             body=msgspec.json.encode(upstream),
             stream=stream,
-            headers=(("content-type", "application/json"), *self._auth),
+            headers=(("content-type", "application/json"), *self._auth, *self._api_headers(endpoint)),
             strip_usage_chunk=strip,
             model_rename=model_rename(deployment.upstream_name, client_model),
         )
+
+    def _api_headers(self, endpoint: Endpoint) -> tuple[tuple[str, str], ...]:
+        """Anthropic endpoints expect an API version header; engines accept the current one."""
+        return (("anthropic-version", "2023-06-01"),) if endpoint.anthropic else ()
 
     async def send(self, request: UpstreamRequest) -> httpx.Response:
         """Send and return the open response once its status is 2xx (the body is not read yet).

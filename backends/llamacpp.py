@@ -22,7 +22,11 @@ class LlamaCppAdapter(Adapter):
 
     kind: ClassVar[EngineKind] = EngineKind.LLAMACPP
 
-    def rewrite_body(self, body: dict[str, Any], deployment: Deployment, slot: int | None) -> bool:
+    def rewrite_body(
+        self, endpoint: Endpoint, body: dict[str, Any], deployment: Deployment, slot: int | None
+    ) -> bool:
+        if endpoint is Endpoint.COUNT_TOKENS:
+            return False
         body.setdefault("cache_prompt", True)
         if slot is not None:
             body.setdefault("id_slot", slot)  # a client's own id_slot wins

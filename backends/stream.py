@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -39,6 +40,16 @@ def _event_json(event: bytes) -> Any:
         return msgspec.json.decode(data)
     except msgspec.DecodeError:
         return None
+
+
+def merge_usage(previous: Usage | None, new: Usage | None) -> Usage | None:
+    """Anthropic streams split usage: input in ``message_start``, output in ``message_delta``."""
+    if new is None or previous is None:
+        return new or previous
+    if new.prompt_tokens == 0 and previous.prompt_tokens > 0:
+        cached = new.cached_tokens if new.cached_tokens is not None else previous.cached_tokens
+        return replace(new, prompt_tokens=previous.prompt_tokens, cached_tokens=cached)
+    return new
 
 
 class ResponseRelay:
@@ -74,7 +85,7 @@ class ResponseRelay:
             if any(marker in event for marker in _USAGE_MARKERS):
                 data = _event_json(event)
                 if isinstance(data, dict):
-                    self.usage = parse_usage(data) or self.usage
+                    self.usage = merge_usage(self.usage, parse_usage(data))
                 if self.request.strip_usage_chunk and _EMPTY_CHOICES in event:
                     continue
             kept.append(event)

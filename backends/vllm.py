@@ -20,9 +20,11 @@ class VllmAdapter(Adapter):
 
     kind: ClassVar[EngineKind] = EngineKind.VLLM
 
-    def rewrite_body(self, body: dict[str, Any], deployment: Deployment, slot: int | None) -> bool:
-        if not body.get("stream"):
-            return False
+    def rewrite_body(
+        self, endpoint: Endpoint, body: dict[str, Any], deployment: Deployment, slot: int | None
+    ) -> bool:
+        if not body.get("stream") or endpoint not in (Endpoint.CHAT, Endpoint.COMPLETIONS):
+            return False  # Messages and Responses streams always carry usage
         options = body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
             return False

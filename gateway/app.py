@@ -17,7 +17,7 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from backends.base import BackendSpec
 from backends.fleet import Fleet
 from gateway.catalog import Catalog
-from gateway.errors import GatewayError, openai_error_body
+from gateway.errors import GatewayError, anthropic_error_body, openai_error_body
 from gateway.middleware import request_id_middleware
 from gateway.relay import Relay
 from gateway.routing import Router
@@ -60,6 +60,22 @@ async def completions(request: Request[Any, Any, Any], state: State) -> Response
     return await _relay(state).handle(request, Endpoint.COMPLETIONS)
 
 
+@post("/v1/messages", status_code=200)
+async def messages(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    """Anthropic Messages; x-api-key, anthropic-version, anthropic-beta and ?beta=true are accepted."""
+    return await _relay(state).handle(request, Endpoint.MESSAGES)
+
+
+@post("/v1/messages/count_tokens", status_code=200)
+async def count_tokens(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    return await _relay(state).handle(request, Endpoint.COUNT_TOKENS)
+
+
+@post("/v1/responses", status_code=200)
+async def responses(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    return await _relay(state).handle(request, Endpoint.RESPONSES)
+
+
 @get("/v1/models")
 async def list_models(state: State) -> Response[Any]:
     relay = _relay(state)
@@ -86,17 +102,31 @@ async def health(state: State) -> Response[Any]:
     )
 
 
-def _gateway_error(_: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
-    return Response(exc.openai_body(), status_code=exc.status, media_type=JSON)
+def _is_anthropic(request: Request[Any, Any, Any]) -> bool:
+    return request.url.path.startswith("/v1/messages")
 
 
-def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return Response(openai_error_body(exc.detail, type_), status_code=exc.status_code, media_type=JSON)
+def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    body = exc.anthropic_body() if _is_anthropic(request) else exc.openai_body()
+    return Response(body, status_code=exc.status, media_type=JSON)
 
 
-def _internal_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    body = openai_error_body("The gateway failed to handle this request.", "server_error")
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    if _is_anthropic(request):
+        body = anthropic_error_body(exc.status_code, exc.detail)
+    else:
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        body = openai_error_body(exc.detail, type_)
+    return Response(body, status_code=exc.status_code, media_type=JSON)
+
+
+def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    message = "The gateway failed to handle this request."
+    body = (
+        anthropic_error_body(500, message)
+        if _is_anthropic(request)
+        else openai_error_body(message, "server_error")
+    )
     return Response(body, status_code=HTTP_500_INTERNAL_SERVER_ERROR, media_type=JSON)
 
 
@@ -130,7 +160,16 @@ def create_app(settings: Settings) -> Litestar:
                 await fleet.stop()
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, decisions, health],
+        route_handlers=[
+            chat_completions,
+            completions,
+            messages,
+            count_tokens,
+            responses,
+            list_models,
+            decisions,
+            health,
+        ],
         lifespan=[lifespan],
         middleware=[request_id_middleware],
         exception_handlers={

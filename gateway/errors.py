@@ -1,6 +1,7 @@
 """The gateway's error tree, and its one translation into client-facing JSON.
 
     GatewayError                       rendered as {"error": {"message", "type", "param", "code"}}
+    │                                  (Anthropic endpoints: {"type": "error", "error": {"type", "message"}})
     ├── InvalidRequest            400  bad JSON, missing or mistyped fields
     │   └── ContextLengthExceeded 400  the prompt fits no backend serving the model
     ├── ModelNotFound             404  unknown model (the message lists valid names)
@@ -34,6 +35,9 @@ class GatewayError(Exception):
 
     def openai_body(self) -> bytes:
         return openai_error_body(self.message, self.type, self.param, self.error_code)
+
+    def anthropic_body(self) -> bytes:
+        return anthropic_error_body(self.status, self.message)
 
 
 class InvalidRequest(GatewayError):
@@ -82,6 +86,34 @@ class UpstreamRejected(GatewayError):
 def openai_error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
     error: dict[str, Any] = {"message": message, "type": type_, "param": param, "code": code}
     return msgspec.json.encode({"error": error})
+
+
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``."""
+    error_type = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return msgspec.json.encode({"type": "error", "error": {"type": error_type, "message": message}})
+
+
+def stream_error_event(api: str, error: GatewayError) -> bytes:
+    """An error after a stream began, as each API's clients expect it, ending the stream."""
+    if api == "anthropic":
+        return b"event: error\ndata: " + error.anthropic_body() + b"\n\n"
+    if api == "responses":
+        body = {"type": "error", "code": error.error_code, "message": error.message, "param": None}
+        return b"event: error\ndata: " + msgspec.json.encode(body) + b"\n\n"
+    return b"data: " + error.openai_body() + b"\n\ndata: [DONE]\n\n"
 
 
 _CLIENT_STATUSES = frozenset({400, 413, 422})

@@ -26,11 +26,12 @@ from gateway.disconnect import ClientDisconnected, DisconnectWatch
 from gateway.errors import (
     ContextLengthExceeded,
     GatewayError,
+    InvalidRequest,
     ModelNotFound,
     NoBackendAvailable,
     UpstreamFailed,
     from_upstream,
-    openai_error_body,
+    stream_error_event,
 )
 from gateway.record import RequestRecord
 from gateway.requests import parse_body, read_body
@@ -48,16 +49,28 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, UpstreamError) and bool(getattr(exc, "retryable", False))
 
 
+def _api(endpoint: Endpoint) -> str:
+    if endpoint.anthropic:
+        return "anthropic"
+    return "responses" if endpoint is Endpoint.RESPONSES else "openai"
+
+
 def no_route_error(decision: Decision, features: RequestFeatures) -> GatewayError:
     """Why no backend can take the request, as the client should hear it."""
     rejected = decision.rejected
     if not rejected:
         return ModelNotFound(f"No backend serves the model `{features.model}`.", param="model")
+    if all(r.reason is Reason.UNSUPPORTED for r in rejected):
+        return InvalidRequest(
+            f"{rejected[0].detail}; send the whole input instead.", param="previous_response_id"
+        )
     if all(r.reason is Reason.CONTEXT_TOO_LONG for r in rejected):
         details = "; ".join(f"{r.backend_id}: {r.detail}" for r in rejected)
         return ContextLengthExceeded(
             f"This request is too long for every backend serving `{features.model}` ({details}).",
-            param="messages" if features.endpoint is Endpoint.CHAT else "prompt",
+            param={Endpoint.COMPLETIONS: "prompt", Endpoint.RESPONSES: "input"}.get(
+                features.endpoint, "messages"
+            ),
         )
     return NoBackendAvailable(f"No backend can take this request now: {decision.explanation}.")
 
@@ -151,7 +164,7 @@ class Relay:
             if opened.relay.request.stream:
                 await watch.stop()
                 return Stream(
-                    self._stream(opened.relay, record),
+                    self._stream(opened.relay, record, _api(endpoint)),
                     media_type="text/event-stream",
                     headers={**SSE_HEADERS, **headers},
                     background=BackgroundTask(self._finish_stream, opened, record),
@@ -192,20 +205,15 @@ class Relay:
             headers["x-turnout-session-source"] = opened.routed.features.session_source.value
         return headers
 
-    async def _stream(self, relay: ResponseRelay, record: RequestRecord) -> AsyncIterator[bytes]:
-        """Relay events; a failure after the first byte becomes an error event, then a clean end."""
+    async def _stream(self, relay: ResponseRelay, record: RequestRecord, api: str) -> AsyncIterator[bytes]:
+        """Relay events; a failure after the first byte becomes the API's error event, then a clean end."""
         try:
             async for events in relay.events():
                 yield events
         except UpstreamStreamError as exc:
             record.error = exc.message
-            message = f"backend {exc.backend_id} failed mid-stream: {exc.message}"
-            yield (
-                b"data: "
-                + openai_error_body(message, UpstreamFailed.type, None, UpstreamFailed.code)
-                + b"\n\n"
-            )
-            yield b"data: [DONE]\n\n"
+            error = UpstreamFailed(f"backend {exc.backend_id} failed mid-stream: {exc.message}")
+            yield stream_error_event(api, error)
         finally:
             await relay.aclose()
 

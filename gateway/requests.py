@@ -49,7 +49,11 @@ def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     _require(body, "model", (str,), "a string")
-    if endpoint is Endpoint.CHAT:
+    if endpoint is Endpoint.RESPONSES:
+        _require(body, "input", (str, list), "a string or an array of input items")
+    elif endpoint is Endpoint.COMPLETIONS:
+        _require(body, "prompt", (str, list), "a string or an array of strings")
+    else:
         messages = _require(body, "messages", (list,), "an array of messages")
         if not messages:
             raise InvalidRequest("'messages' must contain at least one message.", param="messages")
@@ -59,9 +63,11 @@ def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
                     f"Invalid message at messages[{index}]: expected an object with a 'role'.",
                     param=f"messages[{index}]",
                 )
-    else:
-        _require(body, "prompt", (str, list), "a string or an array of strings")
-    for key in ("max_tokens", "max_completion_tokens"):
+    if endpoint is Endpoint.MESSAGES:
+        value = _require(body, "max_tokens", (int,), "an integer")
+        if value < 1:
+            raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise InvalidRequest(f"Invalid '{key}': expected a non-negative integer.", param=key)

@@ -88,7 +88,7 @@ class ProfileConfig(_Strict):
     """A routing profile of your own, built from the registered filters and scorers."""
 
     name: str
-    filters: tuple[str, ...] = ("healthy", "context-fits")
+    filters: tuple[str, ...] = ("engine-supports", "healthy", "context-fits")
     scorers: dict[str, float] = Field(min_length=1)
     """Scorer name -> positive weight (see policies/scorers.py for the registry)."""
 

@@ -10,27 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.sessions import explicit_session, prefix_hashes
+from policies.sessions import explicit_session, message_text, prefix_hashes, responses_messages
 from policies.types import Endpoint, RequestFeatures
 
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators a chat template adds per message
 DEFAULT_CHARS_PER_TOKEN = 3.6
-
-
-def count_text_chars(value: Any) -> int:
-    """Characters of prompt text in a message ``content`` (a string or a list of parts)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        total = 0
-        for part in value:
-            if isinstance(part, Mapping):
-                text = part.get("text")
-                total += len(text) if isinstance(text, str) else 0
-            elif isinstance(part, str):
-                total += len(part)
-        return total
-    return 0
 
 
 def _tool_call_chars(message: Mapping[str, Any]) -> int:
@@ -56,6 +40,17 @@ def _json_chars(value: Any) -> int:
     return len(str(value))
 
 
+def conversation(body: Mapping[str, Any], endpoint: Endpoint) -> list[Any]:
+    """The request's messages in order, system first, whatever the API (empty for text completions)."""
+    if endpoint is Endpoint.RESPONSES:
+        return responses_messages(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    system = body.get("system") if endpoint.anthropic else None
+    return ([{"role": "system", "content": system}] if system is not None else []) + messages
+
+
 def prompt_size(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[int, int]:
     """``(characters of prompt text, template overhead tokens)`` of a request."""
     if endpoint is Endpoint.COMPLETIONS:
@@ -64,9 +59,9 @@ def prompt_size(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[int, int]:
         return chars, 0
     chars = 0
     overhead = 0
-    for message in body.get("messages", []):
+    for message in conversation(body, endpoint):
         if isinstance(message, Mapping):
-            chars += count_text_chars(message.get("content")) + _tool_call_chars(message)
+            chars += len(message_text(message.get("content"))) + _tool_call_chars(message)
             overhead += MESSAGE_OVERHEAD_TOKENS
     tools = body.get("tools")
     if isinstance(tools, list):
@@ -82,7 +77,7 @@ def estimate_prompt_tokens(body: Mapping[str, Any], endpoint: Endpoint, chars_pe
 
 def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
     """The output budget the client asked for, under any of its accepted names."""
-    for key in ("max_completion_tokens", "max_tokens", "n_predict"):
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
@@ -104,7 +99,7 @@ def extract(
     """
     chars, overhead = prompt_size(body, endpoint)
     key, source = explicit_session(headers or {}, body)
-    messages = body.get("messages")
+    messages = conversation(body, endpoint)
     return RequestFeatures(
         model=model,
         endpoint=endpoint,
@@ -113,8 +108,7 @@ def extract(
         stream=bool(body.get("stream", False)),
         session_key=key,
         session_source=source,
-        prefix_hashes=prefix_hashes(messages, body.get("system"), body.get("tools"))
-        if isinstance(messages, list)
-        else (),
+        prefix_hashes=prefix_hashes(messages, tools=body.get("tools")) if messages else (),
         prompt_chars=chars,
+        needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,
     )

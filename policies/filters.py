@@ -3,6 +3,8 @@
 A filter takes the request features and the remaining candidates and returns the ones it keeps
 plus a :class:`Rejection` for each one it drops. Filters never reorder candidates.
 
+- ``engine-supports``: the engine can serve this kind of request at all (no stored Responses on
+  llama.cpp for ``previous_response_id``).
 - ``healthy``: the backend's last probe found it ready (``unknown`` passes: not probed yet).
 - ``context-fits``: the prompt must fit the deployment's window (llama.cpp reports its per-slot
   window; that is the limit a request meets); where some candidates also have room for the whole
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from policies.types import BackendSnapshot, Deployment, Health, Reason, Rejection, RequestFeatures
+from policies.types import BackendSnapshot, Deployment, EngineKind, Health, Reason, Rejection, RequestFeatures
 
 Candidate = tuple[Deployment, BackendSnapshot]
 FilterResult = tuple[list[Candidate], list[Rejection]]
@@ -65,7 +67,24 @@ def context_fits(features: RequestFeatures, candidates: Sequence[Candidate]) -> 
     return fits_all, dropped
 
 
+def engine_supports(features: RequestFeatures, candidates: Sequence[Candidate]) -> FilterResult:
+    """Drop engines that cannot serve the request at all: llama.cpp has no stored Responses
+    (``previous_response_id`` is refused there)."""
+    if not features.needs_response_store:
+        return list(candidates), []
+    kept: list[Candidate] = []
+    dropped: list[Rejection] = []
+    for deployment, snapshot in candidates:
+        if snapshot.kind is EngineKind.LLAMACPP:
+            detail = "llama.cpp does not support 'previous_response_id'"
+            dropped.append(Rejection(snapshot.backend_id, Reason.UNSUPPORTED, detail))
+        else:
+            kept.append((deployment, snapshot))
+    return kept, dropped
+
+
 FILTERS: dict[str, Filter] = {
+    "engine-supports": engine_supports,
     "healthy": healthy,
     "context-fits": context_fits,
 }

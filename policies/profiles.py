@@ -14,7 +14,7 @@ from policies.filters import FILTERS
 from policies.scorers import SCORERS
 from policies.types import Reason
 
-DEFAULT_FILTERS = ("healthy", "context-fits")
+DEFAULT_FILTERS = ("engine-supports", "healthy", "context-fits")
 
 
 class ProfileError(ValueError):

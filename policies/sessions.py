@@ -25,15 +25,26 @@ AGENT_HEADERS = ("x-claude-code-session-id", "session_id", "x-session-affinity")
 MAX_KEY_LENGTH = 256
 
 
-def _text(content: Any) -> str:
+def _part_text(part: Mapping[str, Any]) -> str:
+    """Text of one content block: OpenAI parts, Anthropic text/tool_use/tool_result, Responses items."""
+    if part.get("type") == "tool_use":
+        return f"{part.get('name', '')}({part.get('input', '')})"
+    for key in ("text", "content", "output", "arguments"):
+        value = part.get(key)
+        if value is not None:
+            return value if isinstance(value, str) else message_text(value)
+    return ""
+
+
+def message_text(content: Any) -> str:
+    """The text of a message's content: a string, or its blocks' texts joined by newlines."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
         for part in content:
             if isinstance(part, Mapping):
-                text = part.get("text", part.get("content", ""))
-                parts.append(text if isinstance(text, str) else _text(text))
+                parts.append(_part_text(part))
             elif isinstance(part, str):
                 parts.append(part)
         return "\n".join(parts)
@@ -56,7 +67,7 @@ def canonical(message: Mapping[str, Any]) -> bytes:
     """One message as bytes that ignore JSON layout: role, text, tool calls, tool call id."""
     fields = (
         str(message.get("role", "")),
-        _text(message.get("content")),
+        message_text(message.get("content")),
         _tool_calls(message),
         str(message.get("tool_call_id", "")),
     )
@@ -89,6 +100,22 @@ def prefix_hashes(messages: Sequence[Any], system: Any = None, tools: Any = None
             digest.update(canonical(message) + b"\x1e")
             hashes.append(digest.copy().hexdigest())
     return tuple(hashes)
+
+
+def responses_messages(body: Mapping[str, Any]) -> list[Any]:
+    """A Responses request's ``instructions`` and ``input`` as chat-like messages, for hashing."""
+    messages: list[Any] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        messages.append({"role": "user", "content": items})
+    elif isinstance(items, list):
+        for item in items:
+            if isinstance(item, Mapping):
+                role = item.get("role") or item.get("type", "item")
+                messages.append({"role": role, "content": item.get("content", _part_text(item))})
+    return messages
 
 
 def _clean(value: Any) -> str | None:

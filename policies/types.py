@@ -40,6 +40,13 @@ class Endpoint(StrEnum):
 
     CHAT = "chat.completions"
     COMPLETIONS = "completions"
+    MESSAGES = "messages"  # Anthropic
+    COUNT_TOKENS = "messages.count_tokens"  # Anthropic
+    RESPONSES = "responses"  # OpenAI Responses
+
+    @property
+    def anthropic(self) -> bool:
+        return self in (Endpoint.MESSAGES, Endpoint.COUNT_TOKENS)
 
 
 class Reason(StrEnum):
@@ -49,6 +56,7 @@ class Reason(StrEnum):
     UNHEALTHY = "backend-unhealthy"
     CONTEXT_TOO_LONG = "context-too-long"
     OUTPUT_WOULD_BE_CUT = "output-would-be-cut"
+    UNSUPPORTED = "unsupported-by-engine"
     ONLY_CANDIDATE = "only-candidate"
     LEAST_LOADED = "least-loaded"
     LOWEST_TTFT = "lowest-predicted-ttft"
@@ -142,6 +150,7 @@ class RequestFeatures:
     prefix_hashes: tuple[str, ...] = ()
     prompt_chars: int = 0
     prompt_exact: bool = False  # prompt_tokens was counted by an engine's tokenizer
+    needs_response_store: bool = False  # a Responses request with previous_response_id
 
 
 @dataclass(frozen=True, slots=True)

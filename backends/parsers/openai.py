@@ -37,13 +37,35 @@ def parse_models(data: Any) -> tuple[ServedModel, ...]:
     return tuple(models)
 
 
-def parse_usage(data: Mapping[str, Any]) -> Usage | None:
-    """Usage from a response or a final stream chunk: OpenAI ``usage`` plus llama.cpp ``timings``.
+def _input_output_usage(usage: Mapping[str, Any]) -> Usage:
+    """Anthropic (``input_tokens`` excludes ``cache_read_input_tokens``) or Responses
+    (``input_tokens`` includes ``input_tokens_details.cached_tokens``) usage."""
+    input_tokens = _int(usage.get("input_tokens")) or 0
+    output_tokens = _int(usage.get("output_tokens")) or 0
+    cache_read = _int(usage.get("cache_read_input_tokens"))
+    if cache_read is not None:
+        created = _int(usage.get("cache_creation_input_tokens")) or 0
+        return Usage(input_tokens + cache_read + created, output_tokens, cache_read)
+    details = usage.get("input_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+    return Usage(input_tokens, output_tokens, cached)
 
-    llama.cpp's ``timings`` alone is enough (``prompt_n + cache_n`` prompt tokens,
-    ``predicted_n`` completion tokens): on a stream without ``include_usage`` it is all there is.
+
+def parse_usage(data: Mapping[str, Any]) -> Usage | None:
+    """Usage from a response or a stream event, in any of the APIs turnout relays.
+
+    OpenAI ``usage`` plus llama.cpp ``timings``; llama.cpp's ``timings`` alone is enough
+    (``prompt_n + cache_n`` prompt tokens, ``predicted_n`` completion tokens): on a stream without
+    ``include_usage`` it is all there is. Anthropic ``usage`` (also inside ``message_start``'s
+    ``message``) and Responses ``usage`` (also inside ``response.completed``'s ``response``).
     """
+    for wrapper in ("message", "response"):
+        inner = data.get(wrapper)
+        if isinstance(inner, Mapping) and isinstance(inner.get("usage"), Mapping):
+            data = inner
     usage = data.get("usage")
+    if isinstance(usage, Mapping) and ("input_tokens" in usage or "output_tokens" in usage):
+        return _input_output_usage(usage)
     timings = data.get("timings")
     timings = timings if isinstance(timings, Mapping) else {}
     prompt_ms = timings.get("prompt_ms")

@@ -109,6 +109,25 @@ class TestUsage:
         }
         assert parse_usage(data) == Usage(100, 5, 90, 4.5, 40.0)
 
+    def test_anthropic(self) -> None:
+        usage = {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5}
+        assert parse_usage({"usage": usage}) == Usage(100, 5, 90)
+        assert parse_usage({"type": "message_start", "message": {"usage": usage}}) == Usage(100, 5, 90)
+
+    def test_responses(self) -> None:
+        usage = {"input_tokens": 100, "output_tokens": 5, "input_tokens_details": {"cached_tokens": 64}}
+        assert parse_usage({"usage": usage}) == Usage(100, 5, 64)
+        assert parse_usage({"type": "response.completed", "response": {"usage": usage}}) == Usage(100, 5, 64)
+
+    def test_anthropic_stream_usage_is_merged(self) -> None:
+        from backends.stream import merge_usage
+
+        start = parse_usage(
+            {"message": {"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 1}}}
+        )
+        delta = parse_usage({"type": "message_delta", "usage": {"output_tokens": 7}})
+        assert merge_usage(start, delta) == Usage(100, 7, 90)
+
     def test_nothing(self) -> None:
         assert parse_usage({"choices": []}) is None
 
