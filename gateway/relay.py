@@ -146,6 +146,8 @@ class Relay:
             model.name, model.chars_per_token
         ).chars_per_token.value
         features = extract(body, endpoint, model=model.name, headers=headers, chars_per_token=chars_per_token)
+        if endpoint is Endpoint.COUNT_TOKENS:  # no inference: no session, no slot, nothing to learn
+            return await self.router.decide(features, None)
         features = await self.router.count_if_near_limit(features, body)
         features, session = await self.router.resolve_session(features)
         return await self.router.decide(features, session)
@@ -230,7 +232,8 @@ class Relay:
         record.first_byte_at, record.usage = relay.first_byte_at, relay.usage
         outcome = None
         chosen = opened.decision.chosen_candidate
-        if relay.usage is not None and chosen is not None and record.error is None:
+        inference = opened.routed.features.endpoint is not Endpoint.COUNT_TOKENS
+        if relay.usage is not None and chosen is not None and record.error is None and inference:
             outcome = Outcome(
                 backend_id=chosen.deployment.backend_id,
                 model=chosen.deployment.model,
