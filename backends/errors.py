@@ -50,11 +50,20 @@ class UpstreamStatusError(UpstreamError):
         message: str,
         error_type: str | None = None,
         extra: dict[str, Any] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(backend_id, message)
         self.status = status
         self.error_type = error_type
         self.extra = extra or {}
+        self.param = param
+
+    @property
+    def context_exceeded(self) -> bool:
+        """llama.cpp's ``exceed_context_size_error``, or vLLM's 400 about the prompt's length."""
+        return self.error_type == "exceed_context_size_error" or (
+            self.status == 400 and self.param in ("input_tokens", "input_text")
+        )
 
     @property
     def retryable(self) -> bool:
@@ -65,6 +74,7 @@ def parse_error_body(backend_id: str, status: int, body: bytes) -> UpstreamStatu
     """Normalise an engine's error response into an :class:`UpstreamStatusError`."""
     message = body.decode("utf-8", "replace").strip()[:500] or f"HTTP {status}"
     error_type: str | None = None
+    param: str | None = None
     extra: dict[str, Any] = {}
     try:
         data = msgspec.json.decode(body) if body else None
@@ -75,6 +85,7 @@ def parse_error_body(backend_id: str, status: int, body: bytes) -> UpstreamStatu
         if isinstance(error, dict):
             message = str(error.get("message", message))
             error_type = str(error["type"]) if error.get("type") is not None else None
+            param = str(error["param"]) if error.get("param") is not None else None
             extra = {k: v for k, v in error.items() if k not in {"message", "type", "code", "param"}}
         elif isinstance(error, str):  # vLLM's --api-key failure: {"error": "Unauthorized"}
             message = error
@@ -82,4 +93,4 @@ def parse_error_body(backend_id: str, status: int, body: bytes) -> UpstreamStatu
             message = (
                 "; ".join(str(item.get("msg", item)) for item in error if isinstance(item, dict)) or message
             )
-    return UpstreamStatusError(backend_id, status, message, error_type, extra)
+    return UpstreamStatusError(backend_id, status, message, error_type, extra, param)

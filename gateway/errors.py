@@ -129,7 +129,7 @@ def from_upstream(error: UpstreamError) -> GatewayError:
     """
     if isinstance(error, UpstreamStatusError):
         if error.status in _CLIENT_STATUSES:
-            code = "context_length_exceeded" if error.error_type == "exceed_context_size_error" else None
+            code = "context_length_exceeded" if error.context_exceeded else None
             return UpstreamRejected(400 if error.status == 422 else error.status, error.message, code)
         if error.status == 429:
             return UpstreamRejected(429, error.message, "rate_limited")

@@ -11,11 +11,14 @@ to the last one, from the snapshot, the session's state and what was learned.
 
 Expected cached tokens follow each engine's semantics:
 
-- llama.cpp: the slot pinned to this session holds the conversation it last sent there, reused at
-  the learned ``reuse`` ratio (hybrid checkpoints sit a few tokens before each prompt end); a slot
+Of a prefix of ``n`` tokens an engine can reuse at most ``reusable(n)``: whole blocks of ``n - 1``
+(it recomputes at least the last token), times the learned ``reuse`` ratio:
+
+- llama.cpp: the slot pinned to this session holds the conversation it last sent there, reused
+  token by token (hybrid checkpoints sit a few tokens before each prompt end); a slot
   that another session took, or a fresh one, holds nothing of it.
 - vLLM: the prefix cache is global; of the prompt already sent there, whole learned blocks are
-  reused at the learned ratio (hybrid models cache block-aligned; no hit was ever seen → nothing).
+  reused (hybrid models cache block-aligned; a cache that never hit predicts nothing).
 
 Sessions look ahead: a session expected to go on (an explicit key, or a conversation already
 recognised as a follow-up) also weighs the next turn's TTFT, ``future_s``, ``LOOKAHEAD_TURNS``
@@ -25,7 +28,7 @@ slot before it has grown large; a one-off request (``horizon`` 0) is routed on t
 
     growth   = prompt - session's last prompt   (first turn: GROWTH_PRIOR of the prompt)
     future_s = (prompt + growth - cached_next) / prefill_tok_s
-    cached_next: llama.cpp ``prompt * reuse``; vLLM whole learned blocks of ``prompt * reuse``
+    cached_next: the reuse below, for the whole of this prompt
 
 Slots (llama.cpp): the session's own slot if it still holds it; else a free slot; else, for a
 session that has proven to continue (an explicit key, or a recognised follow-up), the least
@@ -38,7 +41,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from policies.learning import DeploymentStats, LearnedState
+from policies.learning import DeploymentStats, LearnedState, reusable
 from policies.types import (
     BackendSnapshot,
     Deployment,
@@ -77,6 +80,16 @@ def _slot_for(
         return None, False, None
     victim = min(leases, key=lambda lease: (lease.last_used, lease.slot))
     return victim.slot, False, victim.session_key
+
+
+def _expected_reuse(shared: int, stats: DeploymentStats, *, token_exact: bool) -> int:
+    """Tokens of a ``shared`` prefix the engine should reuse: whole learned blocks of ``shared - 1``
+    times the learned reuse ratio. A block cache (vLLM) that never hit predicts nothing."""
+    if shared <= 0 or (not token_exact and not stats.block):
+        return 0
+    block = 1 if token_exact else stats.block
+    possible = reusable(shared, block)
+    return round(possible * stats.reuse.value / block) * block
 
 
 def _label(key: str) -> str:
@@ -120,12 +133,11 @@ def estimate(
     if snapshot.kind is EngineKind.LLAMACPP:
         slot, warm, evicts = _slot_for(snapshot, leases, session, features)
         shared = sent if warm else 0
-        cached = round(shared * stats.reuse.value)
+        cached = _expected_reuse(shared, stats, token_exact=True)
         queue = _llama_queue(snapshot, stats, slot)
     else:
         shared = sent
-        block = max(stats.block, 1)
-        cached = int(shared * stats.reuse.value) // block * block if stats.block else 0
+        cached = _expected_reuse(shared, stats, token_exact=False)
         queue = snapshot.queued * stats.service_s.value / max(snapshot.running, 1)
     cached = max(0, min(cached, prompt - 1))
     slowdown = 1 + BATCH_SLOWDOWN * snapshot.running
@@ -139,15 +151,11 @@ def estimate(
         growth = prompt - session.prompt_tokens if session.turns > 0 else round(prompt * GROWTH_PRIOR)
         next_prompt = prompt + max(growth, 1)
         if snapshot.kind is EngineKind.LLAMACPP and slot is not None:
-            cached_next = round(prompt * stats.reuse.value)
+            cached_next = _expected_reuse(prompt, stats, token_exact=True)
         elif snapshot.kind is EngineKind.LLAMACPP:
             cached_next = 0  # llama-server picks a slot; no promise it keeps this one
         else:
-            cached_next = (
-                int(prompt * stats.reuse.value) // max(stats.block, 1) * max(stats.block, 1)
-                if stats.block
-                else 0
-            )
+            cached_next = _expected_reuse(prompt, stats, token_exact=False)
         future = (next_prompt - min(cached_next, next_prompt - 1)) / stats.prefill_tok_s.value
     notes = []
     if session is not None and snapshot.kind is EngineKind.LLAMACPP and sent and not warm:

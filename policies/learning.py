@@ -9,8 +9,9 @@ Per deployment (``backend/model``):
   (streams only, at least 64 uncached tokens).
 - ``decode_tok_s``: llama.cpp ``(predicted_n - 1) / predicted_ms`` ("the first token is free");
   others: ``(completion_tokens - 1) / (duration - ttft)`` on streams.
-- ``reuse``: ``cached_tokens / shared_prefix_tokens``, the share of the conversation already sent to
-  this backend that the engine really reused.
+- ``reuse``: ``cached_tokens / reusable(shared_prefix_tokens)``, how much of what the engine could
+  reuse of the conversation already sent to it it really did; ``reusable(n)`` is the whole blocks
+  of ``n - 1`` tokens (an engine always recomputes at least the last prompt token).
 - ``block``: the greatest common divisor of the non-zero ``cached_tokens`` seen (vLLM caches whole
   blocks; llama.cpp's token-exact reuse drives it to 1).
 - ``service_s``: request duration, for queue-wait estimates.
@@ -65,6 +66,12 @@ class Ewma:
 
 def _ewma(prior: float) -> Ewma:
     return Ewma(prior, prior)
+
+
+def reusable(tokens: int, block: int) -> int:
+    """Whole blocks of ``tokens - 1``: the most of a known prefix an engine can reuse."""
+    size = max(block, 1)
+    return max(tokens - 1, 0) // size * size
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +137,11 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
     key = f"{deployment.backend_id}/{deployment.model}"
     stats = _rates(state.for_deployment(deployment, outcome.kind), outcome)
     stats = replace(stats, service_s=stats.service_s.update(outcome.duration_s))
-    if usage.cached_tokens is not None and outcome.shared_prefix_tokens > 0:
-        stats = replace(stats, reuse=stats.reuse.update(usage.cached_tokens / outcome.shared_prefix_tokens))
     if usage.cached_tokens:
         stats = replace(stats, block=math.gcd(stats.block, usage.cached_tokens))
+    possible = reusable(outcome.shared_prefix_tokens, stats.block)
+    if usage.cached_tokens is not None and possible > 0:
+        stats = replace(stats, reuse=stats.reuse.update(usage.cached_tokens / possible))
     model = state.for_model(deployment.model)
     if usage.prompt_tokens >= 20 and outcome.prompt_chars > 0:
         model = replace(

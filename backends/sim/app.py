@@ -10,7 +10,7 @@ from litestar.datastructures import State
 from litestar.exceptions import MethodNotAllowedException, NotFoundException
 from litestar.handlers import BaseRouteHandler
 
-from backends.sim import llama_app, vllm_app
+from backends.sim import llama_app, messages_app, responses_app, vllm_app
 from backends.sim.config import SimConfig
 from backends.sim.engine_base import BatchEngine
 from backends.sim.http_common import json_response
@@ -30,10 +30,12 @@ _LLAMA_HANDLERS: Sequence[BaseRouteHandler] = (
     llama_app.health, llama_app.props, llama_app.slots, llama_app.models, llama_app.metrics,
     llama_app.tokenize, llama_app.chat_input_tokens,
     llama_app.chat_completions, llama_app.completions,
+    messages_app.messages, messages_app.count_tokens, responses_app.responses, responses_app.input_tokens,
 )  # fmt: skip
 _VLLM_HANDLERS: Sequence[BaseRouteHandler] = (
     vllm_app.health, vllm_app.version, vllm_app.load, vllm_app.models, vllm_app.metrics, vllm_app.tokenize,
     vllm_app.chat_completions, vllm_app.completions,
+    messages_app.messages, messages_app.count_tokens, responses_app.responses,
 )  # fmt: skip
 
 

@@ -33,7 +33,7 @@ from backends.sim.http_common import (
 from backends.sim.requests import Endpoint, GenRequest, parse_request
 from backends.sim.task import SimTask, UpdateKind
 from backends.sim.vllm_engine import VllmEngine
-from backends.sim.vllm_errors import context_error, validation_error
+from backends.sim.vllm_errors import context_error, json_error, validation_error, vllm_validation_error
 
 AnyRequest = Request[Any, Any, Any]
 AUTH_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
@@ -93,9 +93,7 @@ async def models(request: AnyRequest) -> Response[bytes]:
 @get("/metrics")
 async def metrics(request: AnyRequest) -> Response[str]:
     """Prometheus text with ``vllm:`` names."""
-    return Response(
-        vllm_info.metrics_text(engine_of(request)), media_type="text/plain; version=0.0.4; charset=utf-8"
-    )
+    return Response(vllm_info.metrics_text(engine_of(request)), media_type="text/plain; version=1.0.0")
 
 
 @post("/tokenize", status_code=200)
@@ -115,9 +113,11 @@ async def tokenize(request: AnyRequest) -> Response[bytes]:
         else:
             raise InvalidChat("Field required", "body.prompt")
     except msgspec.DecodeError:
-        return validation_error("json_invalid", ("body", 0), "JSON decode error", {}, None)
+        return json_error(await request.body())
     except InvalidChat as exc:
-        return validation_error("value_error", ("body",), str(exc), "{...}", exc.param)
+        loc = tuple(exc.param.split(".")) if exc.param else ("body",)
+        kind = "missing" if str(exc) == "Field required" else "value_error"
+        return validation_error(kind, loc, str(exc), body if isinstance(body, dict) else {})
     tokens = tokenizer.encode(text)
     body_out = {
         "count": len(tokens),
@@ -146,17 +146,16 @@ async def _validate(
     try:
         body = await read_json(request)
     except msgspec.DecodeError:
-        return validation_error("json_invalid", ("body", 0), "JSON decode error", {}, "body.0")
+        return json_error(await request.body())
     if not isinstance(body, dict):
-        return validation_error(
-            "model_attributes_type", ("body",), "Input should be a valid dictionary", body, "body"
-        )
+        message = "Input should be a valid dictionary or object to extract fields from"
+        return validation_error("model_attributes_type", ("body",), message, body)
     field = "messages" if endpoint is Endpoint.CHAT else "prompt"
     if field not in body:
-        return validation_error("missing", ("body", field), "Field required", body, f"body.{field}")
+        return validation_error("missing", ("body", field), "Field required", body)
     if body.get("stream_options") and not body.get("stream"):
-        message = "Value error, Stream options can only be defined when `stream=True`."
-        return validation_error("value_error", ("body",), message, body, "stream_options")
+        message = "Stream options can only be defined when `stream=True`."
+        return vllm_validation_error(message, "stream_options")
     try:
         req = parse_request(body, endpoint, llama=False)
     except InvalidChat as exc:
@@ -165,17 +164,25 @@ async def _validate(
         message = f"The model `{req.model}` does not exist. Valid aliases: {engine.config.model}."
         return json_response(vllm_wire.error_body(message, "NotFoundError", 404, "model"), 404)
     if req.max_tokens is not None and req.max_tokens < 1:
-        return json_response(
-            vllm_wire.error_body(
-                f"max_tokens must be at least 1, got {req.max_tokens}.", "BadRequestError", 400, "max_tokens"
-            ),
-            400,
-        )
-    error = context_error(len(req.prompt), req.max_tokens, engine.config.context_window)
+        message = f"max_tokens must be at least 1, got {req.max_tokens}."
+        return vllm_validation_error(message, "max_tokens", req.max_tokens)
+    error = context_error(
+        len(req.prompt), req.max_tokens, engine.config.context_window, n_chars=_prompt_chars(body, endpoint)
+    )
     if error is not None:
         engine.log.record(EventKind.REJECT, f"rejected-{secrets.token_hex(4)}", prompt_tokens=len(req.prompt))
         return error
     return req
+
+
+def _prompt_chars(body: dict[str, Any], endpoint: Endpoint) -> int | None:
+    """Length of the text the server tokenizes itself (rendered chat, text prompt); None for token ids."""
+    if endpoint is Endpoint.CHAT:
+        return len(render_chat(body["messages"], body.get("tools")))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    return len(prompt) if isinstance(prompt, str) else None
 
 
 async def _generate(request: AnyRequest, endpoint: Endpoint) -> Response[Any]:
@@ -208,7 +215,15 @@ async def _generate(request: AnyRequest, endpoint: Endpoint) -> Response[Any]:
     details = engine.config.enable_prompt_tokens_details
     if endpoint is Endpoint.CHAT:
         return json_response(
-            vllm_wire.chat_response(task, req_id, engine.config.model, created, details, req.named_tool)
+            vllm_wire.chat_response(
+                task,
+                req_id,
+                engine.config.model,
+                created,
+                details,
+                req.named_tool,
+                engine.created_cache_tokens(task),
+            )
         )
     return json_response(vllm_wire.completion_response(task, req_id, engine.config.model, created, details))
 
@@ -249,7 +264,17 @@ async def _chat_stream(
             elif update.kind is UpdateKind.DONE:
                 details = engine.config.enable_prompt_tokens_details
                 tail = (
-                    sse(vllm_wire.usage_chunk(task, req_id, model, created, details, chat=True))
+                    sse(
+                        vllm_wire.usage_chunk(
+                            task,
+                            req_id,
+                            model,
+                            created,
+                            details,
+                            chat=True,
+                            created_cache=engine.created_cache_tokens(task),
+                        )
+                    )
                     if req.include_usage
                     else b""
                 )

@@ -79,6 +79,14 @@ class VllmEngine(BatchEngine):
         else:
             self.request_success["abort"] += 1
 
+    def created_cache_tokens(self, task: SimTask) -> int:
+        """Prompt tokens this request newly wrote to the prefix cache (``created_cache_tokens``):
+        its prompt's whole blocks minus the cached ones (vLLM's ``PrefillStats.finalize``)."""
+        if self.cache is None:
+            return 0
+        block = self.cache.block
+        return max(0, len(task.prompt) // block * block - task.cached)
+
     @property
     def kv_cache_usage(self) -> float:
         """Fraction of the KV pool held by running requests (prompt + generated tokens)."""

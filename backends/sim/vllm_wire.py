@@ -22,8 +22,14 @@ def error_body(message: str, kind: str, code: int, param: str | None = None) -> 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def usage(task: SimTask, details: bool, *, drop_none: bool = False) -> dict[str, Any]:
-    """``UsageInfo``; ``prompt_tokens_details`` only with ``--enable-prompt-tokens-details``."""
+def usage(
+    task: SimTask, details: bool, *, drop_none: bool = False, created: int | None = None
+) -> dict[str, Any]:
+    """``UsageInfo``; ``prompt_tokens_details`` only with ``--enable-prompt-tokens-details``.
+
+    ``created`` is ``created_cache_tokens`` (prompt tokens this request newly wrote to the prefix
+    cache): the chat endpoint sets it, the completions endpoint leaves it null.
+    """
     out: dict[str, Any] = {
         "prompt_tokens": len(task.prompt),
         "total_tokens": len(task.prompt) + task.n_emitted,
@@ -34,14 +40,14 @@ def usage(task: SimTask, details: bool, *, drop_none: bool = False) -> dict[str,
     if details:
         ptd: dict[str, Any] = {
             "cached_tokens": task.cached,
-            "created_cache_tokens": None,
+            "created_cache_tokens": created,
             "multimodal_tokens": None,
         }
         out["prompt_tokens_details"] = ptd
     if drop_none:
         out = {k: v for k, v in out.items() if v is not None}
         if details:
-            out["prompt_tokens_details"] = {"cached_tokens": task.cached}
+            out["prompt_tokens_details"] = {k: v for k, v in ptd.items() if v is not None}
     return out
 
 
@@ -76,9 +82,15 @@ def finish_reason(task: SimTask, named_tool: bool) -> str:
 
 
 def chat_response(
-    task: SimTask, req_id: str, model: str, created: int, details: bool, named_tool: bool
+    task: SimTask,
+    req_id: str,
+    model: str,
+    created: int,
+    details: bool,
+    named_tool: bool,
+    created_cache: int | None = None,
 ) -> dict[str, Any]:
-    """Non-streamed ``chat.completion``."""
+    """Non-streamed ``chat.completion`` (``created_cache``: its ``created_cache_tokens``)."""
     choice = {
         "index": 0,
         "message": chat_message(task),
@@ -90,8 +102,9 @@ def chat_response(
     }
     return {
         "id": req_id, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
-        "service_tier": None, "system_fingerprint": FINGERPRINT, "usage": usage(task, details),
-        "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
+        "service_tier": None, "system_fingerprint": FINGERPRINT,
+        "usage": usage(task, details, created=created_cache), "prompt_logprobs": None,
+        "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
         "ec_transfer_params": None, "metrics": None,
     }  # fmt: skip
 
@@ -152,13 +165,21 @@ def token_chunk(
 
 
 def usage_chunk(
-    task: SimTask, req_id: str, model: str, created: int, details: bool, *, chat: bool
+    task: SimTask,
+    req_id: str,
+    model: str,
+    created: int,
+    details: bool,
+    *,
+    chat: bool,
+    created_cache: int | None = None,
 ) -> dict[str, Any]:
     """The ``include_usage`` chunk: ``choices: []``, usage without nulls, fingerprint."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     return {
         "id": req_id, "object": kind, "created": created, "model": model, "choices": [],
-        "usage": usage(task, details, drop_none=True), "system_fingerprint": FINGERPRINT,
+        "usage": usage(task, details, drop_none=True, created=created_cache),
+        "system_fingerprint": FINGERPRINT,
     }  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import pytest
 from backends.errors import parse_error_body
 from backends.parsers import llamacpp, vllm
 from backends.parsers.openai import ServedModel, parse_models, parse_usage
-from backends.parsers.prometheus import parse_samples
+from backends.parsers.prometheus import parse_samples, sum_by_name
 from policies import SlotState, Usage
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -33,10 +33,17 @@ class TestPrometheus:
 
 
 def test_vllm_metrics() -> None:
-    metrics = vllm.parse_metrics(fixture("vllm_metrics.txt"))
-    assert metrics == vllm.VllmMetrics(
-        running=3, waiting=2, kv_cache_usage=0.4125, prefix_cache_queries=2388.0, prefix_cache_hits=1536.0
-    )
+    """Recorded from the real vLLM while one long generation ran: one running, none waiting, some KV
+    in use, and the prefix-cache counters are the summed samples."""
+    text = fixture("vllm_metrics.txt")
+    metrics = vllm.parse_metrics(text)
+    assert (metrics.running, metrics.waiting) == (1, 0)
+    assert metrics.kv_cache_usage is not None
+    assert 0 < metrics.kv_cache_usage < 1
+    totals = sum_by_name(parse_samples(text))
+    assert metrics.prefix_cache_queries == totals["vllm:prefix_cache_queries_total"] > 0
+    assert metrics.prefix_cache_hits == totals["vllm:prefix_cache_hits_total"]
+    assert metrics.prefix_cache_hits <= metrics.prefix_cache_queries
 
 
 def test_vllm_metrics_of_an_idle_server_without_counters() -> None:
@@ -65,9 +72,7 @@ def test_llama_props_rejects_other_json(bad: object) -> None:
 
 
 def test_models_of_both_engines() -> None:
-    assert parse_models(json.loads(fixture("vllm_models.json"))) == (
-        ServedModel("Qwen/Qwen3.8-27B-NVFP4", 94000),
-    )
+    assert parse_models(json.loads(fixture("vllm_models.json"))) == (ServedModel("tiny-qwen3next", 2048),)
     assert parse_models(json.loads(fixture("llama_models.json"))) == (ServedModel("tiny-qwen35", 2048),)
     with pytest.raises(ValueError, match="data"):
         parse_models({"object": "list"})
@@ -176,3 +181,43 @@ def test_llama_recorded_responses_give_usage() -> None:
     stream_usage = parse_usage(last)
     assert stream_usage is not None
     assert stream_usage.completion_tokens == last["timings"]["predicted_n"]
+
+
+def test_vllm_recorded_responses_give_usage() -> None:
+    """The non-streamed body and the stream's usage chunk (``include_usage``) carry cached tokens."""
+    body = json.loads(fixture("vllm_chat.json"))
+    usage = parse_usage(body)
+    assert usage == Usage(
+        body["usage"]["prompt_tokens"],
+        body["usage"]["completion_tokens"],
+        body["usage"]["prompt_tokens_details"]["cached_tokens"],
+    )
+    events = [e for e in fixture("vllm_chat_stream.txt").split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert all(parse_usage(c) is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last["choices"] == []
+    assert parse_usage(last) == Usage(
+        last["usage"]["prompt_tokens"],
+        last["usage"]["completion_tokens"],
+        last["usage"]["prompt_tokens_details"]["cached_tokens"],
+    )
+
+
+def test_vllm_recorded_context_error() -> None:
+    error = parse_error_body("b", 400, fixture("vllm_error_context.json").encode())
+    assert error.error_type == "BadRequestError"
+    assert error.message.startswith("This model's maximum context length is 2048 tokens.")
+
+
+def test_vllm_context_error_is_recognised() -> None:
+    body = (
+        b'{"error":{"message":"This model\'s maximum context length is 2048 tokens.",'
+        b'"type":"BadRequestError","param":"input_tokens","code":400}}'
+    )
+    error = parse_error_body("vllm", 400, body)
+    assert (error.param, error.context_exceeded) == ("input_tokens", True)
+    assert not parse_error_body(
+        "vllm", 400, b'{"error":{"message":"m","param":"max_tokens"}}'
+    ).context_exceeded

@@ -87,5 +87,5 @@ def test_the_documented_custom_profile_loads(tmp_path: Path) -> None:
 
 def test_profile_with_unknown_scorer_names_it(tmp_path: Path) -> None:
     text = 'profile = "p"\n[[profiles]]\nname = "p"\nscorers = { nope = 1.0 }\n' + GOOD
-    with pytest.raises(ConfigError, match="profiles.0: profile 'p': unknown scorer 'nope'"):
+    with pytest.raises(ConfigError, match=r"profiles\.0: profile 'p': unknown scorer 'nope'"):
         load_settings(write(tmp_path, text))

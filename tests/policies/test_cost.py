@@ -49,7 +49,7 @@ class TestReuse:
             features(), LLAMA, llama_snapshot(), session=SESSION, leases=leases, learned=LearnedState()
         )
         assert (result.slot, result.warm) == (0, True)
-        assert result.expected_cached_tokens == round(9000 * 0.97)
+        assert result.expected_cached_tokens == round((9000 - 1) * 0.97)
 
     def test_slot_held_by_another_session_gives_nothing(self) -> None:
         leases = (SlotLease(0, "other", 1.0), SlotLease(1, "third", 2.0))

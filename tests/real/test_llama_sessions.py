@@ -6,6 +6,7 @@ recurrent state or from a context checkpoint taken a few tokens before each prom
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,7 +100,7 @@ def test_eight_turn_session_stays_on_its_slot(pinned: tuple[LlamaServer, ServerT
         conversation.turn(f"Question {turn}: how does turn {turn} differ from the last one?")
     turns = conversation.turns
     assert len({t["_slot"] for t in turns}) == 1
-    for previous, current in zip(turns, turns[1:], strict=False):
+    for previous, current in itertools.pairwise(turns):
         assert current["timings"]["cache_n"] >= previous["usage"]["prompt_tokens"] - CHECKPOINT_SLACK
     assert "warm slot" in turns[-1]["_reason"]
 
@@ -113,7 +114,7 @@ def test_two_interleaved_sessions_keep_their_reuse(pinned: tuple[LlamaServer, Se
         b.turn(f"Beta question {turn}?")
     assert {t["_slot"] for t in a.turns} != {t["_slot"] for t in b.turns}
     for conversation in (a, b):
-        for previous, current in zip(conversation.turns, conversation.turns[1:], strict=False):
+        for previous, current in itertools.pairwise(conversation.turns):
             assert current["timings"]["cache_n"] >= previous["usage"]["prompt_tokens"] - CHECKPOINT_SLACK
     decisions = latest_decisions(gateway, 8)
     reported = [t["timings"]["cache_n"] for pair in zip(a.turns, b.turns, strict=True) for t in pair]

@@ -89,7 +89,7 @@ class TestShapes:
                 "prompt_tokens": n_prompt,
                 "total_tokens": n_prompt + 4,
                 "completion_tokens": 4,
-                "prompt_tokens_details": {"cached_tokens": 0},
+                "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0},  # < one block
             }
 
     def test_stream_stop_without_usage(self) -> None:
@@ -150,7 +150,7 @@ class TestErrors:
             message = (
                 "This model's maximum context length is 64 tokens. However, your prompt contains 100 "
                 "input tokens, which exceeds this limit even without any output tokens. Please reduce the "
-                "length of the input prompt."
+                "length of the input prompt. (parameter=input_tokens, value=100)"
             )
             error = {"message": message, "type": "BadRequestError", "param": "input_tokens", "code": 400}
             assert response.json() == {"error": error}
@@ -167,7 +167,7 @@ class TestErrors:
                 json={"messages": [user("x")], "stream_options": {"include_usage": True}},
             )
             assert opts.status_code == 400
-            assert opts.json()["error"]["type"] == "Bad Request"
+            assert opts.json()["error"]["type"] == "BadRequestError"
             assert opts.json()["error"]["param"] == "stream_options"
             assert "Stream options can only be defined when `stream=True`." in opts.json()["error"]["message"]
             missing = client.post("/v1/chat/completions", json={"model": "sim-model"})

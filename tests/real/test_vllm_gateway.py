@@ -1,0 +1,336 @@
+"""turnout in front of a real vLLM: probes, learned cache stats, length refusal, disconnect, usage relay.
+
+One real server for the module (the tiny hybrid Qwen3-Next, ``max_model_len`` 2048, ``--block-size 32``
+so the attention block is 64 tokens and cached prefixes are whole blocks) and one gateway in a thread
+(profile ``cost``) whose only backend it is. ``max_tokens`` stays small except in the disconnect test,
+which stops reading after two chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from litestar import Litestar
+from structlog.testing import LogCapture
+
+from backends.base import BackendSpec
+from backends.parsers.prometheus import parse_samples, sum_by_name
+from backends.vllm import VllmAdapter
+from gateway.app import create_app
+from gateway.settings import load_settings
+from policies import Deployment, EngineKind, Health
+from policies.learning import DeploymentStats
+from tests.real.vllm_server import VllmServer, VllmServerFactory
+from tests.servers import ServerThread
+
+# The first run prepares the vLLM venv (minutes) inside the first test's timeout.
+pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1200)]
+
+UPSTREAM = "tiny-qwen3next"
+MODEL = "tiny"
+BACKEND = "vllm"
+MAX_MODEL_LEN = 2048
+CONFIGURED_BLOCK_SIZE = 32
+
+
+@dataclass
+class Gateway:
+    server: ServerThread
+    app: Litestar
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def learned(self) -> DeploymentStats:
+        stats: DeploymentStats = self.app.state.relay.router.learned.deployments[f"{BACKEND}/{MODEL}"]
+        return stats
+
+
+def spec(url: str) -> BackendSpec:
+    deployment = Deployment(MODEL, BACKEND, UPSTREAM, context_window=8192)
+    return BackendSpec(BACKEND, EngineKind.VLLM, url, deployments=(deployment,))
+
+
+async def probe(url: str) -> Any:
+    async with httpx.AsyncClient() as client:
+        return await VllmAdapter(spec(url), client).probe()
+
+
+def metrics(server: VllmServer) -> dict[str, float]:
+    return sum_by_name(parse_samples(httpx.get(server.base_url + "/metrics", timeout=30).text))
+
+
+@pytest.fixture(scope="module")
+def real(vllm_server_module: VllmServerFactory) -> VllmServer:
+    return vllm_server_module(
+        served_model_name=UPSTREAM,
+        max_model_len=MAX_MODEL_LEN,
+        extra_args=["--block-size", str(CONFIGURED_BLOCK_SIZE)],
+    )
+
+
+@pytest.fixture(scope="module")
+def block(real: VllmServer) -> int:
+    size = real.attention_block_size()
+    assert size is not None, real.log_tail()
+    assert size >= CONFIGURED_BLOCK_SIZE
+    return size
+
+
+@pytest.fixture(scope="module")
+def gateway(real: VllmServer) -> Iterator[Gateway]:
+    settings = load_settings(
+        None,
+        profile="cost",
+        backends=[{"id": BACKEND, "kind": "vllm", "url": real.base_url, "probe_interval_s": 0.2}],
+        models=[
+            {
+                "name": MODEL,
+                "architecture": "hybrid",
+                "deployments": [{"backend": BACKEND, "upstream_name": UPSTREAM}],
+            }
+        ],
+    )
+    app = create_app(settings)
+    server = ServerThread(app).start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the first probe sets the context window from /v1/models
+            snapshots = app.state.relay.fleet.snapshots()
+            if snapshots and snapshots[0].health is Health.READY:
+                break
+            time.sleep(0.05)
+        yield Gateway(server, app)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    capture = LogCapture()
+    previous = structlog.get_config()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
+    try:
+        yield capture.entries
+    finally:
+        structlog.configure(**previous)
+
+
+def completed(logs: list[MutableMapping[str, Any]], count: int) -> list[MutableMapping[str, Any]]:
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        lines = [e for e in logs if e["event"] == "request.completed"]
+        if len(lines) >= count:
+            return lines
+        time.sleep(0.01)
+    return [e for e in logs if e["event"] == "request.completed"]
+
+
+def data_events(raw: bytes) -> list[str]:
+    return [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+
+
+def test_probe_reads_the_real_server(real: VllmServer) -> None:
+    """Health, served name, ``max_model_len`` as the context window, and the /metrics gauges, idle
+    and with a request running."""
+    idle = asyncio.run(probe(real.base_url))
+    assert idle.health is Health.READY
+    assert idle.served_names == (UPSTREAM,)
+    assert idle.deployments[0].context_window == MAX_MODEL_LEN  # not the configured 8192
+    assert (idle.running, idle.queued) == (0, 0)
+    assert idle.kv_usage == 0.0
+    assert idle.prefix_cache_queries is not None
+    assert idle.prefix_cache_hits is not None
+
+    body = {
+        "model": UPSTREAM,
+        "messages": [{"role": "user", "content": "go on and on " * 20}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with (
+        httpx.Client(base_url=real.base_url, timeout=120) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: ") and '"content":"' in line)
+        busy = asyncio.run(probe(real.base_url))
+    assert (busy.running, busy.queued) == (1, 0)
+    assert busy.kv_usage is not None
+    assert busy.kv_usage > 0
+    assert busy.prefix_cache_queries is not None
+    assert busy.prefix_cache_queries > idle.prefix_cache_queries
+    deadline = time.monotonic() + 5
+    while metrics(real)["vllm:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_learned_cache_stats_follow_the_engine(gateway: Gateway, real: VllmServer, block: int) -> None:
+    """A 6-turn conversation: the learned block is whole engine blocks, and from turn 3 the cost
+    model's expected cached tokens are within one block of what vLLM then reported."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant that routes requests. " * 3}
+    ]
+    series: list[tuple[str, int, int]] = []  # (request id, prompt_tokens, cached_tokens) per turn
+    with httpx.Client(base_url=gateway.url, timeout=120, headers={"x-session-id": "real-vllm-6"}) as client:
+        for turn in range(6):
+            text = f"Turn {turn}: tell me about the gateway, its backends and their cache state. " * 4
+            messages.append({"role": "user", "content": text})
+            body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
+            response = client.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+            answer = response.json()
+            usage = answer["usage"]
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            series.append((response.headers["x-request-id"], usage["prompt_tokens"], cached))
+            messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        entries = {e["request_id"]: e for e in client.get("/admin/api/decisions").json()["data"]}
+
+    rows = []
+    for request_id, prompt, cached in series:
+        entry = entries[request_id]
+        candidate = next(c for c in entry["candidates"] if c["backend"] == BACKEND)
+        assert entry["outcome"]["cached_tokens"] == cached
+        rows.append((prompt, cached, candidate["expected_cached_tokens"]))
+    stats = gateway.learned()
+    print(f"\nblock {block}; learned block {stats.block}, reuse {stats.reuse.value:.3f}")
+    print("turn prompt cached expected")
+    for turn, (prompt, cached, expected) in enumerate(rows, 1):
+        print(f"{turn:4d} {prompt:6d} {cached:6d} {expected:8d}")
+    assert rows[0][1] == 0
+    assert all(cached % block == 0 for _, cached, _ in rows), rows
+    assert stats.block > 0
+    assert stats.block % block == 0, (stats.block, rows)
+    misses = [
+        (turn, expected, cached)
+        for turn, (_, cached, expected) in enumerate(rows, 1)
+        if turn >= 3 and abs(expected - cached) > block
+    ]
+    assert all(cached >= 2 * block for _, cached, _ in rows[2:]), rows
+    assert [turn for turn, _, _ in misses] in ([], [3]), misses
+    if misses:
+        # Known gap of the cost model (policies/cost.py, policies/learning.py): after one hit the
+        # learned block is that hit's size (the gcd of one sample, here 2 engine blocks), and the
+        # prediction floors ``sent * reuse`` to it, so turn 3 under-predicts by two engine blocks.
+        # From turn 4 the gcd has come down to the engine's block and the prediction is within one.
+        pytest.xfail(f"turn 3 expected {misses[0][1]}, engine cached {misses[0][2]} (block {block})")
+
+
+def test_too_long_prompt_is_refused_before_sending(gateway: Gateway, real: VllmServer) -> None:
+    """turnout answers 400 ``context_length_exceeded`` naming 2048 without reaching vLLM, which
+    would have refused the same body with its own 400 for the same reason."""
+    # ~3000+ tokens in 21000 characters: under vLLM's character cap (13 characters per token for this
+    # tokenizer), so its own refusal is the token-count one.
+    messages = [{"role": "user", "content": "router " * 3000}]
+    before = metrics(real)
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages}, timeout=60
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert str(MAX_MODEL_LEN) in error["message"]
+    after = metrics(real)
+    for name in ("vllm:prompt_tokens_total", "vllm:request_success_total", "vllm:num_requests_running"):
+        assert after[name] == before[name], name
+
+    own = httpx.post(
+        real.base_url + "/v1/chat/completions", json={"model": UPSTREAM, "messages": messages}, timeout=60
+    )
+    assert own.status_code == 400
+    own_error = own.json()["error"]
+    assert (own_error["type"], own_error["param"]) == ("BadRequestError", "input_tokens")
+    assert own_error["message"].startswith(
+        f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your prompt contains "
+        f"at least {MAX_MODEL_LEN + 1} input tokens"
+    )
+
+
+def test_client_disconnect_aborts_the_request(gateway: Gateway, real: VllmServer) -> None:
+    max_tokens = 1500
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    before = metrics(real)
+    with httpx.Client(base_url=gateway.url, timeout=120) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            chunks = response.iter_raw()
+            next(chunks)
+            next(chunks)
+            assert metrics(real)["vllm:num_requests_running"] == 1
+        closed = time.monotonic()
+    running = 1.0
+    while time.monotonic() - closed < 2:
+        running = metrics(real)["vllm:num_requests_running"]
+        if running == 0:
+            break
+        time.sleep(0.05)
+    assert running == 0
+    after = metrics(real)
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    print(f"\naborted after {generated:.0f} of {max_tokens} tokens")
+    assert generated < max_tokens / 5
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_stream_usage_is_relayed_as_asked(
+    gateway: Gateway, logs: list[MutableMapping[str, Any]], include_usage: bool
+) -> None:
+    """turnout always asks vLLM for the usage chunk; the client sees it only if it asked, and the
+    request.completed line carries the usage either way."""
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count to five."}],
+        "max_tokens": 5,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    with (
+        httpx.Client(base_url=gateway.url, timeout=120) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        raw = response.read()
+    payloads = data_events(raw)
+    assert payloads[-1] == "[DONE]"
+    events = [json.loads(p) for p in payloads[:-1]]
+    with_usage = [e for e in events if e.get("usage")]
+    if include_usage:
+        assert with_usage == [events[-1]]
+        assert events[-1]["choices"] == []
+        assert events[-1]["usage"]["completion_tokens"] == 5
+    else:
+        assert with_usage == []
+        assert all(e["choices"] for e in events)
+    assert all(e["model"] == MODEL for e in events)
+    line = completed(logs, 1)[-1]
+    assert line["stream"] is True
+    assert line["status"] == 200
+    assert line["completion_tokens"] == 5
+    assert line["prompt_tokens"] > 0
+    assert line["cached_tokens"] is not None
+
+
+def test_running_gauge_is_back_to_zero(real: VllmServer) -> None:
+    """Nothing this module started is left running on the engine."""
+    deadline = time.monotonic() + 5
+    while metrics(real)["vllm:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metrics(real)["vllm:num_requests_running"] == 0
