@@ -82,3 +82,39 @@ def test_queued_llama_request_is_cancelled_before_it_starts(slow: Stack) -> None
         cancel = wait_for_event(slow, "llama", "cancel", before, timeout=1.0)
     assert cancel is not None
     assert cancel.completion_tokens == 0
+
+
+@pytest.fixture(scope="module")
+def crawl() -> Iterator[Stack]:
+    """Engines at a third of real speed: even a short natural answer still runs when the client leaves."""
+    running = start_stack(
+        vllm=SimConfig(kind="vllm", model="up-vllm", time_scale=3.0),
+        llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=3.0, slots=1),
+    )
+    try:
+        yield running
+    finally:
+        stop_stack(running)
+
+
+@pytest.mark.parametrize(("model", "backend"), [("m-vllm", "vllm"), ("m-llama", "llama")])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"max_tokens": 400, "messages": MSG}),
+        ("/v1/responses", {"max_output_tokens": 400, "input": "Tell me a very long story."}),
+    ],
+)
+def test_agent_api_disconnect_cancels(
+    crawl: Stack, model: str, backend: str, path: str, body: dict[str, Any]
+) -> None:
+    before = len(crawl.events(backend))
+    with httpx.Client(base_url=crawl.url, timeout=30) as client:
+        with client.stream("POST", path, json={**body, "model": model, "stream": True}) as response:
+            assert response.status_code == 200
+            chunks = response.iter_raw()
+            next(chunks)
+        closed_at = time.monotonic()
+    cancel = wait_for_event(crawl, backend, "cancel", before, timeout=1.0)
+    assert cancel is not None, f"{backend} saw no cancel on {path}: {crawl.events(backend)[before:]}"
+    assert cancel.at - closed_at < 1.0
