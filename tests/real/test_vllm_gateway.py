@@ -271,8 +271,7 @@ def test_client_disconnect_aborts_the_request(gateway: Gateway, real: VllmServer
             assert response.status_code == 200
             chunks = response.iter_raw()
             next(chunks)
-            next(chunks)
-            assert metrics(real)["vllm:num_requests_running"] == 1
+            next(chunks)  # the request is generating (vLLM's gauges may trail it by a few steps)
         closed = time.monotonic()
     running = 1.0
     while time.monotonic() - closed < 2:
@@ -284,7 +283,7 @@ def test_client_disconnect_aborts_the_request(gateway: Gateway, real: VllmServer
     after = metrics(real)
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     print(f"\naborted after {generated:.0f} of {max_tokens} tokens")
-    assert generated < max_tokens / 5
+    assert 0 < generated < max_tokens / 5
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
@@ -334,3 +333,35 @@ def test_running_gauge_is_back_to_zero(real: VllmServer) -> None:
     while metrics(real)["vllm:num_requests_running"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metrics(real)["vllm:num_requests_running"] == 0
+
+
+def test_anthropic_messages_relay_from_real_vllm(gateway: Gateway) -> None:
+    """The official anthropic SDK through turnout to vLLM's own /v1/messages, plain and streamed."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0, timeout=120)
+    asked = [{"role": "user", "content": "Say something about routers."}]
+    message = claude.messages.create(model=MODEL, max_tokens=6, messages=asked)  # type: ignore[arg-type]
+    assert message.model == MODEL
+    assert message.usage.output_tokens <= 6
+    with claude.messages.stream(model=MODEL, max_tokens=6, messages=asked) as stream:  # type: ignore[arg-type]
+        list(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.model == MODEL
+    assert final.usage.output_tokens > 0
+    counted = claude.messages.count_tokens(model=MODEL, messages=asked)  # type: ignore[arg-type]
+    assert counted.input_tokens == message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+
+
+def test_openai_responses_relay_from_real_vllm(gateway: Gateway) -> None:
+    """The official openai SDK's Responses API through turnout to vLLM's /v1/responses."""
+    import openai
+
+    codex = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    response = codex.responses.create(model=MODEL, input="Say something about routers.", max_output_tokens=6)
+    assert response.model == MODEL
+    assert response.usage is not None
+    assert response.usage.output_tokens <= 6
+    events = list(codex.responses.create(model=MODEL, input="Say hi.", max_output_tokens=6, stream=True))
+    assert events[0].type == "response.created"
+    assert events[-1].type in ("response.completed", "response.incomplete")
