@@ -24,15 +24,15 @@ test: $(STAMP) llama-server vllm-env  ## install what the tests need (real llama
 check: lint typecheck  ## ruff + mypy --strict
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway backends policies tests
-	$(BIN)/ruff format --check gateway backends policies tests
+	$(BIN)/ruff check gateway backends policies tests bench
+	$(BIN)/ruff format --check gateway backends policies tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 fmt: $(STAMP)  ## apply ruff's fixes and formatting
-	$(BIN)/ruff check --fix gateway backends policies tests
-	$(BIN)/ruff format gateway backends policies tests
+	$(BIN)/ruff check --fix gateway backends policies tests bench
+	$(BIN)/ruff format gateway backends policies tests bench
 
 llama-server: $(STAMP)  ## build (or reuse) the real llama-server used by the real-engine tests
 	$(BIN)/python tests/real/build_llama_server.py --if-possible

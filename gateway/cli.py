@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway.replay.commands import add_replay_parser, add_trace_parser
 from gateway.settings import ConfigError, Settings, load_settings
 
 
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.add_argument("--no-probe", action="store_true", help="validate only; do not contact the backends")
     check.set_defaults(func=cmd_config_check)
+
+    add_trace_parser(commands)
+    add_replay_parser(commands)
     return parser
 
 

@@ -1,0 +1,244 @@
+"""The routing benchmark: four workloads x five profiles + the hindsight oracle, on the simulators.
+
+    .venv/bin/python bench/routing.py [--quick] [--out docs/benchmarks.md] [--json results.json]
+
+Workloads (all deterministic, seed 0; every scaling is printed next to the numbers):
+
+* ``agent``: 2 agents (= the llama.cpp slots), 30 turns each, 4k -> 60k tokens; time scale 0.1.
+* ``chat``: 100 independent requests over 60 s; time scale 0.05.
+* ``mixed``: 2 agents x 16 turns (4k -> 60k) + 80 chat requests over 60 s; time scale 0.05.
+* ``mooncake``: the first 300 requests of the Mooncake conversation trace (~102 s), token lengths x 0.1
+  (blocks of 51 tokens); time scale 0.05.
+
+The stack per run: a vLLM simulator (hybrid, no prefix caching, 94k window) and a llama.cpp simulator
+(hybrid, 2 slots of 64k), DOMAIN.md rates, behind a fresh gateway (or the oracle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.logging import configure_logging
+from gateway.replay.generate import agent_trace, chat_trace, mixed_trace
+from gateway.replay.report import report, table
+from gateway.replay.runner import ReplayOptions, run_replay
+from gateway.replay.stack import StackOptions
+from gateway.replay.traces import TraceRequest, block_tokens, read_trace, scale_tokens, with_model
+
+REPO = Path(__file__).resolve().parents[1]
+MOONCAKE = REPO.parent / "shared" / "traces" / "mooncake-conversation.jsonl"
+PROFILES = ("cost", "least-loaded", "prefer-vllm", "prefer-llamacpp", "round-robin")
+MODEL = "replay"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    scaling: str
+    time_scale: float
+    make: Callable[[bool], list[TraceRequest]]
+    token_scale: float = 1.0
+
+
+def _mooncake(quick: bool) -> list[TraceRequest]:
+    requests = read_trace(MOONCAKE, "mooncake", model=MODEL, limit=100 if quick else 300)
+    return scale_tokens(requests, 0.1)
+
+
+WORKLOADS = (
+    Workload(
+        "agent",
+        "2 agents x 30 turns, 4k -> 60k tokens, answers 64-256 tokens; time scale 0.1",
+        0.1,
+        lambda quick: agent_trace(agents=2, turns=10 if quick else 30, seed=0, model=MODEL),
+    ),
+    Workload(
+        "chat",
+        "100 independent requests over 60 s, prompts 2.1k-5.1k tokens, answers 32-320; time scale 0.05",
+        0.05,
+        lambda quick: chat_trace(requests=40 if quick else 100, duration=60.0, seed=0, model=MODEL),
+    ),
+    Workload(
+        "mixed",
+        "2 agents x 16 turns (4k -> 60k) + 80 chat requests over 60 s; time scale 0.05",
+        0.05,
+        lambda quick: mixed_trace(
+            agents=2, turns=6 if quick else 16, requests=30 if quick else 80, seed=0, model=MODEL
+        ),
+    ),
+    Workload(
+        "mooncake",
+        "first 300 requests of mooncake-conversation.jsonl (~102 s), token lengths x 0.1; time scale 0.05",
+        0.05,
+        _mooncake,
+        token_scale=0.1,
+    ),
+)
+
+
+def run(workload: Workload, quick: bool) -> dict[str, Any]:
+    requests = with_model(workload.make(quick), MODEL)
+    stack = StackOptions(model=MODEL, time_scale=workload.time_scale)
+    options = ReplayOptions(
+        time_scale=workload.time_scale, block_tokens=block_tokens(workload.token_scale), wall_cap_s=300
+    )
+    started = time.monotonic()
+    runs = run_replay(
+        requests,
+        PROFILES,
+        stack,
+        options,
+        on_done=lambda name, _: print(f"  {workload.name}/{name} done", file=sys.stderr),
+    )
+    meta = {
+        "workload": workload.name,
+        "scaling": workload.scaling,
+        "requests": len(requests),
+        "time_scale": workload.time_scale,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    return report(runs, meta)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "n/a"
+
+
+def targets(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The issue's targets, each with the measured value and PASS/MISS."""
+    lines: list[str] = []
+    agent = results.get("agent", {}).get("profiles", {})
+    if agent:
+        cost, oracle, vllm = agent["cost"], agent["oracle"], agent["prefer-vllm"]
+        vs_oracle = cost["ttft_mean_s"] / oracle["ttft_mean_s"]
+        long_c, long_v = cost["ttft_mean_long_s"], vllm["ttft_mean_long_s"]
+        speedup = long_v / long_c if long_c and long_v else 0.0
+        lines.append(
+            f"- agent: cost mean TTFT / oracle = {vs_oracle:.2f}x (target <= 1.05x): "
+            f"{'PASS' if vs_oracle <= 1.05 else 'MISS'}"
+        )
+        lines.append(
+            f"- agent, prompts >= 30k: prefer-vllm / cost mean TTFT = {speedup:.1f}x (target >= 10x): "
+            f"{'PASS' if speedup >= 10 else 'MISS'}"
+        )
+    for name in ("chat", "mixed"):
+        profiles = results.get(name, {}).get("profiles", {})
+        if not profiles:
+            continue
+        best = max(profiles[p]["throughput_tok_s"] or 0.0 for p in ("prefer-vllm", "prefer-llamacpp"))
+        got = profiles["cost"]["throughput_tok_s"] or 0.0
+        ok = got >= 0.95 * best
+        lines.append(
+            f"- {name}: cost throughput / best single-engine = {_ratio(got, best)} (target >= 0.95x): "
+            f"{'PASS' if ok else 'MISS'}"
+        )
+    return lines
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+NOTES = """\
+## Notes on the misses (read before quoting a number)
+
+- **Gateway overhead does not compress.** A 30-60k-token request costs the gateway ~50-140 ms of wall
+  time (JSON, feature extraction, and the exact token count it asks the engine for near a context
+  window), plus the simulator's own tokenizer; divided by the time scale (0.1 for the agent workload)
+  that is 0.5-1.4 simulated seconds added to every gateway TTFT, but not to the oracle's, which sends
+  straight to the engine. On the agent workload `cost` puts every turn on a warm llama.cpp slot, as
+  the oracle does (same cache-hit ratio); the TTFT gap to the oracle is this overhead.
+- **The 10x target needs small turns.** A warm hybrid slot still re-prefills the turn's growth plus the
+  516 tokens after its last checkpoint. With 30 turns from 4k to 60k (~1.9k tokens of growth per turn)
+  that alone is ~0.8 s at 3000 tok/s, against ~8-9 s for vLLM re-prefilling 30-60k: ~10x at best,
+  before any overhead. Agents that add less per turn get closer; larger time scales shrink the overhead.
+- **Stale snapshots under bursts.** The gateway learns an engine's load only from probes (every 0.1 wall
+  s here, 2 s simulated at time scale 0.05; the default is 2 s real), and does not count the requests
+  it has itself sent since. On session-less bursts (Mooncake, chat) `cost` and `least-loaded` send
+  many requests to the 2-slot llama.cpp at once, where they queue; `prefer-vllm` wins there. Counting
+  in-flight requests per backend between probes would fix it (not part of this change).
+- **The gateway path itself is slow under concurrent load.** On Mooncake, `prefer-vllm` (every request
+  to vLLM through the gateway) had a mean TTFT of 32 s while the oracle, sending 65% of the same
+  requests straight to the same vLLM simulator, had 0.9 s; an earlier run of the same benchmark gave
+  `prefer-vllm` 5.1 s. Everything (client, gateway, simulators) shares one Python process and 2 busy
+  cores, so per-request gateway CPU turns into queueing that the time scale magnifies 20x. Numbers
+  vary by run with machine load; compare profiles within one table, not across runs.
+- **Learning conflates queueing with prefill speed.** vLLM's prefill rate is learned from TTFT, which
+  includes queue wait; under load vLLM looks slow, `cost` shifts session-less requests to the 2-slot
+  llama.cpp, which then queues (the chat miss).
+- **The oracle is greedy.** It knows the true state and each session's future turns but plans one
+  request at a time; on bursty session-less traffic a profile can beat it.
+"""
+
+
+def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
+    out = [
+        "# Routing benchmark",
+        "",
+        f"Generated by `bench/routing.py{' --quick' if quick else ''}` on {dt.date.today().isoformat()}, "
+        f"{machine()} (shared with other jobs). Seconds are **simulated** seconds (wall time divided by the "
+        "time scale). See `docs/replay.md` for the method and the oracle.",
+        "",
+        "Stack per run: vLLM simulator (hybrid, no prefix caching, 94k window), llama.cpp simulator "
+        "(hybrid, 2 slots x 64k), DOMAIN.md rates (vLLM 6600/64 tok/s, llama.cpp 3000/109 tok/s prefill/"
+        "decode), a fresh gateway per profile, probes every 0.1 wall s.",
+        "",
+    ]
+    for name, result in results.items():
+        meta = result["meta"]
+        out += [
+            f"## {name}",
+            "",
+            f"Scaling: {meta['scaling']}. {meta['requests']} requests; wall {meta['wall_s']} s for all runs.",
+            "",
+            table(result["profiles"]),
+            "",
+        ]
+    out += ["## Targets (issue #5)", "", *targets(results), "", NOTES]
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
+    parser.add_argument("--only", action="append", choices=[w.name for w in WORKLOADS], default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--from-json", type=Path, default=None, help="re-render a saved --json; no runs")
+    args = parser.parse_args(argv)
+    configure_logging("json", "warning")
+    results: dict[str, dict[str, Any]] = {}
+    if args.from_json is not None:
+        results = json.loads(args.from_json.read_text(encoding="utf-8"))
+    for workload in WORKLOADS if args.from_json is None else ():
+        if args.only and workload.name not in args.only:
+            continue
+        if workload.name == "mooncake" and not MOONCAKE.exists():
+            print(f"skipping mooncake: {MOONCAKE} not found", file=sys.stderr)
+            continue
+        print(f"{workload.name}: {workload.scaling}", file=sys.stderr)
+        results[workload.name] = run(workload, args.quick)
+        print(table(results[workload.name]["profiles"]))
+    text = markdown(results, args.quick)
+    print("\n".join(targets(results)))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""``turnout trace agent|chat|mixed`` and ``turnout replay TRACE``: argument parsers and commands.
+
+Heavy modules (servers, the gateway) are imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PROFILES = ("cost",)
+
+
+def add_trace_parser(commands: Any) -> None:
+    """``turnout trace KIND [--seed N] [--agents N] [--turns N] [--requests N] [--duration S] [--out F]``."""
+    trace = commands.add_parser("trace", help="generate a synthetic request trace (turnout JSONL)")
+    trace.add_argument("kind", choices=["agent", "chat", "mixed"])
+    trace.add_argument("--seed", type=int, default=0)
+    trace.add_argument("--model", default="replay", help="model name written into every request")
+    trace.add_argument("--agents", type=int, default=None, help="agent sessions (agent: 4, mixed: 2)")
+    trace.add_argument("--turns", type=int, default=None, help="turns per agent (agent: 24, mixed: 16)")
+    trace.add_argument("--requests", type=int, default=None, help="chat requests (chat: 200, mixed: 150)")
+    trace.add_argument("--duration", type=float, default=60.0, help="seconds the chat requests span")
+    trace.add_argument("--max-context", type=int, default=60000, help="tokens an agent conversation grows to")
+    trace.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
+    trace.set_defaults(func=cmd_trace)
+
+
+def add_replay_parser(commands: Any) -> None:
+    """``turnout replay TRACE --profile P [--profile P2 ...] [options]``."""
+    replay = commands.add_parser(
+        "replay", help="replay a trace through the gateway over simulated engines, per profile + oracle"
+    )
+    replay.add_argument("trace", type=Path)
+    replay.add_argument("--format", choices=["turnout", "mooncake"], default="turnout")
+    replay.add_argument("--model", default=None, help="served model name (default: the trace's first)")
+    replay.add_argument("--time-scale", type=float, default=0.05, help="wall seconds per simulated second")
+    replay.add_argument(
+        "--profile", action="append", default=None, help="routing profile (repeatable; default: cost)"
+    )
+    replay.add_argument("--no-oracle", action="store_true", help="skip the hindsight oracle run")
+    replay.add_argument("--json", type=Path, default=None, help="write the JSON report here")
+    replay.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    replay.add_argument("--scale-tokens", type=float, default=1.0, help="multiply token lengths by F")
+    replay.add_argument("--wall-cap", type=float, default=600.0, help="wall seconds per profile, at most")
+    replay.set_defaults(func=cmd_replay)
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Generate the trace and write it as JSONL."""
+    from gateway.replay.generate import agent_trace, chat_trace, mixed_trace
+    from gateway.replay.traces import write_trace
+
+    if args.kind == "agent":
+        requests = agent_trace(
+            agents=args.agents or 4,
+            turns=args.turns or 24,
+            seed=args.seed,
+            model=args.model,
+            max_context=args.max_context,
+        )
+    elif args.kind == "chat":
+        requests = chat_trace(
+            requests=args.requests or 200, duration=args.duration, seed=args.seed, model=args.model
+        )
+    else:
+        requests = mixed_trace(
+            agents=args.agents or 2,
+            turns=args.turns or 16,
+            requests=args.requests or 150,
+            duration=args.duration,
+            seed=args.seed,
+            model=args.model,
+            max_context=args.max_context,
+        )
+    if args.out is None:
+        write_trace(requests, sys.stdout)
+    else:
+        with args.out.open("w", encoding="utf-8") as handle:
+            write_trace(requests, handle)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay the trace per profile (+ oracle), print the table, write the JSON report."""
+    from gateway.logging import configure_logging
+    from gateway.replay.report import report, table
+    from gateway.replay.runner import ReplayOptions, run_replay
+    from gateway.replay.stack import StackOptions
+    from gateway.replay.traces import TraceError, block_tokens, read_trace, scale_tokens, with_model
+    from policies import BUILTIN_PROFILES
+
+    profiles = args.profile or list(DEFAULT_PROFILES)
+    unknown = [p for p in profiles if p not in BUILTIN_PROFILES]
+    if unknown:
+        print(
+            f"turnout replay: unknown profile {unknown[0]!r}; known: {', '.join(BUILTIN_PROFILES)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        requests = read_trace(args.trace, args.format, limit=args.limit)
+    except (OSError, TraceError) as exc:
+        print(f"turnout replay: {args.trace}: {exc}", file=sys.stderr)
+        return 2
+    if not requests:
+        print("turnout replay: the trace is empty", file=sys.stderr)
+        return 2
+    model = args.model or requests[0].model
+    requests = with_model(scale_tokens(requests, args.scale_tokens), model)
+    configure_logging("json", "warning")
+    stack = StackOptions(model=model, time_scale=args.time_scale)
+    options = ReplayOptions(
+        time_scale=args.time_scale, block_tokens=block_tokens(args.scale_tokens), wall_cap_s=args.wall_cap
+    )
+    runs = run_replay(
+        requests,
+        profiles,
+        stack,
+        options,
+        oracle=not args.no_oracle,
+        on_done=lambda name, _: print(f"turnout replay: {name} done", file=sys.stderr),
+    )
+    meta = {
+        "trace": str(args.trace),
+        "format": args.format,
+        "requests": len(requests),
+        "time_scale": args.time_scale,
+        "scale_tokens": args.scale_tokens,
+    }
+    result = report(runs, meta)
+    print(table(result["profiles"]))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0

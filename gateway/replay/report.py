@@ -1,0 +1,118 @@
+"""Summaries of replay results: one row of numbers per profile (and the oracle), a table, JSON.
+
+Per profile, over the requests that completed (``requests``; failed or unfinished ones are ``errors``),
+in simulated seconds:
+
+* ``ttft_mean_s``, ``ttft_p50_s``, ``ttft_p90_s``: time to first token from when the request was sent
+  (percentiles by the nearest-rank rule: the ``ceil(q * n)``-th smallest);
+* ``ttft_mean_long_s``: mean TTFT of the requests whose prompt has at least ``LONG_PROMPT_TOKENS``
+  tokens (null when there are none);
+* ``completion_mean_s``: mean time from sending to the last token;
+* ``throughput_tok_s``: generated tokens / (last completion - first arrival);
+* ``cache_hit_ratio``: sum of cached prompt tokens / sum of prompt tokens;
+* ``backend_share``: backend -> fraction of the completed requests it served.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gateway.replay.runner import Result
+
+LONG_PROMPT_TOKENS = 30_000
+REPORT_KEYS = (
+    "requests",
+    "errors",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_mean_long_s",
+    "completion_mean_s",
+    "throughput_tok_s",
+    "cache_hit_ratio",
+    "backend_share",
+)
+"""The keys of every profile's entry, in order (the JSON report and the table use them)."""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile: the ``ceil(q * n)``-th smallest value (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = min(max(math.ceil(q * len(ordered)), 1), len(ordered))
+    return ordered[rank - 1]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def summarize(results: Sequence[Result]) -> dict[str, Any]:
+    """The report entry of one profile (keys: :data:`REPORT_KEYS`, formulas: module docstring)."""
+    done = [r for r in results if r.ok]
+    ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
+    long = [r.ttft_s for r in done if r.ttft_s is not None and r.prompt_tokens >= LONG_PROMPT_TOKENS]
+    prompt = sum(r.prompt_tokens for r in done)
+    span = (max(r.end_s for r in done) - min(r.arrival_s for r in done)) if done else 0.0
+    backends = Counter(r.backend or "?" for r in done)
+    return {
+        "requests": len(done),
+        "errors": len(results) - len(done),
+        "ttft_mean_s": _round(_mean(ttfts)),
+        "ttft_p50_s": _round(percentile(ttfts, 0.5)),
+        "ttft_p90_s": _round(percentile(ttfts, 0.9)),
+        "ttft_mean_long_s": _round(_mean(long)),
+        "completion_mean_s": _round(_mean([r.completion_s for r in done])),
+        "throughput_tok_s": _round(sum(r.completion_tokens for r in done) / span if span > 0 else None, 2),
+        "cache_hit_ratio": _round(sum(r.cached_tokens for r in done) / prompt if prompt else None),
+        "backend_share": {b: round(n / len(done), 4) for b, n in sorted(backends.items())},
+    }
+
+
+def report(runs: Mapping[str, Sequence[Result]], meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON report: ``{"meta": {...}, "profiles": {name: summary}}`` (the oracle is ``oracle``)."""
+    return {"meta": dict(meta or {}), "profiles": {name: summarize(rs) for name, rs in runs.items()}}
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return " ".join(f"{k}:{v:.0%}" for k, v in value.items()) or "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+TABLE_COLUMNS = (
+    ("profile", None),
+    ("n", "requests"),
+    ("err", "errors"),
+    ("ttft mean", "ttft_mean_s"),
+    ("p50", "ttft_p50_s"),
+    ("p90", "ttft_p90_s"),
+    ("ttft>=30k", "ttft_mean_long_s"),
+    ("completion", "completion_mean_s"),
+    ("tok/s", "throughput_tok_s"),
+    ("cache hit", "cache_hit_ratio"),
+    ("backends", "backend_share"),
+)
+
+
+def table(profiles: Mapping[str, Mapping[str, Any]]) -> str:
+    """A Markdown table of the summaries (seconds are simulated)."""
+    header = "| " + " | ".join(name for name, _ in TABLE_COLUMNS) + " |"
+    rule = "|" + "|".join(" --- " for _ in TABLE_COLUMNS) + "|"
+    rows = [
+        "| " + " | ".join(name if key is None else _cell(summary.get(key)) for _, key in TABLE_COLUMNS) + " |"
+        for name, summary in profiles.items()
+    ]
+    return "\n".join([header, rule, *rows])

@@ -1,0 +1,210 @@
+"""The replay stack: a simulated vLLM, a simulated llama.cpp and (optionally) a gateway, each a real
+uvicorn server on 127.0.0.1 in its own thread.
+
+Time compression: every simulated duration runs ``time_scale`` times faster. The simulators report
+llama.cpp ``timings`` in simulated milliseconds, while the gateway measures TTFT and durations on the
+wall clock; seen together, llama.cpp would look ``1 / time_scale`` times slower than vLLM to the
+gateway's learning. :class:`TimeWarp` therefore multiplies the ``timings`` milliseconds of llama.cpp's
+streamed events by ``time_scale`` on their way out, so everything the gateway sees is in wall time.
+(The gateway clamps learned rates to 50x their priors: keep ``time_scale`` >= 0.025.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from backends.sim import SimConfig, create_sim_app
+from gateway.app import create_app
+from gateway.settings import load_settings
+from policies import Architecture
+
+TIMING_MS_FIELDS = ("prompt_ms", "predicted_ms")
+TIMING_RATE_FIELDS = ("prompt_per_second", "predicted_per_second")
+TIMING_PER_TOKEN_FIELDS = ("prompt_per_token_ms", "predicted_per_token_ms")
+
+
+class ServerThread:
+    """A uvicorn server for one ASGI app in a daemon thread, on a free loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", loop="asyncio", timeout_graceful_shutdown=2
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name=f"replay-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._sock]))
+
+    def start(self, timeout: float = 15.0) -> ServerThread:
+        """Start serving; raises ``RuntimeError`` when the server is not up within ``timeout``."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Ask the server to exit and wait for its thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+
+def warp_timings(event: bytes, scale: float) -> bytes:
+    """One SSE ``data:`` line with its ``timings`` milliseconds times ``scale`` (rates divided)."""
+    if not event.startswith(b"data: {") or b'"timings"' not in event:
+        return event
+    obj = json.loads(event[6:])
+    timings = obj.get("timings")
+    if not isinstance(timings, dict):
+        return event
+    for name in (*TIMING_MS_FIELDS, *TIMING_PER_TOKEN_FIELDS):
+        if isinstance(timings.get(name), int | float):
+            timings[name] = timings[name] * scale
+    for name in TIMING_RATE_FIELDS:
+        if isinstance(timings.get(name), int | float) and scale > 0:
+            timings[name] = timings[name] / scale
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+
+
+class TimeWarp:
+    """ASGI wrapper of the llama.cpp simulator: ``timings`` of streamed events in wall milliseconds."""
+
+    def __init__(self, app: Any, scale: float) -> None:
+        self.app = app
+        self.scale = scale
+
+    @property
+    def state(self) -> Any:
+        return self.app.state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.scale == 1.0:
+            await self.app(scope, receive, send)
+            return
+        streaming = False
+
+        async def warped_send(message: Any) -> None:
+            nonlocal streaming
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers") or [])
+                streaming = headers.get(b"content-type", b"").startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body" and streaming and b'"timings"' in message["body"]:
+                lines = message["body"].split(b"\n")
+                message = {**message, "body": b"\n".join(warp_timings(line, self.scale) for line in lines)}
+            await send(message)
+
+        await self.app(scope, receive, warped_send)
+
+
+@dataclass(frozen=True, slots=True)
+class StackOptions:
+    """The simulated fleet of a replay (defaults: DOMAIN.md rates, large windows)."""
+
+    model: str = "replay"
+    time_scale: float = 0.05
+    vllm_window: int = 94000
+    llama_window: int = 65536
+    llama_slots: int = 2
+    probe_interval_s: float = 0.1
+    """Gateway probe period in wall seconds."""
+
+    def sim_configs(self) -> dict[str, SimConfig]:
+        """``vllm``: hybrid, prefix caching off; ``llama``: hybrid, ``llama_slots`` slots."""
+        return {
+            "vllm": SimConfig(
+                kind="vllm",
+                model=self.model,
+                context_window=self.vllm_window,
+                architecture=Architecture.HYBRID,
+                prefix_caching=False,
+                time_scale=self.time_scale,
+            ),
+            "llama": SimConfig(
+                kind="llamacpp",
+                model=self.model,
+                context_window=self.llama_window,
+                architecture=Architecture.HYBRID,
+                slots=self.llama_slots,
+                time_scale=self.time_scale,
+            ),
+        }
+
+
+@dataclass
+class Stack:
+    """Running servers: ``sims`` by backend id, and the gateway when one was asked for."""
+
+    sims: dict[str, ServerThread]
+    gateway: ServerThread | None = None
+    servers: list[ServerThread] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """Stop every server, gateway first."""
+        for server in reversed(self.servers):
+            server.stop()
+
+
+def gateway_settings(urls: dict[str, str], options: StackOptions, profile: str) -> Any:
+    """Settings of a gateway over the two simulators serving ``options.model`` with ``profile``."""
+    backends = [
+        {"id": "vllm", "kind": "vllm", "url": urls["vllm"], "probe_interval_s": options.probe_interval_s},
+        {
+            "id": "llama",
+            "kind": "llamacpp",
+            "url": urls["llama"],
+            "probe_interval_s": options.probe_interval_s,
+        },
+    ]
+    models = [
+        {
+            "name": options.model,
+            "architecture": "hybrid",
+            "deployments": [
+                {"backend": "vllm", "upstream_name": options.model},
+                {"backend": "llama", "upstream_name": options.model},
+            ],
+        }
+    ]
+    return load_settings(None, backends=backends, models=models, profile=profile, log_level="warning")
+
+
+def start_stack(options: StackOptions, profile: str | None) -> Stack:
+    """Start fresh simulators, and a gateway with ``profile`` unless it is None (the oracle's stack)."""
+    configs = options.sim_configs()
+    stack = Stack(sims={})
+    try:
+        for name, config in configs.items():
+            app: Any = create_sim_app(config)
+            if config.kind == "llamacpp":
+                app = TimeWarp(app, options.time_scale)
+            server = ServerThread(app).start()
+            stack.sims[name] = server
+            stack.servers.append(server)
+        if profile is not None:
+            settings = gateway_settings({n: s.url for n, s in stack.sims.items()}, options, profile)
+            stack.gateway = ServerThread(create_app(settings)).start()
+            stack.servers.append(stack.gateway)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack

@@ -1,0 +1,186 @@
+"""Request traces: turnout's JSONL format, the Mooncake reader, and scaling.
+
+turnout's format, one request per line (``t`` ascending is not required; readers sort)::
+
+    {"t": 12.5, "session": "agent-0" | null, "model": "m", "input_tokens": 20480,
+     "hash_ids": [0, 1, 2, ...], "max_tokens": 256}
+
+``t`` is the arrival in seconds from the trace start; ``hash_ids`` name the prompt's 512-token blocks
+(Mooncake-style: equal ids mean equal text, so requests sharing a leading run of ids share that prefix;
+the last block may be partial). Instead of ``hash_ids`` a line may give ``"messages"`` (OpenAI chat
+messages) to send literally. Requests of one ``session`` are sent one after the other, with
+``x-session-id: <session>``.
+
+Mooncake (``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids``) has no sessions:
+requests share prefixes only through their ``hash_ids``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` block (Mooncake's block size)."""
+TraceFormat = Literal["turnout", "mooncake"]
+
+
+class TraceError(ValueError):
+    """A trace line that does not parse; the message names the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace."""
+
+    t: float
+    session: str | None
+    model: str
+    input_tokens: int
+    hash_ids: tuple[int, ...]
+    max_tokens: int
+    messages: tuple[dict[str, Any], ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The turnout JSONL object of this request (``messages`` only when given)."""
+        out: dict[str, Any] = {
+            "t": round(self.t, 6),
+            "session": self.session,
+            "model": self.model,
+            "input_tokens": self.input_tokens,
+            "hash_ids": list(self.hash_ids),
+            "max_tokens": self.max_tokens,
+        }
+        if self.messages is not None:
+            out["messages"] = list(self.messages)
+        return out
+
+
+def _int(obj: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TraceError(f"{where}: '{key}' must be a non-negative integer")
+    return value
+
+
+def _ids(obj: dict[str, Any], where: str) -> tuple[int, ...]:
+    ids = obj.get("hash_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise TraceError(f"{where}: 'hash_ids' must be a list of integers")
+    return tuple(ids)
+
+
+def parse_turnout(obj: Any, where: str, default_model: str = "replay") -> TraceRequest:
+    """One turnout trace object -> :class:`TraceRequest`; raises :class:`TraceError`."""
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object")
+    t = obj.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or t < 0:
+        raise TraceError(f"{where}: 't' must be a non-negative number")
+    session = obj.get("session")
+    if session is not None and not isinstance(session, str):
+        raise TraceError(f"{where}: 'session' must be a string or null")
+    model = obj.get("model", default_model)
+    if not isinstance(model, str):
+        raise TraceError(f"{where}: 'model' must be a string")
+    messages = obj.get("messages")
+    if messages is not None and not (isinstance(messages, list) and messages):
+        raise TraceError(f"{where}: 'messages' must be a non-empty list")
+    ids = _ids(obj, where)
+    if not ids and messages is None:
+        raise TraceError(f"{where}: needs 'hash_ids' or 'messages'")
+    return TraceRequest(
+        t=float(t),
+        session=session,
+        model=model,
+        input_tokens=_int(obj, "input_tokens", where, default=len(ids) * BLOCK_TOKENS),
+        hash_ids=ids,
+        max_tokens=max(_int(obj, "max_tokens", where, default=128), 1),
+        messages=tuple(messages) if messages is not None else None,
+    )
+
+
+def parse_mooncake(obj: Any, where: str, model: str = "replay") -> TraceRequest:
+    """One Mooncake trace object -> :class:`TraceRequest` (ms -> s; ``output_length`` -> max_tokens)."""
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object")
+    ids = _ids(obj, where)
+    if not ids:
+        raise TraceError(f"{where}: 'hash_ids' must not be empty")
+    return TraceRequest(
+        t=_int(obj, "timestamp", where) / 1000.0,
+        session=None,
+        model=model,
+        input_tokens=_int(obj, "input_length", where),
+        hash_ids=ids,
+        max_tokens=max(_int(obj, "output_length", where), 1),
+    )
+
+
+def parse_lines(
+    lines: Iterable[str], fmt: TraceFormat = "turnout", model: str = "replay"
+) -> list[TraceRequest]:
+    """Parse JSONL ``lines`` (blank lines skipped), sorted by arrival (stable)."""
+    parse = parse_turnout if fmt == "turnout" else parse_mooncake
+    out: list[TraceRequest] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"line {number}: not JSON: {exc.msg}") from exc
+        out.append(parse(obj, f"line {number}", model))
+    return sorted(out, key=lambda r: r.t)
+
+
+def read_trace(
+    path: Path, fmt: TraceFormat = "turnout", model: str = "replay", limit: int | None = None
+) -> list[TraceRequest]:
+    """Read a trace file; with ``limit``, only its first ``limit`` lines are read (then sorted)."""
+    with path.open(encoding="utf-8") as handle:
+        return parse_lines(_head(handle, limit), fmt, model)
+
+
+def _head(handle: TextIO, limit: int | None) -> Iterator[str]:
+    for index, line in enumerate(handle):
+        if limit is not None and index >= limit:
+            return
+        yield line
+
+
+def write_trace(requests: Iterable[TraceRequest], out: TextIO) -> None:
+    """Write ``requests`` as turnout JSONL."""
+    for request in requests:
+        out.write(json.dumps(request.to_json(), separators=(",", ":")) + "\n")
+
+
+def scale_tokens(requests: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:
+    """Token lengths times ``factor``: ``input_tokens`` and ``max_tokens`` (at least 1).
+
+    Block ids stay as they are; the synthesizer makes each block ``round(512 * factor)`` tokens long
+    (:func:`block_tokens`), so prefix sharing is preserved.
+    """
+    if factor == 1.0:
+        return list(requests)
+    return [
+        replace(
+            r,
+            input_tokens=max(round(r.input_tokens * factor), 1),
+            max_tokens=max(round(r.max_tokens * factor), 1),
+        )
+        for r in requests
+    ]
+
+
+def block_tokens(factor: float) -> int:
+    """Tokens per block after scaling lengths by ``factor``: ``max(round(512 * factor), 1)``."""
+    return max(round(BLOCK_TOKENS * factor), 1)
+
+
+def with_model(requests: Sequence[TraceRequest], model: str) -> list[TraceRequest]:
+    """Every request asking for ``model``."""
+    return [replace(r, model=model) for r in requests]

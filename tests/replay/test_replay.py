@@ -1,0 +1,109 @@
+"""A tiny replay end to end: two profiles and the oracle over real simulators, with a JSON report."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import build_parser, main
+from gateway.replay.generate import mixed_trace
+from gateway.replay.report import REPORT_KEYS, percentile, report
+from gateway.replay.runner import ORACLE, ReplayOptions, groups, run_replay
+from gateway.replay.stack import StackOptions
+from gateway.replay.traces import write_trace
+
+SCALE = 0.02
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One agent (3 turns, 2k -> 6k tokens) and 4 chat requests over 6 simulated seconds."""
+    path = tmp_path_factory.mktemp("replay") / "tiny.jsonl"
+    requests = mixed_trace(agents=1, turns=3, requests=4, duration=6.0, seed=5, max_context=6000)
+    with path.open("w") as handle:
+        write_trace(requests, handle)
+    return path
+
+
+class TestReplay:
+    def test_report_has_the_documented_keys_and_sane_values(
+        self, tmp_path: Path, trace_file: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr("gateway.logging.configure_logging", lambda *args, **kwargs: None)
+        out = tmp_path / "report.json"
+        argv = ["replay", str(trace_file), "--profile", "cost", "--profile", "prefer-vllm"]
+        code = main([*argv, "--time-scale", str(SCALE), "--json", str(out), "--wall-cap", "60"])
+        assert code == 0
+        data = json.loads(out.read_text())
+        assert set(data["profiles"]) == {"cost", "prefer-vllm", ORACLE}
+        assert data["meta"]["requests"] == 7
+        for name, entry in data["profiles"].items():
+            assert tuple(entry) == REPORT_KEYS, name
+            assert (entry["requests"], entry["errors"]) == (7, 0), name
+            assert 0 < entry["ttft_p50_s"] <= entry["ttft_p90_s"], name
+            assert entry["ttft_mean_s"] < entry["completion_mean_s"], name
+            assert 0 <= entry["cache_hit_ratio"] <= 1, name
+            assert sum(entry["backend_share"].values()) == pytest.approx(1.0, abs=1e-3)
+            assert set(entry["backend_share"]) <= {"vllm", "llama"}
+        assert data["profiles"]["prefer-vllm"]["backend_share"] == {"vllm": 1.0}
+        assert data["profiles"]["prefer-vllm"]["cache_hit_ratio"] == 0.0  # hybrid vLLM: no prefix cache
+
+    def test_sessions_are_sequential(self, trace_file: Path) -> None:
+        from gateway.replay.traces import read_trace
+
+        requests = read_trace(trace_file)
+        runs = run_replay(
+            requests, [], StackOptions(time_scale=SCALE), ReplayOptions(time_scale=SCALE, wall_cap_s=60)
+        )
+        results = runs[ORACLE]
+        agent = [r for r in results if r.session is not None]
+        assert len(agent) == 3
+        assert all(r.ok for r in results)
+        for previous, current in itertools.pairwise(agent):
+            assert current.start_s >= previous.end_s - 0.5  # tolerance: wall-clock jitter / time scale
+        assert report(runs)["profiles"][ORACLE]["requests"] == 7
+
+
+class TestPieces:
+    def test_groups_keep_session_turns_together(self, trace_file: Path) -> None:
+        from gateway.replay.traces import read_trace
+
+        requests = read_trace(trace_file)
+        grouped = groups(requests)
+        assert sorted(i for g in grouped for i in g) == list(range(len(requests)))
+        assert sorted(len(g) for g in grouped) == [1, 1, 1, 1, 3]
+
+    def test_nearest_rank_percentile(self) -> None:
+        assert percentile([], 0.5) is None
+        assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
+        assert percentile([3.0, 1.0, 2.0, 4.0], 0.9) == 4.0
+
+
+class TestCli:
+    def test_replay_arguments(self) -> None:
+        args = build_parser().parse_args(
+            ["replay", "t.jsonl", "--format", "mooncake", "--profile", "cost", "--profile", "round-robin",
+             "--time-scale", "0.1", "--limit", "50", "--scale-tokens", "0.25", "--json", "out.json",
+             "--model", "m"]
+        )  # fmt: skip
+        assert args.profile == ["cost", "round-robin"]
+        assert (args.format, args.time_scale, args.limit, args.scale_tokens) == ("mooncake", 0.1, 50, 0.25)
+        assert (args.json, args.model, args.trace) == (Path("out.json"), "m", Path("t.jsonl"))
+
+    def test_trace_arguments_and_output(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        args = build_parser().parse_args(["trace", "mixed", "--agents", "3", "--turns", "4", "--seed", "9"])
+        assert (args.kind, args.agents, args.turns, args.seed) == ("mixed", 3, 4, 9)
+        assert main(["trace", "agent", "--agents", "2", "--turns", "3"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 6
+        assert all(json.loads(line)["session"] for line in lines)
+        out = tmp_path / "chat.jsonl"
+        assert main(["trace", "chat", "--requests", "5", "--out", str(out)]) == 0
+        assert len(out.read_text().splitlines()) == 5
+
+    def test_unknown_profile_and_missing_trace_exit_2(self, tmp_path: Path) -> None:
+        assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
+        assert main(["replay", str(tmp_path / "nope.jsonl"), "--profile", "fastest"]) == 2
