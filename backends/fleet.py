@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,6 +21,7 @@ from backends.registry import create_adapter
 from policies.types import BackendSnapshot, Health
 
 log = structlog.get_logger(__name__)
+OPEN_REQUEST_HORIZON_S = 3600.0
 
 
 class Fleet:
@@ -33,9 +35,43 @@ class Fleet:
         }
         self._view: tuple[BackendSnapshot, ...] = tuple(self._snapshots.values())
         self._tasks: list[asyncio.Task[None]] = []
+        self._open: dict[int, tuple[str, int | None, float]] = {}
+        self._tokens = itertools.count()
 
     def snapshots(self) -> tuple[BackendSnapshot, ...]:
-        return self._view
+        """The latest snapshots, plus the requests turnout itself sent since each was taken.
+
+        A probe is up to ``probe_interval_s`` old; a burst routed on it alone would all pick the
+        backend that looked idle. Requests begun after a snapshot count as running there (and their
+        llama.cpp slots as busy) until the next probe sees them itself.
+        """
+        if not self._open:
+            return self._view
+        return tuple(self._with_open_requests(snapshot) for snapshot in self._view)
+
+    def _with_open_requests(self, snapshot: BackendSnapshot) -> BackendSnapshot:
+        newer = [
+            slot for backend, slot, started in self._open.values()
+            if backend == snapshot.backend_id and started > snapshot.taken_at
+        ]  # fmt: skip
+        if not newer:
+            return snapshot
+        pinned = {slot for slot in newer if slot is not None}
+        slots = tuple(replace(s, is_processing=True) if s.id in pinned else s for s in snapshot.slots)
+        running = snapshot.running + len(newer)
+        capacity = snapshot.total_slots
+        queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued
+        running = min(running, capacity) if capacity else running
+        return replace(snapshot, running=running, queued=queued, slots=slots)
+
+    def begin(self, backend_id: str, slot: int | None) -> int:
+        """Note a request sent to ``backend_id``; returns the token that :meth:`end` takes."""
+        token = next(self._tokens)
+        self._open[token] = (backend_id, slot, time.time())
+        return token
+
+    def end(self, token: int) -> None:
+        self._open.pop(token, None)
 
     def adapter(self, backend_id: str) -> Adapter:
         return self.adapters[backend_id]
@@ -48,6 +84,9 @@ class Fleet:
             )
         self._snapshots[snapshot.backend_id] = snapshot
         self._view = tuple(self._snapshots.values())
+        stale = snapshot.taken_at - OPEN_REQUEST_HORIZON_S  # a request not ended by now was lost
+        for token in [t for t, (_, _, started) in self._open.items() if started < stale]:
+            del self._open[token]
 
     def report_failure(self, backend_id: str, error: str) -> None:
         """A request found the backend unreachable: route around it until the next probe says otherwise."""

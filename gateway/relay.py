@@ -79,6 +79,7 @@ def no_route_error(decision: Decision, features: RequestFeatures) -> GatewayErro
 class Opened:
     routed: Routed
     relay: ResponseRelay
+    token: int  # the fleet's note of this in-flight request
 
     @property
     def decision(self) -> Decision:
@@ -134,7 +135,8 @@ class Relay:
                         if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
                             self.fleet.report_failure(exc.backend_id, exc.message)
                         raise
-                    return Opened(routed, ResponseRelay(upstream, response))
+                    token = self.fleet.begin(decision.chosen.backend_id, decision.slot)
+                    return Opened(routed, ResponseRelay(upstream, response), token)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
         raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
@@ -175,6 +177,7 @@ class Relay:
                 content = await watch.run(opened.relay.body())
             finally:
                 await opened.relay.aclose()
+                self.fleet.end(opened.token)
             await self._complete(opened, record)
             return Response(content, media_type="application/json", headers=headers)
         except ClientDisconnected:
@@ -222,6 +225,7 @@ class Relay:
     async def _finish_stream(self, opened: Opened, record: RequestRecord) -> None:
         """Runs after the stream ended or the client left: close upstream, learn, write the log line."""
         await opened.relay.aclose()
+        self.fleet.end(opened.token)
         if not opened.relay.finished and record.error is None:
             record.status, record.error = CLIENT_CLOSED, "client disconnected"
         await self._complete(opened, record)
@@ -244,6 +248,7 @@ class Relay:
                 prompt_chars=opened.routed.features.prompt_chars,
                 shared_prefix_tokens=chosen.estimate.shared_prefix_tokens if chosen.estimate else 0,
                 stream=relay.request.stream,
+                contended=chosen.estimate.contended if chosen.estimate else False,
             )
         entry = decision_entry(opened.routed, record.request_id, outcome, record.status)
         if outcome is not None:

@@ -25,7 +25,8 @@ from policies.types import EngineKind, Health, Outcome, SessionSource, SessionVi
 
 log = structlog.get_logger(__name__)
 CLAIM_ATTEMPTS = 3
-NEAR_LIMIT = 0.5  # count exactly when the estimate is within 50% of a candidate's window
+NEAR_LIMIT = 0.5  # count exactly when the estimate is within 50% of a candidate's window ...
+NEAR_LIMIT_LEARNED = 0.1  # ... or within 10% once the model's characters per token were measured
 MIN_COUNTED_PROMPT = 512
 
 
@@ -68,16 +69,20 @@ class Router:
         """Replace the estimate by the engine's exact count when it is close to a context window.
 
         Estimates come from characters; near a limit the difference decides between a backend and
-        a 400, so the first healthy candidate whose window is within ``NEAR_LIMIT`` is asked.
+        a 400, so the first healthy candidate whose window is within the margin is asked. The margin
+        is wide until the model's characters per token were learned, narrow after (the count
+        re-tokenizes the whole prompt, which costs real time on long prompts).
         """
         if features.prompt_tokens < MIN_COUNTED_PROMPT:
             return features
+        learned = self.learned.for_model(features.model).chars_per_token.samples > 0
+        margin = NEAR_LIMIT_LEARNED if learned else NEAR_LIMIT
         for snapshot in self.fleet.snapshots():
             deployment = snapshot.deployment_for(features.model)
             window = deployment.context_window if deployment else None
             if deployment is None or window is None or snapshot.health not in (Health.READY, Health.UNKNOWN):
                 continue
-            if abs(features.prompt_tokens - window) <= NEAR_LIMIT * window:
+            if abs(features.prompt_tokens - window) <= margin * window:
                 adapter = self.fleet.adapter(snapshot.backend_id)
                 count = await adapter.count_tokens(features.endpoint, body, deployment)
                 if count is not None:

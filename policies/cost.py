@@ -173,6 +173,7 @@ def estimate(
         shared_prefix_tokens=shared,
         future_s=future,
         horizon=horizon,
+        contended=snapshot.running > 0 or snapshot.queued > 0,
         slot=slot,
         warm=warm,
         evicts=evicts,

@@ -6,7 +6,8 @@ finished request. Nothing else changes what routing believes.
 Per deployment (``backend/model``):
 
 - ``prefill_tok_s``: llama.cpp ``prompt_n / prompt_ms``; others: uncached prompt tokens / TTFT
-  (streams only, at least 64 uncached tokens).
+  (streams only, at least 64 uncached tokens, and only when nothing else was running or queued
+  there: a TTFT under load measures the queue, not the prefill).
 - ``decode_tok_s``: llama.cpp ``(predicted_n - 1) / predicted_ms`` ("the first token is free");
   others: ``(completion_tokens - 1) / (duration - ttft)`` on streams.
 - ``reuse``: ``cached_tokens / reusable(shared_prefix_tokens)``, how much of what the engine could
@@ -119,7 +120,7 @@ def _rates(stats: DeploymentStats, outcome: Outcome) -> DeploymentStats:
     uncached = usage.prompt_tokens - cached
     if usage.prompt_ms is not None and usage.prompt_ms > 0 and uncached >= 16:
         stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(uncached / (usage.prompt_ms / 1000)))
-    elif outcome.stream and outcome.ttft_s and uncached >= 64:
+    elif outcome.stream and outcome.ttft_s and uncached >= 64 and not outcome.contended:
         stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(uncached / outcome.ttft_s))
     steps = usage.completion_tokens - 1
     if usage.predicted_ms is not None and usage.predicted_ms > 0 and steps >= 4:

@@ -207,6 +207,7 @@ class Estimate:
     total_s: float
     shared_prefix_tokens: int = 0  # tokens of this conversation the engine may still hold
     future_s: float = 0.0  # predicted TTFT of the session's next turn if this candidate serves this one
+    contended: bool = False  # the engine was busy: its TTFT will say little about its prefill rate
     horizon: float = 0.0  # how many more turns the session is expected to send
     slot: int | None = None
     warm: bool = False
@@ -300,3 +301,4 @@ class Outcome:
     prompt_chars: int
     shared_prefix_tokens: int  # tokens of this conversation sent to this backend before
     stream: bool
+    contended: bool = False  # other work was running or queued there when it was sent

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -144,3 +146,13 @@ def test_cost_monotone_in_uncached_tokens(prompt: int, more: int) -> None:
         features(prompt + more), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState()
     )
     assert large.ttft_s >= small.ttft_s
+
+
+def test_a_busy_engines_ttft_does_not_teach_its_prefill_rate() -> None:
+    """Under load a TTFT measures the queue: vLLM's prefill rate is learned only when it was idle."""
+    base = Outcome("vllm", "m", EngineKind.VLLM, Usage(6600, 10, 0), 10.0, 11.0, 20_000, 0, True)
+    idle = learn(LearnedState(), base, VLLM).for_deployment(VLLM, EngineKind.VLLM)
+    contended = replace(base, contended=True)
+    busy = learn(LearnedState(), contended, VLLM).for_deployment(VLLM, EngineKind.VLLM)
+    assert idle.prefill_tok_s.value == 660
+    assert busy.prefill_tok_s.value == 6600  # still the prior
