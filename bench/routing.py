@@ -154,8 +154,9 @@ NOTES = """\
 ## Notes on the misses (read before quoting a number)
 
 - **Gateway overhead does not compress.** A 30-60k-token request costs the gateway ~50-140 ms of wall
-  time (JSON, feature extraction, and the exact token count it asks the engine for near a context
-  window), plus the simulator's own tokenizer; divided by the time scale (0.1 for the agent workload)
+  time (JSON, feature extraction, and — until the model's characters per token are learned — the
+  exact token count it asks the engine for near a context window), plus the simulator's tokenizer;
+  divided by the time scale (0.1 for the agent workload)
   that is 0.5-1.4 simulated seconds added to every gateway TTFT, but not to the oracle's, which sends
   straight to the engine. On the agent workload `cost` puts every turn on a warm llama.cpp slot, as
   the oracle does (same cache-hit ratio); the TTFT gap to the oracle is this overhead.
@@ -163,20 +164,17 @@ NOTES = """\
   516 tokens after its last checkpoint. With 30 turns from 4k to 60k (~1.9k tokens of growth per turn)
   that alone is ~0.8 s at 3000 tok/s, against ~8-9 s for vLLM re-prefilling 30-60k: ~10x at best,
   before any overhead. Agents that add less per turn get closer; larger time scales shrink the overhead.
-- **Stale snapshots under bursts.** The gateway learns an engine's load only from probes (every 0.1 wall
-  s here, 2 s simulated at time scale 0.05; the default is 2 s real), and does not count the requests
-  it has itself sent since. On session-less bursts (Mooncake, chat) `cost` and `least-loaded` send
-  many requests to the 2-slot llama.cpp at once, where they queue; `prefer-vllm` wins there. Counting
-  in-flight requests per backend between probes would fix it (not part of this change).
+- **Fresh load between probes, uncontended learning.** Two fixes made before this run moved `cost` from
+  missing to passing chat and matching the oracle on agent: requests turnout sent since a probe count
+  as running on that backend (so a burst no longer lands on the 2-slot llama.cpp that looked idle),
+  and prefill rates are learned only from TTFTs measured while the engine had nothing else running
+  (a TTFT under load measures the queue).
 - **The gateway path itself is slow under concurrent load.** On Mooncake, `prefer-vllm` (every request
-  to vLLM through the gateway) had a mean TTFT of 32 s while the oracle, sending 65% of the same
-  requests straight to the same vLLM simulator, had 0.9 s; an earlier run of the same benchmark gave
-  `prefer-vllm` 5.1 s. Everything (client, gateway, simulators) shares one Python process and 2 busy
+  to vLLM through the gateway) had a mean TTFT of tens of seconds while the oracle, sending most of
+  the same requests straight to the same vLLM simulator, stayed under 1 s; an earlier run gave
+  `prefer-vllm` 5.1 s. This is the gateway's per-request cost, for the performance issue. Everything (client, gateway, simulators) shares one Python process and 2 busy
   cores, so per-request gateway CPU turns into queueing that the time scale magnifies 20x. Numbers
   vary by run with machine load; compare profiles within one table, not across runs.
-- **Learning conflates queueing with prefill speed.** vLLM's prefill rate is learned from TTFT, which
-  includes queue wait; under load vLLM looks slow, `cost` shifts session-less requests to the 2-slot
-  llama.cpp, which then queues (the chat miss).
 - **The oracle is greedy.** It knows the true state and each session's future turns but plans one
   request at a time; on bursty session-less traffic a profile can beat it.
 """
