@@ -172,8 +172,9 @@ NOTES = """\
 - **The gateway path itself is slow under concurrent load.** On Mooncake, `prefer-vllm` (every request
   to vLLM through the gateway) had a mean TTFT of tens of seconds while the oracle, sending most of
   the same requests straight to the same vLLM simulator, stayed under 1 s; an earlier run gave
-  `prefer-vllm` 5.1 s. This is the gateway's per-request cost, for the performance issue. Everything (client, gateway, simulators) shares one Python process and 2 busy
-  cores, so per-request gateway CPU turns into queueing that the time scale magnifies 20x. Numbers
+  `prefer-vllm` 5.1 s. This is the gateway's per-request cost, for the performance issue. Everything
+  (client, gateway, simulators) shares one Python process and 2 busy cores, so per-request gateway
+  CPU turns into queueing that the time scale magnifies 20x. Numbers
   vary by run with machine load; compare profiles within one table, not across runs.
 - **The oracle is greedy.** It knows the true state and each session's future turns but plans one
   request at a time; on bursty session-less traffic a profile can beat it.
