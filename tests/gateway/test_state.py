@@ -1,0 +1,77 @@
+"""The state interface's contract, run against every implementation (the memory store today)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from gateway.state import MemoryStore, StateStore
+from policies.types import SessionView
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["memory"])
+def store_factory(request: pytest.FixtureRequest) -> Callable[..., StateStore]:
+    def make(**kwargs: Any) -> StateStore:
+        return MemoryStore(**kwargs)
+
+    return make
+
+
+def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coroutine)
+
+
+def test_sessions_are_found_by_key_and_by_their_last_prompt(store_factory: Callable[..., StateStore]) -> None:
+    store = store_factory()
+    session = SessionView("s", turns=1, last_seen=1e12)
+    run(store.save_session(session, "h2"))
+    assert run(store.get_session("s")) == session
+    assert run(store.find_session(["h1", "h2", "h3"])) == "s"  # the request continues the known prompt
+    assert run(store.find_session(["h1"])) is None
+
+
+def test_sessions_expire_and_are_bounded(store_factory: Callable[..., StateStore]) -> None:
+    clock = Clock()
+    store = store_factory(max_sessions=2, session_ttl_s=10, clock=clock)
+    for key in ("a", "b", "c"):
+        run(store.save_session(SessionView(key, last_seen=clock.now), None))
+    assert run(store.get_session("a")) is None  # least recently used, dropped
+    clock.now += 11
+    assert run(store.get_session("b")) is None  # expired
+
+
+def test_slot_claims_are_compare_and_set(store_factory: Callable[..., StateStore]) -> None:
+    store = store_factory()
+    assert run(store.claim_slot("llama", 0, "a", 1.0, None))
+    assert not run(store.claim_slot("llama", 0, "b", 2.0, None))  # a holds it; b expected it free
+    assert run(store.claim_slot("llama", 0, "b", 3.0, "a"))  # evicting the holder routing saw
+    assert run(store.claim_slot("llama", 0, "b", 4.0, "zzz"))  # its own slot: always fine
+    assert [(lease.slot, lease.session_key) for lease in run(store.leases("llama"))] == [(0, "b")]
+
+
+def test_a_session_holds_one_slot_per_backend(store_factory: Callable[..., StateStore]) -> None:
+    store = store_factory()
+    run(store.claim_slot("llama", 0, "a", 1.0, None))
+    run(store.claim_slot("llama", 1, "a", 2.0, None))
+    run(store.claim_slot("other", 0, "a", 3.0, None))
+    assert [lease.slot for lease in run(store.leases("llama"))] == [1]
+    assert [lease.slot for lease in run(store.leases("other"))] == [0]
+
+
+def test_decision_log_is_bounded_and_newest_first(store_factory: Callable[..., StateStore]) -> None:
+    store = store_factory(max_decisions=3)
+    for index in range(5):
+        run(store.record_decision({"n": index}))
+    assert run(store.decisions(10)) == [{"n": 4}, {"n": 3}, {"n": 2}]
+    assert run(store.decisions(1)) == [{"n": 4}]
