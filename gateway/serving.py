@@ -1,0 +1,53 @@
+"""An ASGI app on uvicorn in a daemon thread, bound to a free 127.0.0.1 port.
+
+Used by ``turnout replay`` (simulators and gateways in one process) and by the tests that need a
+real socket between client and server (``httpx.ASGITransport`` buffers whole bodies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class ServerThread:
+    """A uvicorn server for one ASGI app, in a daemon thread, on a free loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", loop="asyncio", timeout_graceful_shutdown=2
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name=f"uvicorn-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._sock]))
+
+    def start(self, timeout: float = 15.0) -> ServerThread:
+        """Start serving; raises ``RuntimeError`` when the server is not up within ``timeout``."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Ask the server to exit and wait for its thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
