@@ -56,6 +56,8 @@ class UpstreamRequest:
     """turnout asked for ``include_usage`` itself; the extra usage chunk is not the client's."""
     model_rename: tuple[bytes, bytes] | None = None
     """``(b'"model":"<upstream>"', b'"model":"<client>"')`` when the names differ."""
+    anthropic_from_chat: str | None = None
+    """Sent as chat completions for an Anthropic client: translate the answer back (client's model name)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -6,7 +6,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from backends.base import Adapter
+import msgspec
+
+from backends.anthropic_chat import to_chat
+from backends.base import UPSTREAM_PATHS, Adapter, UpstreamRequest
 from backends.errors import UpstreamStatusError
 from backends.parsers.llamacpp import parse_metrics, parse_props, parse_slots
 from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health
@@ -46,6 +49,32 @@ class LlamaCppAdapter(Adapter):
         data = await self._post_json("/tokenize", {"content": body["prompt"], "add_special": True})
         tokens = data.get("tokens") if isinstance(data, dict) else None
         return len(tokens) if isinstance(tokens, list) else None
+
+    def prepare(
+        self,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        deployment: Deployment,
+        client_model: str,
+        slot: int | None = None,
+    ) -> UpstreamRequest:
+        """As for every engine, except a pinned Anthropic request: llama-server's ``/v1/messages``
+        ignores ``id_slot``, so it goes to ``/v1/chat/completions`` and its answer is translated back
+        (``backends.anthropic_chat``)."""
+        if endpoint is not Endpoint.MESSAGES or slot is None:
+            return super().prepare(endpoint, body, deployment, client_model, slot)
+        chat = to_chat(body)
+        chat["model"] = deployment.upstream_name
+        chat["cache_prompt"] = body.get("cache_prompt", True)
+        chat["id_slot"] = body.get("id_slot", slot)
+        return UpstreamRequest(
+            backend_id=self.spec.id,
+            url=self.spec.base_url + UPSTREAM_PATHS[Endpoint.CHAT],
+            body=msgspec.json.encode(chat),
+            stream=bool(chat.get("stream", False)),
+            headers=(("content-type", "application/json"), *self._auth),
+            anthropic_from_chat=client_model,
+        )
 
     def health_for_status(self, error: UpstreamStatusError) -> Health:
         if error.status == 503 and error.message == "Loading model":

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from backends.anthropic_chat import StreamTranslator, to_message
 from backends.base import UpstreamRequest
 from backends.errors import UpstreamStreamError
 from backends.parsers.openai import parse_usage
@@ -71,6 +72,8 @@ class ResponseRelay:
         self.usage: Usage | None = None
         self.first_byte_at: float | None = None
         self.finished = False
+        model = request.anthropic_from_chat
+        self._translator = StreamTranslator(model) if model is not None else None
 
     def _rename(self, data: bytes) -> bytes:
         rename = self.request.model_rename
@@ -91,6 +94,16 @@ class ResponseRelay:
             kept.append(event)
         return b"\n\n".join(kept)
 
+    def _translate(self, events: bytes) -> bytes:
+        """Chat chunks -> Anthropic events (the request was sent as chat for slot pinning)."""
+        assert self._translator is not None
+        out: list[bytes] = []
+        for event in events.split(b"\n\n"):
+            data = _event_json(event)
+            if isinstance(data, dict):
+                out += self._translator.feed(data)
+        return b"".join(out)
+
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE body, one yield per upstream read that completed at least one event."""
         buffer = b""
@@ -104,6 +117,8 @@ class ResponseRelay:
                     continue
                 complete, buffer = buffer[:end], buffer[end:]
                 out = self._inspect(self._rename(complete))
+                if self._translator is not None:
+                    out = self._translate(out)
                 if out:
                     yield out
         except httpx.HTTPError as exc:
@@ -130,6 +145,8 @@ class ResponseRelay:
         if isinstance(data, dict):
             self.usage = parse_usage(data)
         self.finished = True
+        if self.request.anthropic_from_chat is not None and isinstance(data, dict):
+            return msgspec.json.encode(to_message(data, self.request.anthropic_from_chat))
         return self._rename(content)
 
     async def aclose(self) -> None:

@@ -125,10 +125,42 @@ def test_responses_streamed_arguments_arrive_whole(codex: openai.OpenAI, model: 
 
 
 def test_messages_stream_bytes_match_the_engine(stack: Stack) -> None:
-    """Event by event, the Anthropic stream is the engine's, but the model name."""
-    body = {"model": "m-llama", "max_tokens": 12, "messages": ASK, "stream": True}
+    """Event by event, vLLM's own Anthropic stream reaches the client, but the model name."""
+    body = {"model": "m-vllm", "max_tokens": 12, "messages": ASK, "stream": True}
     with stack.client() as client, client.stream("POST", "/v1/messages", json=body) as response:
         received = response.read()
-    _, sent = stack.taps["llama"].bodies[-1]
-    assert received == sent.replace(b'"model":"up-llama"', b'"model":"m-llama"')
+    path, sent = stack.taps["vllm"].bodies[-1]
+    assert path == "/v1/messages"
+    assert received == sent.replace(b'"model":"up-vllm"', b'"model":"m-vllm"')
     assert b"event: message_stop" in received
+
+
+def test_pinned_messages_on_llama_go_as_chat_and_keep_the_slot(
+    stack: Stack, claude: anthropic.Anthropic
+) -> None:
+    """llama-server's /v1/messages ignores id_slot, so a session's turns go to its chat endpoint, pinned,
+    and come back as Anthropic messages; the conversation's prefix is reused turn after turn."""
+    conversation: list[Any] = [{"role": "user", "content": "Tell me about slot pinning."}]
+    reused = []
+    for turn in range(3):
+        with claude.messages.stream(
+            model="m-llama",
+            max_tokens=8,
+            messages=conversation,
+            extra_headers={"x-session-id": "pinned-claude"},
+        ) as stream:  # type: ignore[arg-type]
+            final = stream.get_final_message()
+        path, _ = stack.taps["llama"].bodies[-1]
+        sent = json.loads(stack.taps["llama"].requests[-1])
+        assert path == "/v1/chat/completions"
+        assert isinstance(sent["id_slot"], int)
+        assert final.model == "m-llama"
+        reused.append(final.usage.cache_read_input_tokens or 0)
+        text = "".join(block.text for block in final.content if block.type == "text")
+        conversation += [
+            {"role": "assistant", "content": text or "ok"},
+            {"role": "user", "content": f"And {turn}?"},
+        ]
+    assert reused[0] == 0
+    assert reused[1] > 0
+    assert reused[2] > reused[1]

@@ -7,6 +7,7 @@ the request shape an agent's second leg has.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -120,3 +121,27 @@ def test_disconnect_frees_the_slot(
             break
         time.sleep(0.05)
     assert not any(slot["is_processing"] for slot in httpx.get(server.base_url + "/slots").json())
+
+
+def test_anthropic_session_keeps_its_slot_and_reuse(stack: tuple[LlamaServer, ServerThread]) -> None:
+    """llama-server's /v1/messages ignores id_slot; turnout sends pinned turns as chat and translates back."""
+    _, gateway = stack
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0, timeout=120)
+    conversation: list[Any] = [{"role": "user", "content": "Tell me about slot pinning."}]
+    slots, reused = set(), []
+    for turn in range(4):
+        raw = claude.messages.with_raw_response.create(
+            model=MODEL, max_tokens=6, messages=conversation, extra_headers={"x-session-id": "claude-real"}
+        )
+        slots.add(raw.headers["x-turnout-slot"])
+        message = raw.parse()
+        reused.append(message.usage.cache_read_input_tokens or 0)
+        text = "".join(block.text for block in message.content if block.type == "text")
+        conversation += [
+            {"role": "assistant", "content": text or "ok"},
+            {"role": "user", "content": f"Turn {turn}?"},
+        ]
+    assert len(slots) == 1
+    assert reused[0] == 0
+    assert all(later > earlier for earlier, later in itertools.pairwise(reused[1:]))
+    assert reused[1] > 0
