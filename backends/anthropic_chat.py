@@ -10,7 +10,8 @@ the answer back into Anthropic's JSON and SSE:
   ``tool_calls`` (compact JSON arguments); ``tool_result`` -> ``tool`` messages; ``tools`` ->
   functions (``input_schema`` -> ``parameters``); ``tool_choice`` any/tool -> required;
   ``stop_sequences`` -> ``stop``; ``temperature``/``top_p``/``top_k`` kept.
-- The answer: content -> a ``text`` block, each tool call -> a ``tool_use`` block;
+- The answer: reasoning (``reasoning_content``) -> a ``thinking`` block, content -> a ``text``
+  block, each tool call -> a ``tool_use`` block;
   ``finish_reason`` stop/length/tool_calls -> ``stop_reason`` end_turn/max_tokens/tool_use; usage as
   llama-server reports it on ``/v1/messages`` (``input_tokens`` = prompt - cached,
   ``cache_read_input_tokens`` = cached).
@@ -126,6 +127,9 @@ def to_message(chat: Mapping[str, Any], model: str) -> dict[str, Any]:
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     content: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -187,8 +191,8 @@ class StreamTranslator:
         out: list[bytes] = []
         error = chunk.get("error")
         if error is not None:
-            message = error.get("message", "") if isinstance(error, Mapping) else str(error)
-            body = {"type": "error", "error": {"type": "api_error", "message": message}}
+            text = error.get("message", "") if isinstance(error, Mapping) else str(error)
+            body = {"type": "error", "error": {"type": "api_error", "message": text}}
             return [*self._close(), _event("error", body)]
         if not self.started:
             self.started = True
@@ -200,6 +204,17 @@ class StreamTranslator:
             out.append(_event("message_start", {"type": "message_start", "message": message}))
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                if self.block is None or self.block[0] != "thinking":
+                    out += self._open("thinking", 0, {"type": "thinking", "thinking": "", "signature": ""})
+                thinking = {"type": "thinking_delta", "thinking": reasoning}
+                out.append(
+                    _event(
+                        "content_block_delta",
+                        {"type": "content_block_delta", "index": self.index, "delta": thinking},
+                    )
+                )
             if delta.get("content"):
                 if self.block is None or self.block[0] != "text":
                     out += self._open("text", 0, {"type": "text", "text": ""})

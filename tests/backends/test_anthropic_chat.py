@@ -98,3 +98,27 @@ def test_stream_error_becomes_an_anthropic_error_event() -> None:
     (name, data), *_ = events(translator.feed({"error": {"message": "boom", "type": "server_error"}})[-1:])
     assert name == "error"
     assert data == {"type": "error", "error": {"type": "api_error", "message": "boom"}}
+
+
+def test_reasoning_becomes_thinking_blocks_in_order_and_unmerged() -> None:
+    translator = StreamTranslator("m")
+    pieces = ["First, ", "the slot; ", "then the answer."]
+    chunks = [{"id": "x", "choices": [{"index": 0, "delta": {"reasoning_content": p}}]} for p in pieces]
+    chunks += [
+        {"id": "x", "choices": [{"index": 0, "delta": {"content": "Done."}}]},
+        {
+            "id": "x",
+            "choices": [{"index": 0, "finish_reason": "stop", "delta": {}}],
+            "timings": {"predicted_n": 9},
+        },
+    ]
+    out = events([event for chunk in chunks for event in translator.feed(chunk)])
+    thinking = [d["delta"]["thinking"] for n, d in out if n == "content_block_delta" and d["index"] == 0]  # type: ignore[index]
+    assert thinking == pieces
+    starts = [d["content_block"]["type"] for n, d in out if n == "content_block_start"]  # type: ignore[index]
+    assert starts == ["thinking", "text"]
+    message = to_message(
+        {"choices": [{"finish_reason": "stop", "message": {"reasoning_content": "hmm", "content": "ok"}}]},
+        "m",
+    )
+    assert [block["type"] for block in message["content"]] == ["thinking", "text"]
