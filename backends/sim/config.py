@@ -50,6 +50,9 @@ class SimConfig:
     enable_prompt_tokens_details: bool = True
     """vLLM ``--enable-prompt-tokens-details``."""
     seed: int = 0
+    reasoning_tokens: int = 0
+    """A thinking model: this many reasoning tokens before each answer (llama.cpp streams them as
+    ``reasoning_content``, vLLM 0.32 as ``reasoning``)."""
     prefill_chunk: int = field(default=2048)
     """Prompt tokens processed per engine step (vLLM max_num_batched_tokens, llama.cpp n_batch)."""
 

@@ -40,6 +40,7 @@ class DeltaKind(StrEnum):
 
     NONE = "none"
     TEXT = "text"
+    REASONING = "reasoning"  # a thinking model's reasoning, streamed before the answer
     TOOL_START = "tool_start"
     TOOL_ARGS = "tool_args"
 
@@ -145,6 +146,7 @@ def plan_output(
     tool: Mapping[str, Any] | None = None,
     *,
     ignore_eos_until: int | None = None,
+    reasoning_tokens: int = 0,
 ) -> OutputPlan:
     """The full deterministic answer to ``prompt`` (see the module docstring).
 
@@ -153,13 +155,18 @@ def plan_output(
     """
     rng = _rng(seed, prompt)
     eos = OutToken(tokenizer.EOS_ID, "", DeltaKind.NONE)
+    thinking = (
+        tuple(OutToken(t.id, t.text, DeltaKind.REASONING) for t in _text_tokens(rng, reasoning_tokens))
+        if reasoning_tokens > 0
+        else ()
+    )
     if tool is not None:
         tokens, call = _tool_tokens(tool, rng)
-        return OutputPlan((*tokens, eos), call)
+        return OutputPlan((*thinking, *tokens, eos), call)
     n_text = MIN_TEXT_TOKENS + rng.randrange(TEXT_TOKEN_SPREAD)
     if ignore_eos_until is not None:
         n_text = max(n_text, ignore_eos_until)
-    return OutputPlan((*_text_tokens(rng, n_text), eos), None)
+    return OutputPlan((*thinking, *_text_tokens(rng, n_text), eos), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +181,11 @@ class Answer:
     def text(self) -> str:
         """The generated content text (``TEXT`` deltas only)."""
         return "".join(t.text for t in self.tokens if t.kind is DeltaKind.TEXT)
+
+    @property
+    def reasoning(self) -> str:
+        """The reasoning streamed before the answer (``REASONING`` deltas only)."""
+        return "".join(t.text for t in self.tokens if t.kind is DeltaKind.REASONING)
 
     @property
     def raw_text(self) -> str:

@@ -78,7 +78,11 @@ def new_task(engine: BatchEngine, req: GenRequest, number: int, cap: int) -> Sim
     budget = req.max_tokens if req.max_tokens is not None else engine.config.default_max_tokens
     budget = cap if budget is None else min(budget, cap)
     plan = plan_output(
-        engine.config.seed, req.prompt, req.tool, ignore_eos_until=budget if req.ignore_eos else None
+        engine.config.seed,
+        req.prompt,
+        req.tool,
+        ignore_eos_until=budget if req.ignore_eos else None,
+        reasoning_tokens=engine.config.reasoning_tokens,
     )
     return SimTask(
         id=f"req-{number}",

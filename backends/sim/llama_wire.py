@@ -70,6 +70,8 @@ def _tool_call_json(task: SimTask) -> list[dict[str, Any]]:
 def chat_message(task: SimTask) -> dict[str, Any]:
     """``common_chat_msg::to_json_oaicompat`` for the answer."""
     message: dict[str, Any] = {"role": "assistant", "content": task.answer.text}
+    if task.answer.reasoning:
+        message["reasoning_content"] = task.answer.reasoning
     calls = _tool_call_json(task)
     if calls:
         message["tool_calls"] = calls
@@ -108,6 +110,8 @@ def token_delta(task: SimTask, token: OutToken) -> dict[str, Any] | None:
     call = task.answer.tool_call
     if token.kind is DeltaKind.TEXT:
         return {"content": token.text}
+    if token.kind is DeltaKind.REASONING:
+        return {"reasoning_content": token.text}
     if token.kind is DeltaKind.TOOL_START and call is not None:
         return {
             "tool_calls": [{"index": 0, "id": call.key, "type": "function", "function": {"name": call.name}}]

@@ -71,7 +71,7 @@ def chat_message(task: SimTask) -> dict[str, Any]:
     if call is not None:
         function = {"name": call.name, "arguments": task.answer.arguments}
         message["tool_calls"] = [{"id": tool_call_id(task), "type": "function", "function": function}]
-    message["reasoning"] = None
+    message["reasoning"] = task.answer.reasoning or None
     return message
 
 
@@ -138,6 +138,8 @@ def token_delta(task: SimTask, token: OutToken) -> dict[str, Any] | None:
     call = task.answer.tool_call
     if token.kind is DeltaKind.TEXT:
         return {"content": token.text}
+    if token.kind is DeltaKind.REASONING:
+        return {"reasoning": token.text}
     if token.kind is DeltaKind.TOOL_START and call is not None:
         return {
             "tool_calls": [
