@@ -19,7 +19,7 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from backends.sim import llama_wire, messages_wire, vllm_wire
-from backends.sim.chat import InvalidChat
+from backends.sim.chat import InvalidChat, render_chat
 from backends.sim.convert import ServerError, anthropic_to_chat
 from backends.sim.engine_base import BatchEngine
 from backends.sim.events import EventKind
@@ -100,12 +100,20 @@ async def read_body(request: AnyRequest) -> dict[str, Any] | Response[bytes]:
     return body
 
 
-def vllm_checks(engine: BatchEngine, req: GenRequest, wrap: ErrorWrap) -> Response[bytes] | None:
-    """Model name (404) and context length (400), as the chat handler checks them."""
+def vllm_checks(
+    engine: BatchEngine, req: GenRequest, wrap: ErrorWrap, chat: dict[str, Any], max_tokens_param: str
+) -> Response[bytes] | None:
+    """Model name (404) and context length (400), as the chat handler checks them; ``chat`` is the
+    converted body (its rendered length is what vLLM measures), ``max_tokens_param`` how the
+    endpoint's chat request names the output budget."""
     if req.model is not None and req.model != engine.config.model:
         message = f"The model `{req.model}` does not exist. Valid aliases: {engine.config.model}."
         return wrap(vllm_error(message, "NotFoundError", 404, "model"))
-    error = context_error(len(req.prompt), req.max_tokens, engine.config.context_window)
+    n_chars = len(render_chat(chat["messages"], chat.get("tools")))
+    window = engine.config.context_window
+    error = context_error(
+        len(req.prompt), req.max_tokens, window, n_chars=n_chars, max_tokens_param=max_tokens_param
+    )
     if error is not None:
         engine.log.record(EventKind.REJECT, f"rejected-{secrets.token_hex(4)}", prompt_tokens=len(req.prompt))
         return wrap(error)
@@ -180,15 +188,24 @@ def stream(
     return Stream(body(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _parse(engine: BatchEngine, body: dict[str, Any], count: bool) -> GenRequest | Response[bytes]:
+def _parse(
+    engine: BatchEngine, body: dict[str, Any], count: bool
+) -> tuple[dict[str, Any], GenRequest] | Response[bytes]:
+    """The converted chat body and its request, or the engine's error."""
     llama = is_llama(engine)
     if not llama:
         for name in ("model", "messages") if count else ("model", "messages", "max_tokens"):
             if name not in body:
                 return validation_error("missing", ("body", name), "Field required", body)
+        max_tokens = body.get("max_tokens")
+        if not count and isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens <= 0:
+            error = ValueError("max_tokens must be positive")  # the request model's field validator
+            return validation_error(
+                "value_error", ("body", "max_tokens"), f"Value error, {error}", max_tokens, {"error": error}
+            )
     try:
         chat = anthropic_to_chat(body, llama)
-        return parse_request(chat, Endpoint.CHAT, llama=llama)
+        return chat, parse_request(chat, Endpoint.CHAT, llama=llama)
     except ServerError as exc:
         return llama_error(str(exc), "server_error", 500)
     except InvalidChat as exc:
@@ -204,10 +221,10 @@ async def count_tokens(request: AnyRequest) -> Response[bytes]:
     body = await read_body(request)
     if isinstance(body, Response):
         return body
-    req = _parse(engine, body, count=True)
-    if isinstance(req, Response):
-        return req
-    n = len(req.prompt)
+    parsed = _parse(engine, body, count=True)
+    if isinstance(parsed, Response):
+        return parsed
+    n = len(parsed[1].prompt)
     if is_llama(engine):
         return json_response({"input_tokens": n})
     return json_response({"input_tokens": n, "context_management": {"original_input_tokens": n}})
@@ -220,22 +237,20 @@ async def messages(request: AnyRequest) -> Response[Any]:
     body = await read_body(request)
     if isinstance(body, Response):
         return body
-    req = _parse(engine, body, count=False)
-    if isinstance(req, Response):
-        return req
+    parsed = _parse(engine, body, count=False)
+    if isinstance(parsed, Response):
+        return parsed
+    chat, req = parsed
     llama = is_llama(engine)
     if not llama:
-        if req.max_tokens is not None and req.max_tokens < 1:
-            message = f"max_tokens must be at least 1, got {req.max_tokens}."
-            return to_anthropic(vllm_error(message, "BadRequestError", 400, "max_tokens"))
-        rejected = vllm_checks(engine, req, to_anthropic)
+        rejected = vllm_checks(engine, req, to_anthropic, chat, "max_completion_tokens")
         if rejected is not None:
             return rejected
     started = await launch(request, engine, req)
     if isinstance(started, Response):
         return started
     task = started
-    msg_id = "chatcmpl-" + (secrets.token_hex(16) if not llama else _llama_id())
+    msg_id = "chatcmpl-" + (secrets.token_hex(8) if not llama else _llama_id())  # vLLM: 16 hex digits
     model = engine.config.model
     details = engine.config.enable_prompt_tokens_details
     call_id = None if llama else vllm_wire.tool_call_id(task)

@@ -37,7 +37,7 @@ from backends.sim.messages_app import (
 )
 from backends.sim.requests import Endpoint, GenRequest, parse_request
 from backends.sim.task import SimError, SimTask
-from backends.sim.vllm_errors import validation_error
+from backends.sim.vllm_errors import summarize_input, validation_error
 
 AnyRequest = Request[Any, Any, Any]
 LLAMA_NO_PREVIOUS = "llama.cpp does not support 'previous_response_id'."
@@ -57,11 +57,33 @@ def _parse_llama(body: dict[str, Any]) -> GenRequest | Response[bytes]:
         return llama_error(str(exc))
 
 
+def _validated(body: dict[str, Any]) -> dict[str, Any]:
+    """The body as pydantic sees it after the request model's ``check_tool_usage`` (which sets
+    ``tool_choice: none`` when there are no tools), for the ``<dict of N items>`` of its errors."""
+    if not body.get("tools") and body.get("tool_choice", "auto") in ("auto", "none"):
+        return body | {"tool_choice": "none"}
+    return body
+
+
+def _input_type_error(value: Any) -> Response[bytes]:
+    """``input`` neither a string nor a list: pydantic reports both union members."""
+    given = summarize_input(value)
+    details = [
+        {"type": kind, "loc": "body.input", "msg": f"Input should be a valid {what}", "input": given}
+        for kind, what in (("string_type", "string"), ("list_type", "list"))
+    ]
+    message = "2 validation errors:\n" + "\n".join(f"  {detail}" for detail in details)
+    return vllm_error(message, "Bad Request", 400, "body.input")
+
+
 def _parse_vllm(engine: BatchEngine, body: dict[str, Any]) -> GenRequest | Response[bytes]:
     if "input" not in body:
-        return validation_error("missing", ("body", "input"), "Field required", body)
+        return validation_error("missing", ("body", "input"), "Field required", _validated(body))
+    if not isinstance(body["input"], str | list):
+        return _input_type_error(body["input"])
     try:
-        req = parse_request(responses_to_chat(body), Endpoint.CHAT, llama=False)
+        chat = responses_to_chat(body)
+        req = parse_request(chat, Endpoint.CHAT, llama=False)
     except InvalidChat as exc:
         return vllm_error(str(exc), "BadRequestError", 400, exc.param)
     previous = body.get("previous_response_id")
@@ -69,11 +91,7 @@ def _parse_vllm(engine: BatchEngine, body: dict[str, Any]) -> GenRequest | Respo
         return vllm_error(
             f"Response with id '{previous}' not found.", "invalid_request_error", 404, "response_id"
         )
-    n, limit = len(req.prompt), engine.config.context_window
-    if req.model in (None, engine.config.model) and n >= limit:
-        message = f"The engine prompt length {n} exceeds the max_model_len {limit}. Please reduce prompt."
-        return vllm_error(message, "invalid_request_error", 400, "input")
-    return vllm_checks(engine, req, keep) or req
+    return vllm_checks(engine, req, keep, chat, "max_output_tokens") or req
 
 
 def _flat_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,19 +102,25 @@ def _flat_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _float(value: Any) -> Any:
+    """pydantic's ``float`` field: an integer becomes a float (``0`` -> ``0.0``); others stay."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def vllm_usage(task: SimTask, created: int) -> dict[str, Any]:
-    """``ResponseUsage`` of a single-turn request."""
+    """``ResponseUsage`` of a single-turn request (``SimpleContext`` keeps no per-turn metrics, so
+    the ``..._per_turn`` lists are empty)."""
     n_prompt, n_out = len(task.prompt), task.n_emitted
     return {
         "input_tokens": n_prompt,
         "input_tokens_details": {
             "cached_tokens": task.cached, "cache_write_tokens": created,
-            "input_tokens_per_turn": [n_prompt], "cached_tokens_per_turn": [task.cached],
+            "input_tokens_per_turn": [], "cached_tokens_per_turn": [],
         },
         "output_tokens": n_out,
         "output_tokens_details": {
             "reasoning_tokens": 0, "tool_output_tokens": 0,
-            "output_tokens_per_turn": [n_out], "tool_output_tokens_per_turn": [0],
+            "output_tokens_per_turn": [], "tool_output_tokens_per_turn": [],
         },
         "total_tokens": n_prompt + n_out,
     }  # fmt: skip
@@ -113,9 +137,10 @@ def vllm_response(
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": body.get("instructions"), "metadata": body.get("metadata"), "model": model,
         "object": "response", "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "temperature": body.get("temperature", 1.0),
+        "temperature": _float(body.get("temperature", 1.0)),
         "tool_choice": body.get("tool_choice", "auto" if tools else "none"),
-        "tools": tools, "top_p": body.get("top_p", 1.0), "background": bool(body.get("background", False)),
+        "tools": tools, "top_p": _float(body.get("top_p", 1.0)),
+        "background": bool(body.get("background", False)),
         "max_output_tokens": max_tokens, "max_tool_calls": body.get("max_tool_calls"),
         "previous_response_id": None, "prompt": None, "reasoning": body.get("reasoning"),
         "service_tier": body.get("service_tier", "auto"), "status": status, "text": body.get("text"),

@@ -69,12 +69,19 @@ def vllm_validation_error(message: str, param: str | None, value: Any = None) ->
 
 
 def context_error(
-    n_prompt: int, max_tokens: int | None, max_model_len: int, *, n_chars: int | None = None
+    n_prompt: int,
+    max_tokens: int | None,
+    max_model_len: int,
+    *,
+    n_chars: int | None = None,
+    max_tokens_param: str = "max_tokens",
 ) -> Response[bytes] | None:
     """The 400 for a prompt that cannot fit, or None (``prompt + max_tokens`` overflow is clamped instead).
 
     ``n_chars`` is the length of the text the server tokenizes itself (the rendered chat, a text
-    prompt), None for a token-id prompt. In vLLM's order:
+    prompt), None for a token-id prompt; ``max_tokens_param`` is how the endpoint names the output
+    budget (``max_completion_tokens`` for Anthropic Messages, ``max_output_tokens`` for Responses).
+    In vLLM's order:
 
     * ``max_tokens > M``: "max_tokens=X cannot be greater than max_model_len=M. ..."
     * ``n_chars > M * MAX_CHARS_PER_TOKEN``: "... your prompt contains C characters (more than ...
@@ -88,10 +95,10 @@ def context_error(
     m = max_model_len
     if max_tokens is not None and max_tokens > m:
         message = (
-            f"max_tokens={max_tokens} cannot be greater than max_model_len={m}. "
+            f"{max_tokens_param}={max_tokens} cannot be greater than max_model_len={m}. "
             "Please request fewer output tokens."
         )
-        return vllm_validation_error(message, "max_tokens", max_tokens)
+        return vllm_validation_error(message, max_tokens_param, max_tokens)
     if n_chars is not None and n_chars > m * MAX_CHARS_PER_TOKEN:
         message = (
             f"This model's maximum context length is {m} tokens. However, your prompt contains "

@@ -76,3 +76,22 @@ def chat_event_kinds(raw: bytes) -> list[str]:
         if not (collapsed and kind in ("content", "tool") and collapsed[-1] == kind):
             collapsed.append(kind)
     return collapsed
+
+
+def named_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """The ``event:``/``data:`` pairs of a named-event SSE body (Anthropic Messages, OpenAI Responses)."""
+    out = []
+    for block in raw.decode("utf-8").split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in fields:
+            out.append((fields["event"], json.loads(fields["data"])))
+    return out
+
+
+def collapsed(names: list[str]) -> list[str]:
+    """Event names with runs of the same delta event counted once (lengths differ by model)."""
+    out: list[str] = []
+    for name in names:
+        if not (out and name == out[-1] and name.endswith("delta")):
+            out.append(name)
+    return out

@@ -8,7 +8,6 @@ Anthropic conversion builds a fresh body), ``/v1/responses`` honours both (its c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from backends.sim import SimConfig, create_sim_app
 from policies import Architecture
 from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory
-from tests.real.shapes import differences, shape
+from tests.real.shapes import collapsed, differences, named_events, shape
 from tests.servers import serve
 
 pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(300)]
@@ -54,24 +53,6 @@ def both(pair: Pair, path: str, body: Any) -> list[httpx.Response]:
 def assert_same_shape(real: Any, sim: Any) -> None:
     found = differences(shape(real), shape(sim))
     assert not found, "\n".join(found)
-
-
-def named_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for block in raw.decode("utf-8").split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in fields:
-            out.append((fields["event"], json.loads(fields["data"])))
-    return out
-
-
-def collapsed(names: list[str]) -> list[str]:
-    """Event names with runs of the same delta event counted once (lengths differ by model)."""
-    out: list[str] = []
-    for name in names:
-        if not (out and name == out[-1] and name.endswith("delta")):
-            out.append(name)
-    return out
 
 
 MESSAGES_BODY = {"model": DEFAULT_ALIAS, "max_tokens": 6, "messages": MESSAGES, "system": "Be brief."}

@@ -3,7 +3,8 @@
 One real server for the module (the tiny random-weight hybrid Qwen3-Next, ``--block-size 32``, so
 the attention block becomes 64 tokens, started with ``--api-key`` so the 401 is covered without a
 second ~35 s start) and the simulator configured alike (same served name, ``max_model_len``, hybrid
-architecture, prefix caching, the real block size, the same key). The same requests go to both;
+architecture, prefix caching, the real block size, the same key). The same requests go to both
+(the OpenAI endpoints, and the agents' Anthropic Messages and OpenAI Responses endpoints);
 JSON keys and types, SSE event sequences, the metric names turnout reads and error bodies must
 match. Values (text, timings, token counts) are the engines' own.
 """
@@ -20,7 +21,14 @@ import pytest
 from backends.parsers.prometheus import parse_samples
 from backends.sim import SimConfig, create_sim_app
 from policies import Architecture
-from tests.real.shapes import chat_event_kinds, differences, shape, sse_payloads
+from tests.real.shapes import (
+    chat_event_kinds,
+    collapsed,
+    differences,
+    named_events,
+    shape,
+    sse_payloads,
+)
 from tests.real.vllm_server import VllmServer, VllmServerFactory
 from tests.servers import serve
 
@@ -255,3 +263,152 @@ def test_auth_error(real: VllmServer, sim_url: str) -> None:
         assert httpx.get(base + "/metrics", timeout=30).status_code == 200
         tokenize = httpx.post(base + "/tokenize", json={"model": MODEL, "prompt": "hi"}, timeout=30)
         assert tokenize.status_code == 200, base
+
+
+# --- Agent APIs: Anthropic Messages and OpenAI Responses -------------------------------------------
+
+MESSAGES_BODY = {
+    "model": MODEL,
+    "max_tokens": 6,
+    "messages": MESSAGES,
+    "system": "Be brief.",
+    "temperature": 0,
+}  # no ``ignore_eos``: vLLM's Anthropic conversion drops it (greedy decoding runs the 6 tokens anyway)
+RESPONSES_BODY = {
+    "model": MODEL,
+    "max_output_tokens": 6,
+    "input": "Say something about routers.",
+    "temperature": 0,
+    "ignore_eos": True,
+}
+AGENT_BODIES = [("/v1/messages", MESSAGES_BODY), ("/v1/responses", RESPONSES_BODY)]
+
+
+@pytest.mark.parametrize(("path", "body"), AGENT_BODIES, ids=["messages", "responses"])
+def test_agent_non_stream(pair: Pair, path: str, body: dict[str, Any]) -> None:
+    real, sim = both(pair, "POST", path, json=body)
+    assert real.status_code == sim.status_code == 200, (real.text, sim.text)
+    assert real.headers["content-type"] == sim.headers["content-type"]
+    assert_same_shape(real.json(), sim.json())
+    for answer in (real.json(), sim.json()):
+        usage = answer["usage"]
+        assert usage["output_tokens"] == 6
+        if path == "/v1/messages":
+            assert answer["stop_reason"] == "max_tokens"
+        else:
+            assert answer["status"] == "incomplete"
+            assert answer["incomplete_details"] == {"reason": "max_output_tokens"}
+            assert usage["total_tokens"] == usage["input_tokens"] + 6
+    if path == "/v1/responses":  # the request echo and the single-turn usage details, value for value
+        volatile = {"id", "created_at", "output", "usage"}
+        echo = [{k: v for k, v in r.json().items() if k not in volatile} for r in (real, sim)]
+        assert echo[0] == echo[1]
+        per_turn = [
+            {
+                k: v
+                for part in ("input_tokens_details", "output_tokens_details")
+                for k, v in r.json()["usage"][part].items()
+                if "turn" in k
+            }
+            for r in (real, sim)
+        ]
+        assert per_turn[0] == per_turn[1]
+
+
+def first_and_last_by_name(events: list[tuple[str, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for name, data in events:
+        by_name.setdefault(name, []).append(data)
+    return {name: [found[0], found[-1]] for name, found in by_name.items()}
+
+
+@pytest.mark.parametrize(("path", "body"), AGENT_BODIES, ids=["messages", "responses"])
+def test_agent_stream(pair: Pair, path: str, body: dict[str, Any]) -> None:
+    """The same event-name sequence (runs of deltas counted once) and, per event name, the same shape
+    of its first and last occurrence; every event's ``type`` is its SSE name; no ``[DONE]``."""
+    real, sim = both(pair, "POST", path, json=body | {"stream": True})
+    assert real.status_code == sim.status_code == 200, (real.text, sim.text)
+    assert real.headers["content-type"] == sim.headers["content-type"]
+    real_events, sim_events = named_events(real.content), named_events(sim.content)
+    real_names, sim_names = collapsed([n for n, _ in real_events]), collapsed([n for n, _ in sim_events])
+    assert real_names == sim_names, (real_names, sim_names)
+    if path == "/v1/messages":
+        assert real_names == [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
+    else:
+        assert real_names[:2] == ["response.created", "response.in_progress"]
+        assert real_names[-1] == "response.completed"
+        for events in (real_events, sim_events):
+            assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    for events in (real_events, sim_events):
+        assert all(data["type"] == name for name, data in events)
+    for raw in (real.content, sim.content):
+        assert b"[DONE]" not in raw
+    real_by_name, sim_by_name = first_and_last_by_name(real_events), first_and_last_by_name(sim_events)
+    for name, found in real_by_name.items():
+        for real_data, sim_data in zip(found, sim_by_name[name], strict=True):
+            assert_same_shape(real_data, sim_data)
+
+
+def test_messages_count_tokens(pair: Pair) -> None:
+    body = {"model": MODEL, "messages": MESSAGES, "system": "Be brief."}
+    real, sim = both(pair, "POST", "/v1/messages/count_tokens", json=body)
+    assert real.status_code == sim.status_code == 200, (real.text, sim.text)
+    assert_same_shape(real.json(), sim.json())
+    for answer in (real.json(), sim.json()):
+        assert answer["input_tokens"] > 0
+
+
+LONG = "route " * 3000
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"model": MODEL, "messages": MESSAGES}),
+        ("/v1/messages", {"max_tokens": 2, "messages": MESSAGES}),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 0, "messages": MESSAGES}),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 4000, "messages": MESSAGES}),
+        ("/v1/messages", {"model": "gpt-9", "max_tokens": 2, "messages": MESSAGES}),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": LONG}]}),
+        ("/v1/messages/count_tokens", {"model": MODEL}),
+        ("/v1/responses", {"model": MODEL, "input": "x", "previous_response_id": "resp_1"}),
+        ("/v1/responses", {"model": MODEL, "input": "x", "previous_response_id": "resp_1", "stream": True}),
+        ("/v1/responses", {"model": MODEL}),
+        ("/v1/responses", {"model": MODEL, "input": 5}),
+        ("/v1/responses", {"model": MODEL, "input": "x", "max_output_tokens": 4000}),
+        ("/v1/responses", {"model": "gpt-9", "input": "x", "max_output_tokens": 2}),
+        ("/v1/responses", {"model": MODEL, "input": LONG}),
+    ],
+    ids=[
+        "messages-missing-max-tokens",
+        "messages-missing-model",
+        "messages-zero-max-tokens",
+        "messages-max-tokens-over-context",
+        "messages-unknown-model",
+        "messages-too-long",
+        "count-tokens-missing-messages",
+        "unknown-previous-response-id",
+        "unknown-previous-response-id-stream",
+        "responses-missing-input",
+        "responses-input-type",
+        "responses-max-output-tokens-over-context",
+        "responses-unknown-model",
+        "responses-too-long",
+    ],
+)
+def test_agent_errors(pair: Pair, path: str, body: dict[str, Any]) -> None:
+    """Same status and body, message included: Anthropic handler errors come as
+    ``{"type": "error", "error": {...}}``, request-validation errors keep vLLM's ``Bad Request`` shape,
+    and the Responses API keeps vLLM's ``ErrorResponse``."""
+    real, sim = both(pair, "POST", path, json=body)
+    assert real.status_code == sim.status_code, (real.text, sim.text)
+    assert real.headers["content-type"] == sim.headers["content-type"]
+    assert_same_shape(real.json(), sim.json())
+    assert real.json() == sim.json()

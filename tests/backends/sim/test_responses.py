@@ -107,9 +107,13 @@ def test_errors() -> None:
         previous = client.post("/v1/responses", json={"input": "x", "previous_response_id": "resp_1"})
         assert previous.status_code == 404
         assert previous.json()["error"]["param"] == "response_id"
-        long = client.post("/v1/responses", json={"input": "route " * 200})
+        long = client.post("/v1/responses", json={"input": "route " * 200})  # > 64 * 13 characters
         assert long.status_code == 400
-        assert long.json()["error"]["param"] == "input"
+        assert long.json()["error"]["param"] == "input_text"
+        long = client.post("/v1/responses", json={"input": "route " * 100})  # > 64 tokens
+        assert long.status_code == 400
+        assert long.json()["error"]["param"] == "input_tokens"
+        assert "at least 65 input tokens" in long.json()["error"]["message"]
         missing = client.post("/v1/responses", json={"model": "sim-model"})
         assert missing.status_code == 400
         assert missing.json()["error"]["type"] == "Bad Request"
