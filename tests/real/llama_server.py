@@ -94,6 +94,8 @@ class LlamaServer:
             str(self.port),
             "--metrics",
             "--slots",
+            "--temp",
+            "0",  # greedy: a random-weight model gives the same text every run
             *self.extra_args,
         ]
 

@@ -55,8 +55,14 @@ def assert_same_shape(real: Any, sim: Any) -> None:
     assert not found, "\n".join(found)
 
 
-MESSAGES_BODY = {"model": DEFAULT_ALIAS, "max_tokens": 6, "messages": MESSAGES, "system": "Be brief."}
-RESPONSES_BODY = {"model": DEFAULT_ALIAS, "max_output_tokens": 6, "input": "Say something about routers."}
+# Greedy decoding: a random-weight model sampled at temperature 0.8 sometimes streams text that the
+# server's output parser re-reads (a restarted or role-less stream), which would make runs differ.
+MESSAGES_BODY = {
+    "model": DEFAULT_ALIAS, "max_tokens": 6, "messages": MESSAGES, "system": "Be brief.", "temperature": 0
+}  # fmt: skip
+RESPONSES_BODY = {
+    "model": DEFAULT_ALIAS, "max_output_tokens": 6, "input": "Say something about routers.", "temperature": 0
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,11 @@ def test_metric_names(pair: tuple[httpx.Client, httpx.Client]) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_non_stream(pair: tuple[httpx.Client, httpx.Client], path: str) -> None:
-    body: dict[str, Any] = {"model": DEFAULT_ALIAS, "max_tokens": 6}
+    body: dict[str, Any] = {
+        "model": DEFAULT_ALIAS,
+        "max_tokens": 6,
+        "temperature": 0,
+    }  # greedy: same text each run
     body |= {"messages": MESSAGES} if "chat" in path else {"prompt": "Once upon a time"}
     real, sim = both(pair, "POST", path, json=body)
     assert real.status_code == sim.status_code == 200
@@ -119,7 +123,7 @@ def test_non_stream(pair: tuple[httpx.Client, httpx.Client], path: str) -> None:
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_stream(pair: tuple[httpx.Client, httpx.Client], path: str, include_usage: bool) -> None:
-    body: dict[str, Any] = {"model": DEFAULT_ALIAS, "max_tokens": 6, "stream": True}
+    body: dict[str, Any] = {"model": DEFAULT_ALIAS, "max_tokens": 6, "stream": True, "temperature": 0}
     body |= {"messages": MESSAGES} if "chat" in path else {"prompt": "Once upon a time"}
     if include_usage:
         body["stream_options"] = {"include_usage": True}
