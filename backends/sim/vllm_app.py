@@ -193,7 +193,9 @@ async def _generate(request: AnyRequest, endpoint: Endpoint) -> Response[Any]:
     req = checked
     engine.n_tasks += 1
     task = new_task(engine, req, engine.n_tasks, engine.config.context_window - len(req.prompt))
-    req_id = ("chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-") + secrets.token_hex(16)
+    req_id = ("chatcmpl-" if endpoint is Endpoint.CHAT else "cmpl-") + secrets.token_hex(
+        8
+    )  # vLLM 0.32: 16 hex digits
     created = int(time.time())
     engine.submit(task)
     if req.stream:

@@ -412,3 +412,10 @@ def test_agent_errors(pair: Pair, path: str, body: dict[str, Any]) -> None:
     assert real.headers["content-type"] == sim.headers["content-type"]
     assert_same_shape(real.json(), sim.json())
     assert real.json() == sim.json()
+
+
+def test_completion_ids_look_alike(pair: Pair) -> None:
+    """Same id prefix and length (clients and log tooling sometimes parse them)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    real_id, sim_id = (client.post("/v1/chat/completions", json=body).json()["id"] for client in pair)
+    assert (real_id.split("-", 1)[0], len(real_id)) == (sim_id.split("-", 1)[0], len(sim_id))
