@@ -30,6 +30,15 @@ class Tap:
             return
         sent: list[bytes] = []
         received: list[bytes] = []
+        recorded = False
+        tapped = scope["method"] == "POST" and scope["path"].startswith("/v1/")  # not the probes
+
+        def record() -> None:
+            nonlocal recorded
+            if tapped and not recorded:
+                recorded = True
+                self.bodies.append((scope["path"], b"".join(sent)))
+                self.requests.append(b"".join(received))
 
         async def tap_receive() -> Any:
             message = await receive()
@@ -40,14 +49,14 @@ class Tap:
         async def tap_send(message: Any) -> None:
             if message["type"] == "http.response.body":
                 sent.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    record()  # before the last bytes leave: the client cannot finish reading first
             await send(message)
 
         try:
             await self.app(scope, tap_receive, tap_send)
         finally:
-            if scope["method"] == "POST" and scope["path"].startswith("/v1/"):  # not the probes
-                self.bodies.append((scope["path"], b"".join(sent)))
-                self.requests.append(b"".join(received))
+            record()
 
     @property
     def state(self) -> Any:
