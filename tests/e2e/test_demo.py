@@ -59,8 +59,14 @@ def demo() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
     try:
         yield process, url, sims
     finally:
-        if process.poll() is None:
-            process.kill()
+        if (
+            process.poll() is None
+        ):  # SIGTERM first: the demo stops its simulators on it, SIGKILL would orphan them
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 def test_demo_serves_both_models(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
