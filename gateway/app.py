@@ -138,6 +138,7 @@ def create_app(settings: Settings) -> Litestar:
         max_sessions=settings.state.max_sessions,
         session_ttl_s=settings.state.session_ttl_s,
         max_decisions=settings.state.decision_log_size,
+        prefix_tokens_per_backend=settings.state.prefix_index_tokens,
     )
 
     @asynccontextmanager
@@ -145,7 +146,7 @@ def create_app(settings: Settings) -> Litestar:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(limits=limits, timeout=None) as client:
             fleet = Fleet(backend_specs(settings, catalog), client)
-            router = Router(fleet, store, profile)
+            router = Router(fleet, store, profile, lease_idle_s=settings.state.lease_idle_s)
             app.state.relay = Relay(
                 fleet,
                 catalog,

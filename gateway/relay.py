@@ -135,7 +135,9 @@ class Relay:
                         if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
                             self.fleet.report_failure(exc.backend_id, exc.message)
                         raise
-                    token = self.fleet.begin(decision.chosen.backend_id, decision.slot)
+                    chosen = decision.chosen_candidate
+                    expected = chosen.estimate.total_s if chosen and chosen.estimate else 0.0
+                    token = self.fleet.begin(decision.chosen.backend_id, decision.slot, expected)
                     return Opened(routed, ResponseRelay(upstream, response), token)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
@@ -150,8 +152,8 @@ class Relay:
         features = extract(body, endpoint, model=model.name, headers=headers, chars_per_token=chars_per_token)
         if endpoint is Endpoint.COUNT_TOKENS:  # no inference: no session, no slot, nothing to learn
             return await self.router.decide(features, None)
-        features = await self.router.count_if_near_limit(features, body)
         features, session = await self.router.resolve_session(features)
+        features = await self.router.count_if_near_limit(features, body, session)
         return await self.router.decide(features, session)
 
     async def handle(self, request: Request[Any, Any, Any], endpoint: Endpoint) -> Response[Any]:
@@ -249,6 +251,7 @@ class Relay:
                 shared_prefix_tokens=chosen.estimate.shared_prefix_tokens if chosen.estimate else 0,
                 stream=relay.request.stream,
                 contended=chosen.estimate.contended if chosen.estimate else False,
+                from_ram=chosen.estimate.source == "ram" if chosen.estimate else False,
             )
         entry = decision_entry(opened.routed, record.request_id, outcome, record.status)
         if outcome is not None:

@@ -18,10 +18,16 @@ import structlog
 
 from backends.fleet import Fleet
 from gateway.state import StateStore
-from policies import Decision, Profile, RequestFeatures, route
+from policies import Decision, Endpoint, Profile, RequestFeatures, route
+from policies.cost import DEFAULT_LEASE_IDLE_S
+from policies.features import MESSAGE_OVERHEAD_TOKENS
 from policies.learning import LearnedState, learn
+from policies.prefix import PromptChain
 from policies.route import RoutingContext
 from policies.types import EngineKind, Health, Outcome, SessionSource, SessionView
+
+MESSAGE_START = 0x1E  # policies.prefix.render puts this byte before every message
+SEPARATORS = b"\x1c\x1d\x1e\x1f"  # render's field separators: not part of what the engine counts
 
 log = structlog.get_logger(__name__)
 CLAIM_ATTEMPTS = 3
@@ -45,33 +51,49 @@ def session_label(key: str) -> str:
 
 
 class Router:
-    def __init__(self, fleet: Fleet, store: StateStore, profile: Profile) -> None:
+    def __init__(
+        self, fleet: Fleet, store: StateStore, profile: Profile, *, lease_idle_s: float = DEFAULT_LEASE_IDLE_S
+    ) -> None:
         self.fleet = fleet
         self.store = store
         self.profile = profile
+        self.lease_idle_s = lease_idle_s
         self.learned = LearnedState()
         self._sequence = itertools.count()
 
     async def resolve_session(self, features: RequestFeatures) -> tuple[RequestFeatures, SessionView | None]:
-        """The request's session: the named one, else a known conversation it continues, else a new one."""
+        """The request's session: the named one, else the known one whose last prompt this one
+        extends (the prefix index), else a new one. A prompt that extends the session's last one is
+        estimated as that prompt's exact count plus its new part."""
         key = features.session_key
         if key is None:
-            if not features.prefix_hashes:
+            if not features.chain.length:
                 return features, None
-            key = await self.store.find_session(features.prefix_hashes) or f"i:{features.prefix_hashes[-1]}"
+            key = await self.store.find_session(features.chain) or f"i:{features.chain.whole:016x}"
             features = replace(features, session_key=key, session_source=SessionSource.IMPLICIT)
         session = await self.store.get_session(key) or SessionView(key=key)
+        previous = session.prompt
+        if previous is not None and session.prompt_tokens and features.chain.extends(previous):
+            added = features.chain.stream[previous.length :]
+            chars_per_token = self.learned.for_model(features.model).chars_per_token.value
+            estimate = round(len(added) / chars_per_token) + MESSAGE_OVERHEAD_TOKENS * added.count(
+                MESSAGE_START
+            )
+            features = replace(
+                features, prompt_tokens=session.prompt_tokens + estimate, prompt_counted="added"
+            )
         return features, session
 
     async def count_if_near_limit(
-        self, features: RequestFeatures, body: Mapping[str, Any]
+        self, features: RequestFeatures, body: Mapping[str, Any], session: SessionView | None
     ) -> RequestFeatures:
-        """Replace the estimate by the engine's exact count when it is close to a context window.
+        """Replace the estimate by the engine's count when it is close to a context window.
 
         Estimates come from characters; near a limit the difference decides between a backend and
         a 400, so the first healthy candidate whose window is within the margin is asked. The margin
-        is wide until the model's characters per token were learned, narrow after (the count
-        re-tokenizes the whole prompt, which costs real time on long prompts).
+        is wide until the model's characters per token were learned, narrow after. A turn that
+        extends its session's last prompt (whose exact count the engine reported) has only its new
+        part counted, so a warm turn never waits on re-tokenizing the whole conversation.
         """
         if features.prompt_tokens < MIN_COUNTED_PROMPT:
             return features
@@ -82,15 +104,25 @@ class Router:
             window = deployment.context_window if deployment else None
             if deployment is None or window is None or snapshot.health not in (Health.READY, Health.UNKNOWN):
                 continue
-            if abs(features.prompt_tokens - window) <= margin * window:
-                adapter = self.fleet.adapter(snapshot.backend_id)
-                count = await adapter.count_tokens(features.endpoint, body, deployment)
-                if count is not None:
-                    return replace(features, prompt_tokens=count, prompt_exact=True)
+            if abs(features.prompt_tokens - window) > margin * window:
+                continue
+            adapter = self.fleet.adapter(snapshot.backend_id)
+            if features.prompt_counted == "added" and session is not None and session.prompt is not None:
+                added = features.chain.stream[session.prompt.length :]
+                messages = added.count(MESSAGE_START)
+                text = added.translate(None, SEPARATORS).decode("utf-8", "replace")
+                part = await adapter.count_tokens(Endpoint.COMPLETIONS, {"prompt": text}, deployment)
+                if part is not None:
+                    total = session.prompt_tokens + part + MESSAGE_OVERHEAD_TOKENS * messages
+                    return replace(features, prompt_tokens=total, prompt_exact=True)
+                continue
+            count = await adapter.count_tokens(features.endpoint, body, deployment)
+            if count is not None:
+                return replace(features, prompt_tokens=count, prompt_exact=True, prompt_counted="counted")
         return features
 
     async def _context(
-        self, session: SessionView | None, excluded: frozenset[str]
+        self, session: SessionView | None, excluded: frozenset[str], chain: PromptChain
     ) -> tuple[Any, RoutingContext]:
         snapshots = [s for s in self.fleet.snapshots() if s.backend_id not in excluded]
         leases = {
@@ -98,8 +130,16 @@ class Router:
             for s in snapshots
             if s.kind is EngineKind.LLAMACPP
         }
+        matches = (
+            await self.store.match_prefix(chain, [s.backend_id for s in snapshots]) if chain.length else {}
+        )
         context = RoutingContext(
-            session=session, leases=leases, learned=self.learned, sequence=next(self._sequence)
+            session=session,
+            leases=leases,
+            learned=self.learned,
+            sequence=next(self._sequence),
+            matches=matches,
+            lease_idle_s=self.lease_idle_s,
         )
         return snapshots, context
 
@@ -108,7 +148,7 @@ class Router:
     ) -> Routed:
         """Route, and hold the chosen slot for the session (re-routing if another request took it first)."""
         for _ in range(CLAIM_ATTEMPTS):
-            snapshots, context = await self._context(session, excluded)
+            snapshots, context = await self._context(session, excluded, features.chain)
             decision = route(features, snapshots, self.profile, time.time(), context)
             chosen = decision.chosen_candidate
             if chosen is None or chosen.estimate is None or chosen.estimate.slot is None or session is None:
@@ -119,6 +159,7 @@ class Router:
                 session.key,
                 time.time(),
                 chosen.estimate.evicts,
+                features.prompt_tokens,
             )
             if claimed:
                 if chosen.estimate.evicts is not None:
@@ -132,9 +173,12 @@ class Router:
         chosen = decision.chosen_candidate
         if chosen is not None:
             self.learned = learn(self.learned, outcome, chosen.deployment)
+        chain = routed.features.chain
+        if chosen is not None and chain.length:
+            key = session.key if session is not None else None
+            tokens = outcome.usage.prompt_tokens
+            await self.store.record_prompt(outcome.backend_id, decision.slot, chain, tokens, key)
         if session is not None and chosen is not None:
-            sent = dict(session.sent)
-            sent[outcome.backend_id] = outcome.usage.prompt_tokens
             updated = SessionView(
                 key=session.key,
                 backend_id=outcome.backend_id,
@@ -143,10 +187,9 @@ class Router:
                 cached_tokens=outcome.usage.cached_tokens or 0,
                 turns=session.turns + 1,
                 last_seen=time.time(),
-                sent=tuple(sent.items()),
+                prompt=chain.mark if chain.length else None,
             )
-            prompt_hash = routed.features.prefix_hashes[-1] if routed.features.prefix_hashes else None
-            await self.store.save_session(updated, prompt_hash)
+            await self.store.save_session(updated)
         await self.store.record_decision(record)
 
 
@@ -163,6 +206,7 @@ def decision_entry(routed: Routed, request_id: str, outcome: Outcome | None, sta
         "session_source": features.session_source.value,
         "prompt_tokens_estimate": features.prompt_tokens,
         "prompt_tokens_exact": features.prompt_exact,
+        "prompt_tokens_counted": features.prompt_counted,
         "chosen": decision.chosen.backend_id if decision.chosen else None,
         "slot": decision.slot,
         "reason": decision.header,
@@ -179,6 +223,9 @@ def decision_entry(routed: Routed, request_id: str, outcome: Outcome | None, sta
                         "queue_s": round(c.estimate.queue_s, 4),
                         "slot": c.estimate.slot,
                         "warm": c.estimate.warm,
+                        "cache_source": c.estimate.source,
+                        "evicts": session_label(c.estimate.evicts) if c.estimate.evicts else None,
+                        "evict_cost_s": round(c.estimate.evict_cost_s, 4),
                         "note": c.estimate.note,
                     }
                     if c.estimate

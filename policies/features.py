@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.sessions import explicit_session, message_text, prefix_hashes, responses_messages
+from policies.prefix import chain_of, message_text, render, render_completion
+from policies.sessions import explicit_session, responses_messages
 from policies.types import Endpoint, RequestFeatures
 
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators a chat template adds per message
@@ -108,7 +109,11 @@ def extract(
         stream=bool(body.get("stream", False)),
         session_key=key,
         session_source=source,
-        prefix_hashes=prefix_hashes(messages, tools=body.get("tools")) if messages else (),
+        chain=chain_of(
+            render_completion(body.get("prompt"))
+            if endpoint is Endpoint.COMPLETIONS
+            else render(messages, body.get("tools"))
+        ),
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,
     )

@@ -13,6 +13,9 @@ Per deployment (``backend/model``):
 - ``reuse``: ``cached_tokens / reusable(shared_prefix_tokens)``, how much of what the engine could
   reuse of the conversation already sent to it it really did; ``reusable(n)`` is the whole blocks
   of ``n - 1`` tokens (an engine always recomputes at least the last prompt token).
+- ``ram_reuse``: the same ratio for prefixes expected from llama.cpp's RAM prompt cache (a slot
+  that held another conversation loads the best saved state); a server started with
+  ``--cache-ram 0`` reports no reuse there, and the ratio falls to 0 after its first such request.
 - ``block``: the greatest common divisor of the non-zero ``cached_tokens`` seen (vLLM caches whole
   blocks; llama.cpp's token-exact reuse drives it to 1).
 - ``service_s``: request duration, for queue-wait estimates.
@@ -33,11 +36,16 @@ from policies.types import Architecture, Deployment, EngineKind, Outcome
 
 ALPHA = 0.3
 SPREAD = 50.0
+RATIO_MAX = 1.5
 
 PRIOR_PREFILL = {EngineKind.VLLM: 6600.0, EngineKind.LLAMACPP: 3000.0, EngineKind.OPENAI: 3000.0}
 PRIOR_DECODE = {EngineKind.VLLM: 64.0, EngineKind.LLAMACPP: 109.0, EngineKind.OPENAI: 50.0}
 PRIOR_SERVICE_S = 5.0
 PRIOR_COMPLETION_TOKENS = 256.0
+
+
+PRIOR_RAM_REUSE = 0.95
+"""llama-server keeps an 8 GiB RAM prompt cache by default; other engines have none."""
 
 
 def prior_reuse(kind: EngineKind, architecture: Architecture) -> float:
@@ -55,14 +63,18 @@ class Ewma:
     value: float
     prior: float
     samples: int = 0
+    ratio: bool = False  # a fraction (reuse): clamped to [0, RATIO_MAX] instead of the prior's spread
 
     def update(self, sample: float) -> Ewma:
         if not math.isfinite(sample):
             return self
-        low, high = (self.prior / SPREAD, self.prior * SPREAD) if self.prior > 0 else (0.0, 1.5)
+        if self.ratio or self.prior <= 0:
+            low, high = 0.0, RATIO_MAX
+        else:
+            low, high = self.prior / SPREAD, self.prior * SPREAD
         sample = min(max(sample, low), high)
         value = sample if self.samples == 0 else self.value + ALPHA * (sample - self.value)
-        return Ewma(value, self.prior, self.samples + 1)
+        return Ewma(value, self.prior, self.samples + 1, self.ratio)
 
 
 def _ewma(prior: float) -> Ewma:
@@ -81,6 +93,7 @@ class DeploymentStats:
     decode_tok_s: Ewma
     reuse: Ewma
     service_s: Ewma
+    ram_reuse: Ewma = field(default_factory=lambda: Ewma(0.0, 0.0, ratio=True))
     block: int = 0  # 0: no hit seen yet
 
     @classmethod
@@ -88,8 +101,11 @@ class DeploymentStats:
         return cls(
             prefill_tok_s=_ewma(PRIOR_PREFILL[kind]),
             decode_tok_s=_ewma(PRIOR_DECODE[kind]),
-            reuse=Ewma(prior_reuse(kind, architecture), prior_reuse(kind, architecture)),
+            reuse=Ewma(prior_reuse(kind, architecture), prior_reuse(kind, architecture), ratio=True),
             service_s=_ewma(PRIOR_SERVICE_S),
+            ram_reuse=Ewma(
+                ram_prior := PRIOR_RAM_REUSE if kind is EngineKind.LLAMACPP else 0.0, ram_prior, ratio=True
+            ),
         )
 
 
@@ -142,7 +158,11 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
         stats = replace(stats, block=math.gcd(stats.block, usage.cached_tokens))
     possible = reusable(outcome.shared_prefix_tokens, stats.block)
     if usage.cached_tokens is not None and possible > 0:
-        stats = replace(stats, reuse=stats.reuse.update(usage.cached_tokens / possible))
+        ratio = usage.cached_tokens / possible
+        if outcome.from_ram:
+            stats = replace(stats, ram_reuse=stats.ram_reuse.update(ratio))
+        else:
+            stats = replace(stats, reuse=stats.reuse.update(ratio))
     model = state.for_model(deployment.model)
     if usage.prompt_tokens >= 20 and outcome.prompt_chars > 0:
         model = replace(

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from policies.cost import estimate
+from policies.cost import DEFAULT_LEASE_IDLE_S, estimate
 from policies.filters import FILTERS, Candidate
 from policies.learning import LearnedState
 from policies.profiles import Profile
@@ -18,6 +18,7 @@ from policies.scorers import SCORERS, CandidateView
 from policies.types import (
     BackendSnapshot,
     Decision,
+    PrefixMatch,
     Reason,
     Rejection,
     RequestFeatures,
@@ -29,12 +30,15 @@ from policies.types import (
 
 @dataclass(frozen=True, slots=True)
 class RoutingContext:
-    """What routing knows beyond the request and the snapshots: the session, slot leases, learning."""
+    """What routing knows beyond the request and the snapshots: the session, slot leases, what each
+    backend holds of the prompt (the prefix index), learning."""
 
     session: SessionView | None = None
     leases: Mapping[str, tuple[SlotLease, ...]] = field(default_factory=lambda: MappingProxyType({}))
     learned: LearnedState = field(default_factory=LearnedState)
     sequence: int = 0  # a request counter, for round-robin
+    matches: Mapping[str, PrefixMatch] = field(default_factory=lambda: MappingProxyType({}))
+    lease_idle_s: float = DEFAULT_LEASE_IDLE_S
 
 
 def _clamp(value: float) -> float:
@@ -78,6 +82,9 @@ def route(
                 session=context.session,
                 leases=context.leases.get(snapshot.backend_id, ()),
                 learned=context.learned,
+                match=context.matches.get(snapshot.backend_id),
+                now=now,
+                lease_idle_s=context.lease_idle_s,
             ),
         )
         for deployment, snapshot in candidates

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from policies.prefix import EMPTY_CHAIN, PromptChain, PromptMark
+
 
 class EngineKind(StrEnum):
     """Which engine speaks behind a backend; adapters and the cost model key on it."""
@@ -94,11 +96,16 @@ class Deployment:
 
 @dataclass(frozen=True, slots=True)
 class SlotState:
-    """One llama-server slot as ``/slots`` reported it."""
+    """One llama-server slot as ``/slots`` reported it.
+
+    ``busy_s``: when turnout itself has a request running there, the predicted seconds it still
+    needs (the fleet fills it in from its requests in flight); None when unknown.
+    """
 
     id: int
     n_ctx: int
     is_processing: bool
+    busy_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +143,8 @@ class BackendSnapshot:
 class RequestFeatures:
     """What a policy may know about one request, extracted once from its body.
 
-    ``prefix_hashes[i]`` identifies the conversation's first ``i + 1`` messages (canonical form),
-    so a request that resends a known conversation plus new turns shares its leading hashes.
+    ``chain`` is the prompt as content-addressed chunks (``policies.prefix``): a request that
+    resends a known conversation plus new turns shares the chunks of what it resends.
     """
 
     model: str
@@ -147,18 +154,20 @@ class RequestFeatures:
     stream: bool
     session_key: str | None = None
     session_source: SessionSource = SessionSource.NONE
-    prefix_hashes: tuple[str, ...] = ()
+    chain: PromptChain = EMPTY_CHAIN
     prompt_chars: int = 0
     prompt_exact: bool = False  # prompt_tokens was counted by an engine's tokenizer
+    prompt_counted: str = "estimate"  # "estimate", "counted" (whole prompt) or "added" (previous + new part)
     needs_response_store: bool = False  # a Responses request with previous_response_id
 
 
 @dataclass(frozen=True, slots=True)
 class SessionView:
-    """What the gateway remembers of a session: where its conversation is warm.
+    """What the gateway remembers of a session: where it went last, and its last prompt.
 
-    ``prompt_tokens`` is the engine's count of the session's last prompt; ``sent`` maps each backend
-    to the prompt tokens of the session's last request there (a prefix of today's conversation).
+    ``prompt_tokens`` is the engine's count of the session's last prompt, ``prompt`` that prompt's
+    mark (its length and digests, no text): a turn that extends it only needs its new part counted.
+    Where each backend holds the conversation is the prefix index's business, not the session's.
     """
 
     key: str
@@ -168,19 +177,54 @@ class SessionView:
     cached_tokens: int = 0
     turns: int = 0
     last_seen: float = 0.0
-    sent: tuple[tuple[str, int], ...] = ()
-
-    def sent_to(self, backend_id: str) -> int:
-        return next((tokens for backend, tokens in self.sent if backend == backend_id), 0)
+    prompt: PromptMark | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SlotLease:
-    """A llama.cpp slot held by one session since its last request there."""
+    """A llama.cpp slot held by one session since its last request there (``tokens``: its last prompt)."""
 
     slot: int
     session_key: str
     last_used: float
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SlotMatch:
+    """What one llama.cpp slot holds of a prompt, by turnout's prefix index.
+
+    ``tokens``: the prompt's longest prefix the slot holds; ``whole``: the slot's whole prompt is a
+    prefix of this one (a hybrid slot continues its live state instead of restoring a checkpoint).
+    """
+
+    slot: int
+    tokens: int
+    whole: bool = False
+    held: int = 0  # tokens of the prompt the slot holds (0: turnout sent nothing there)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """What one backend holds of a prompt, by turnout's prefix index.
+
+    ``slots``: per llama.cpp slot, what turnout last sent there; ``recent``: the longest prefix of
+    any prompt turnout sent to the backend lately (what llama.cpp's RAM prompt cache, or vLLM's
+    prefix cache, may still hold).
+    """
+
+    slots: tuple[SlotMatch, ...] = ()
+    recent: int = 0
+    recent_whole: bool = False  # the recent prompt it matches is a prefix of this one, whole
+    recent_held: int = 0  # tokens of that recent prompt
+
+    def slot(self, slot: int) -> SlotMatch:
+        return next((m for m in self.slots if m.slot == slot), SlotMatch(slot, 0))
+
+    @property
+    def best_recent(self) -> SlotMatch:
+        """The recent prompt it matches, as a slot would hold it (what a RAM cache restore gives)."""
+        return SlotMatch(-1, self.recent, self.recent_whole, self.recent_held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,16 +256,18 @@ class Estimate:
     slot: int | None = None
     warm: bool = False
     evicts: str | None = None
+    evict_cost_s: float = 0.0  # what taking the slot costs its session's next turn
+    source: str = "none"  # where the expected cached tokens come from: slot, ram, prefix-cache, none
     note: str = ""
 
     @property
     def objective_ttft_s(self) -> float:
-        """This turn's TTFT plus the expected TTFT of the turns still to come."""
-        return self.ttft_s + self.horizon * self.future_s
+        """This turn's TTFT, the expected TTFT of the turns still to come, and what an eviction costs."""
+        return self.ttft_s + self.horizon * self.future_s + self.evict_cost_s
 
     @property
     def objective_total_s(self) -> float:
-        return self.total_s + self.horizon * self.future_s
+        return self.total_s + self.horizon * self.future_s + self.evict_cost_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +345,7 @@ class Outcome:
     ttft_s: float | None
     duration_s: float
     prompt_chars: int
-    shared_prefix_tokens: int  # tokens of this conversation sent to this backend before
+    shared_prefix_tokens: int  # tokens of this prompt the backend was expected to hold
     stream: bool
     contended: bool = False  # other work was running or queued there when it was sent
+    from_ram: bool = False  # the shared prefix was expected from llama.cpp's RAM prompt cache

@@ -44,6 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache-ram", type=int, default=8192, help="llama.cpp RAM prompt cache in MiB (0 off, -1 no limit)"
+    )
+    parser.add_argument(
+        "--cache-idle-slots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="llama.cpp: save idle slots to the RAM cache when a task starts",
+    )
     return parser
 
 
@@ -65,6 +74,8 @@ def parse_args(argv: list[str]) -> ServeOptions:
         api_key=ns.api_key,
         load_seconds=ns.load_seconds,
         seed=ns.seed,
+        cache_ram_mib=ns.cache_ram,
+        cache_idle_slots=ns.cache_idle_slots,
     )
     return ServeOptions(ns.host, ns.port, config)
 

@@ -55,6 +55,16 @@ class SimConfig:
     ``reasoning_content``, vLLM 0.32 as ``reasoning``)."""
     prefill_chunk: int = field(default=2048)
     """Prompt tokens processed per engine step (vLLM max_num_batched_tokens, llama.cpp n_batch)."""
+    cache_ram_mib: int = 8192
+    """llama.cpp ``--cache-ram``: the RAM prompt cache in MiB (0 off, -1 no byte limit)."""
+    cache_idle_slots: bool = True
+    """llama.cpp ``--cache-idle-slots``: save every idle slot to the RAM cache when a task starts."""
+    kv_unified: bool = False
+    """llama.cpp ``--kv-unified`` (default only with ``-np`` auto): idle slots saved to RAM are cleared."""
+    state_bytes_per_token: int = 64 * 1024
+    """Bytes of a saved slot state per cached token (attention KV), for the RAM cache's size limit."""
+    recurrent_state_bytes: int = 64 * 1024 * 1024
+    """Bytes of one recurrent state (a hybrid slot's live state, and each context checkpoint)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("vllm", "llamacpp"):
@@ -68,6 +78,8 @@ class SimConfig:
             raise ValueError("slots, context_window, block_size and max_num_seqs must be >= 1")
         if self.time_scale < 0:
             raise ValueError("time_scale must be >= 0")
+        if self.cache_ram_mib < -1:
+            raise ValueError("cache_ram_mib must be -1 (no limit), 0 (off) or a size in MiB")
 
     @property
     def cache_block_size(self) -> int:

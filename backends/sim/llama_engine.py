@@ -1,11 +1,13 @@
-"""Simulated llama-server: ``-np`` slots, an unbounded deferred FIFO, per-slot prefix reuse.
+"""Simulated llama-server: ``-np`` slots, an unbounded deferred FIFO, per-slot prefix reuse, RAM cache.
 
 A submitted task picks a slot (``llama_slots.select_slot``); if none is idle, or its pinned slot is
-busy, it is deferred. Starting on a slot: a prompt longer than the slot's ``n_ctx`` fails with
-``exceed_context_size_error`` and releases the slot at once; otherwise ``prefix_cache.llama_reuse``
-decides ``cache_n`` and the prompt's checkpoints are recorded. On release the slot keeps the prompt
-plus the generated tokens except the last sampled one (it was never decoded), stamps
-``t_last_used`` and retries one deferred task (``llama_slots.pick_deferred``).
+busy, it is deferred. When the choice says so, the slot's state is saved to the RAM prompt cache and
+the best cached state for the prompt is loaded into it (``ram_cache``); after a launch, every idle
+slot is saved there too (``--cache-idle-slots``). Starting on a slot: a prompt longer than the
+slot's ``n_ctx`` fails with ``exceed_context_size_error`` and releases the slot at once; otherwise
+``prefix_cache.llama_reuse`` decides ``cache_n`` and the prompt's checkpoints are recorded. On
+release the slot keeps the prompt plus the generated tokens except the last sampled one (it was
+never decoded), stamps ``t_last_used`` and retries one deferred task (``llama_slots.pick_deferred``).
 Metrics follow ``server_task_result_metrics::to_metrics``.
 """
 
@@ -19,6 +21,7 @@ from backends.sim.engine_base import BatchEngine
 from backends.sim.events import EventKind
 from backends.sim.llama_slots import Slot, pick_deferred, select_slot
 from backends.sim.prefix_cache import add_checkpoints, llama_reuse
+from backends.sim.ram_cache import RamCache, StateSizes
 from backends.sim.task import SimError, SimTask, Update, UpdateKind
 from policies.types import Architecture
 
@@ -48,6 +51,8 @@ class LlamaEngine(BatchEngine):
         self.slots = [Slot(i, config.context_window) for i in range(config.slots)]
         self.deferred: deque[SimTask] = deque()
         self.hybrid = config.architecture is Architecture.HYBRID
+        sizes = StateSizes(config.state_bytes_per_token, config.recurrent_state_bytes if self.hybrid else 0)
+        self.ram_cache = RamCache.for_flag(config.cache_ram_mib, config.context_window * config.slots, sizes)
         self.started_at = time.monotonic()
         self.process_start = time.time()
         self._use_counter = 0
@@ -66,11 +71,25 @@ class LlamaEngine(BatchEngine):
 
     def submit(self, task: SimTask) -> None:
         """Give ``task`` a slot now or defer it."""
-        slot = select_slot(self.slots, task.prompt, task.id_slot)
+        choice = select_slot(self.slots, task.prompt, task.id_slot)
+        slot = choice.slot
         if slot is None or slot.busy:
             self.deferred.append(task)
             return
-        self._launch(slot, task)
+        if choice.update_cache and self.ram_cache is not None:
+            self.ram_cache.save(slot.tokens, slot.checkpoints)
+            entry = self.ram_cache.load(slot.tokens, task.prompt)
+            if entry is not None:
+                slot.tokens, slot.checkpoints = entry.tokens, entry.checkpoints
+        if self._launch(slot, task) and self.ram_cache is not None and self.config.cache_idle_slots:
+            self._save_idle_slots(self.ram_cache)
+
+    def _save_idle_slots(self, cache: RamCache) -> None:
+        for slot in self.slots:
+            if not slot.busy:
+                cache.save(slot.tokens, slot.checkpoints)
+                if self.config.kv_unified:
+                    slot.tokens, slot.checkpoints = [], ()
 
     def admit(self) -> None:
         """Nothing to do: tasks start in ``submit`` or when a slot is released."""
@@ -80,7 +99,8 @@ class LlamaEngine(BatchEngine):
         if task in self.deferred:
             self.deferred.remove(task)
 
-    def _launch(self, slot: Slot, task: SimTask) -> None:
+    def _launch(self, slot: Slot, task: SimTask) -> bool:
+        """Start ``task`` on ``slot``; False when it was refused (prompt longer than the slot)."""
         slot.task = task
         slot.last_task = task
         task.slot = slot.id
@@ -89,7 +109,7 @@ class LlamaEngine(BatchEngine):
             self.log.record(EventKind.REJECT, task.id, prompt_tokens=len(task.prompt), slot=slot.id)
             task.send(Update(UpdateKind.ERROR, error=context_error(len(task.prompt), slot.n_ctx)))
             self._release(slot)
-            return
+            return False
         reuse = llama_reuse(
             slot.tokens, slot.checkpoints, task.prompt, hybrid=self.hybrid, cache_prompt=task.cache_prompt
         )
@@ -99,6 +119,7 @@ class LlamaEngine(BatchEngine):
         )
         slot.tokens = list(task.prompt[: reuse.n_past])
         self.begin(task, slot.id)
+        return True
 
     def on_prompt_done(self, task: SimTask) -> None:
         """Count the prompt (llama counts processed tokens, excluding cached)."""

@@ -8,6 +8,12 @@ Choice for a task with prompt ``P``:
 3. Otherwise LRU: the idle slot with the smallest ``t_last_used``; the scan uses ``<=``, so ties (a
    fresh server) go to the highest id.
 
+The choice also says whether the RAM prompt cache is updated (``backends.sim.ram_cache``): after an
+LRU choice, and after a similarity choice that keeps less than half of the slot
+(``f_keep = LCP / len(slot tokens) < 0.5``). A pinned idle, non-empty slot is judged by similarity
+alone: at or below the threshold its ``f_keep`` counts as 0 (update); an empty one never updates
+(``0/0``). A pinned busy slot defers the task; the choice is made again when it is retried.
+
 When a slot is released, one deferred task is retried: the oldest one that pinned that slot, else the
 oldest of all (``server_queue::pop_deferred_task``).
 """
@@ -41,10 +47,27 @@ class Slot:
         return self.task is not None
 
 
-def select_slot(slots: Sequence[Slot], prompt: Sequence[int], id_slot: int) -> Slot | None:
-    """The slot a task goes to (maybe busy when pinned), or None when every slot is busy."""
+@dataclass(frozen=True, slots=True)
+class SlotChoice:
+    """Where a task goes, and whether the RAM prompt cache is updated for it (module docstring)."""
+
+    slot: Slot | None
+    update_cache: bool = False
+
+
+def _keep_less_than_half(slot: Slot, prompt: Sequence[int], sim: float) -> bool:
+    return sim * len(prompt) / len(slot.tokens) < 0.5
+
+
+def select_slot(slots: Sequence[Slot], prompt: Sequence[int], id_slot: int) -> SlotChoice:
+    """The slot a task goes to (maybe busy when pinned; None when every slot is busy)."""
     if id_slot != -1:
-        return slots[id_slot % len(slots)]
+        slot = slots[id_slot % len(slots)]
+        if slot.busy or not slot.tokens or not prompt:
+            return SlotChoice(slot)
+        sim = common_prefix(slot.tokens, prompt) / len(prompt)
+        sim = sim if sim > SIMILARITY_THRESHOLD else 0.0
+        return SlotChoice(slot, _keep_less_than_half(slot, prompt, sim))
     best: Slot | None = None
     best_sim = 0.0
     for slot in slots:
@@ -54,12 +77,12 @@ def select_slot(slots: Sequence[Slot], prompt: Sequence[int], id_slot: int) -> S
         if sim > best_sim and sim > SIMILARITY_THRESHOLD:
             best, best_sim = slot, sim
     if best is not None:
-        return best
+        return SlotChoice(best, _keep_less_than_half(best, prompt, best_sim))
     lru: Slot | None = None
     for slot in slots:
         if not slot.busy and (lru is None or slot.t_last_used <= lru.t_last_used):
             lru = slot
-    return lru
+    return SlotChoice(lru, lru is not None)
 
 
 def pick_deferred(deferred: Sequence[SimTask], slot_id: int) -> int | None:

@@ -28,7 +28,9 @@ prefill rate, ``step(n)`` the decode step of ``n`` sequences and ``chunk`` the p
   (``(P_t - C_t) / rate + n_t * step(1)``). The slot's tokens and checkpoints are rolled forward
   through that work with ``prefix_cache.llama_reuse`` / ``add_checkpoints`` and the end-of-task rule
   (prompt + generated tokens minus the last one), then ``C = llama_reuse(...).n_past`` for this
-  prompt. When the slot is idle now, the other slots' running prompts are prefilled in the same steps::
+  prompt; on an idle slot whose pinning would consult the RAM prompt cache, from the cached state
+  that would be loaded (``ram_cache.RamCache.best``). When the slot is idle now, the other slots'
+  running prompts are prefilled in the same steps::
 
       q = work ahead,  p = (P - C) / rate,
       d = 0 if q > 0 else  A / rate + ceil((A + P - C) / chunk) * step(n)   (A, n: the other slots)
@@ -50,7 +52,7 @@ from backends.sim.chat import InvalidChat
 from backends.sim.engine_base import BatchEngine
 from backends.sim.http_common import json_response, read_json
 from backends.sim.llama_engine import LlamaEngine
-from backends.sim.llama_slots import Slot
+from backends.sim.llama_slots import Slot, select_slot
 from backends.sim.prefix_cache import BlockCache, add_checkpoints, block_hashes, llama_reuse
 from backends.sim.requests import Endpoint, parse_request
 from backends.sim.task import SimTask
@@ -134,6 +136,12 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> What
         wait += len(task.answer.tokens) * perf.decode_step_seconds(1)
         checkpoints = add_checkpoints(reuse.checkpoints, len(task.prompt), reuse.n_past) if hybrid else ()
         tokens = _end_tokens(task)
+    if current is None and engine.ram_cache is not None:
+        probe = Slot(slot.id, slot.n_ctx, tokens=tokens, checkpoints=checkpoints)
+        if select_slot([probe], prompt, 0).update_cache:
+            entry = engine.ram_cache.best(tokens, prompt)
+            if entry is not None:
+                tokens, checkpoints = entry.tokens, entry.checkpoints
     reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=hybrid)
     own = len(prompt) - reuse.n_past
     prefill_s = perf.prefill_seconds(own)

@@ -6,23 +6,35 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from policies.types import SessionView, SlotLease
+from policies.prefix import PromptChain
+from policies.types import PrefixMatch, SessionView, SlotLease
 
 
 class StateStore(ABC):
-    """Sessions (bounded, with a TTL), llama.cpp slot leases, and a bounded decision log."""
+    """Sessions (bounded, with a TTL), the prefix index, llama.cpp slot leases, a bounded decision log."""
 
     @abstractmethod
     async def get_session(self, key: str) -> SessionView | None:
         """The session, if it is known and not expired."""
 
     @abstractmethod
-    async def find_session(self, prefix_hashes: Sequence[str]) -> str | None:
-        """The session whose last prompt is the longest of these conversation prefixes, if any."""
+    async def find_session(self, chain: PromptChain) -> str | None:
+        """The live session whose last recorded prompt is the longest byte prefix of ``chain``, if any."""
 
     @abstractmethod
-    async def save_session(self, session: SessionView, prompt_hash: str | None) -> None:
-        """Store ``session``; ``prompt_hash`` (its last prompt) will find it again."""
+    async def save_session(self, session: SessionView) -> None:
+        """Store ``session``."""
+
+    @abstractmethod
+    async def record_prompt(
+        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+    ) -> None:
+        """``chain`` (``tokens`` long) was just processed on ``backend_id`` (pinned to ``slot``), for
+        ``session_key``: the prefix index learns what the backend, the slot and the session hold."""
+
+    @abstractmethod
+    async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
+        """What each backend holds of ``chain``, per slot and among its recent prompts."""
 
     @abstractmethod
     async def leases(self, backend_id: str) -> tuple[SlotLease, ...]:
@@ -30,11 +42,18 @@ class StateStore(ABC):
 
     @abstractmethod
     async def claim_slot(
-        self, backend_id: str, slot: int, session_key: str, now: float, expected_owner: str | None
+        self,
+        backend_id: str,
+        slot: int,
+        session_key: str,
+        now: float,
+        expected_owner: str | None,
+        tokens: int = 0,
     ) -> bool:
         """Give ``slot`` to ``session_key`` if its holder is still ``expected_owner`` (compare-and-set).
 
         A session holds at most one slot per backend: claiming another releases its old one.
+        ``tokens`` is the prompt it sends there (what an eviction would cost it).
         """
 
     @abstractmethod

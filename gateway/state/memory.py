@@ -8,11 +8,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.state.base import StateStore
-from policies.types import SessionView, SlotLease
+from gateway.state.prefix_index import PrefixIndex
+from policies.prefix import PromptChain
+from policies.types import PrefixMatch, SessionView, SlotLease
 
 
 class MemoryStore(StateStore):
-    """Sessions in an LRU with a TTL, a bounded prefix index, slot leases and a ring of decisions."""
+    """Sessions in an LRU with a TTL, the prefix index, slot leases and a ring of decisions."""
 
     def __init__(
         self,
@@ -20,10 +22,11 @@ class MemoryStore(StateStore):
         max_sessions: int = 10_000,
         session_ttl_s: float = 6 * 3600,
         max_decisions: int = 1000,
+        prefix_tokens_per_backend: int = 1_000_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._sessions: OrderedDict[str, SessionView] = OrderedDict()
-        self._prefixes: OrderedDict[str, str] = OrderedDict()
+        self._index = PrefixIndex(max_tokens_per_backend=prefix_tokens_per_backend, max_tips=4 * max_sessions)
         self._leases: dict[str, dict[int, SlotLease]] = {}
         self._decisions: deque[dict[str, Any]] = deque(maxlen=max_decisions)
         self._max_sessions = max_sessions
@@ -40,29 +43,35 @@ class MemoryStore(StateStore):
         self._sessions.move_to_end(key)
         return session
 
-    async def find_session(self, prefix_hashes: Sequence[str]) -> str | None:
-        for digest in reversed(prefix_hashes):
-            key = self._prefixes.get(digest)
-            if key is not None and await self.get_session(key) is not None:
-                return key
-        return None
+    async def find_session(self, chain: PromptChain) -> str | None:
+        key = self._index.find_session(chain)
+        return key if key is not None and await self.get_session(key) is not None else None
 
-    async def save_session(self, session: SessionView, prompt_hash: str | None) -> None:
+    async def save_session(self, session: SessionView) -> None:
         self._sessions[session.key] = session
         self._sessions.move_to_end(session.key)
         while len(self._sessions) > self._max_sessions:
             self._sessions.popitem(last=False)
-        if prompt_hash is not None:
-            self._prefixes[prompt_hash] = session.key
-            self._prefixes.move_to_end(prompt_hash)
-            while len(self._prefixes) > 4 * self._max_sessions:
-                self._prefixes.popitem(last=False)
+
+    async def record_prompt(
+        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+    ) -> None:
+        self._index.record(backend_id, slot, chain, tokens, session_key)
+
+    async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
+        return {backend: self._index.match(chain, backend) for backend in backend_ids}
 
     async def leases(self, backend_id: str) -> tuple[SlotLease, ...]:
         return tuple(sorted(self._leases.get(backend_id, {}).values(), key=lambda lease: lease.slot))
 
     async def claim_slot(
-        self, backend_id: str, slot: int, session_key: str, now: float, expected_owner: str | None
+        self,
+        backend_id: str,
+        slot: int,
+        session_key: str,
+        now: float,
+        expected_owner: str | None,
+        tokens: int = 0,
     ) -> bool:
         slots = self._leases.setdefault(backend_id, {})
         holder = slots.get(slot)
@@ -71,7 +80,7 @@ class MemoryStore(StateStore):
         for other, lease in list(slots.items()):
             if lease.session_key == session_key and other != slot:
                 del slots[other]
-        slots[slot] = SlotLease(slot, session_key, now)
+        slots[slot] = SlotLease(slot, session_key, now, tokens)
         return True
 
     async def record_decision(self, entry: dict[str, Any]) -> None:

@@ -107,6 +107,7 @@ def stack_settings(
         {
             "name": "m-both",
             "aliases": ["both"],
+            "architecture": "hybrid",  # as the simulators are
             "deployments": [
                 {"backend": "vllm", "upstream_name": "up-vllm"},
                 {"backend": "llama", "upstream_name": "up-llama"},

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.state import MemoryStore, StateStore
+from policies.prefix import chain_of
 from policies.types import SessionView
 
 
@@ -32,20 +33,55 @@ def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coroutine)
 
 
+SYSTEM = b"shared system prompt and tools " * 200  # ~6 KiB every agent starts with
+TURN = SYSTEM + b"agent a: fix the tests " * 100
+
+
 def test_sessions_are_found_by_key_and_by_their_last_prompt(store_factory: Callable[..., StateStore]) -> None:
     store = store_factory()
     session = SessionView("s", turns=1, last_seen=1e12)
-    run(store.save_session(session, "h2"))
+    run(store.save_session(session))
+    run(store.record_prompt("llama", 0, chain_of(TURN), 1500, "s"))
     assert run(store.get_session("s")) == session
-    assert run(store.find_session(["h1", "h2", "h3"])) == "s"  # the request continues the known prompt
-    assert run(store.find_session(["h1"])) is None
+    assert run(store.find_session(chain_of(TURN + b" and the next turn"))) == "s"  # continues the prompt
+    assert (
+        run(store.find_session(chain_of(SYSTEM + b"agent b: other work " * 100))) is None
+    )  # shares the head only
+    assert run(store.find_session(chain_of(TURN[:-10]))) is None
+
+
+def test_the_prefix_index_knows_slots_and_recent_prompts(store_factory: Callable[..., StateStore]) -> None:
+    """Per slot what was last pinned there; per backend the longest prefix of anything sent lately."""
+    store = store_factory()
+    a, b = TURN, SYSTEM + b"agent b: other work " * 100
+    run(store.record_prompt("llama", 0, chain_of(a), 1500, "a"))
+    run(store.record_prompt("llama", 0, chain_of(b), 1200, "b"))  # b took slot 0
+    matches = run(store.match_prefix(chain_of(a + b" next"), ["llama", "vllm"]))
+    llama = matches["llama"]
+    assert llama.recent == 1500  # a's whole prompt, in the RAM cache's view
+    slot = llama.slot(0)
+    assert not slot.whole
+    assert 0 < slot.tokens < 1500  # only the shared system prompt is still in slot 0
+    assert matches["vllm"].recent == 0
+    edited = chain_of(a[: len(SYSTEM) + 10] + b"EDIT" + a[len(SYSTEM) + 14 :])
+    assert 0 < run(store.match_prefix(edited, ["llama"]))["llama"].recent < 1500
+
+
+def test_the_prefix_index_is_bounded(store_factory: Callable[..., StateStore]) -> None:
+    """Per backend it tracks at most prefix_tokens_per_backend tokens, the oldest prompts out first."""
+    store = store_factory(prefix_tokens_per_backend=3000)
+    prompts = [bytes([65 + i]) * 4096 for i in range(4)]
+    for prompt in prompts:
+        run(store.record_prompt("vllm", None, chain_of(prompt), 1000, None))
+    recent = [run(store.match_prefix(chain_of(p), ["vllm"]))["vllm"].recent for p in prompts]
+    assert recent == [0, 1000, 1000, 1000]
 
 
 def test_sessions_expire_and_are_bounded(store_factory: Callable[..., StateStore]) -> None:
     clock = Clock()
     store = store_factory(max_sessions=2, session_ttl_s=10, clock=clock)
     for key in ("a", "b", "c"):
-        run(store.save_session(SessionView(key, last_seen=clock.now), None))
+        run(store.save_session(SessionView(key, last_seen=clock.now)))
     assert run(store.get_session("a")) is None  # least recently used, dropped
     clock.now += 11
     assert run(store.get_session("b")) is None  # expired

@@ -10,7 +10,17 @@ from hypothesis import strategies as st
 from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
 from policies.cost import estimate
 from policies.learning import LearnedState, learn
-from policies.types import Outcome, SessionSource, SessionView, SlotLease, SlotState, Usage
+from policies.types import (
+    Estimate,
+    Outcome,
+    PrefixMatch,
+    SessionSource,
+    SessionView,
+    SlotLease,
+    SlotMatch,
+    SlotState,
+    Usage,
+)
 
 LLAMA = Deployment("m", "llama", "up", 65536, Architecture.HYBRID)
 VLLM = Deployment("m", "vllm", "up", 94000, Architecture.HYBRID)
@@ -41,50 +51,104 @@ def features(prompt: int = 10_000, source: SessionSource = SessionSource.HEADER)
     return RequestFeatures("m", Endpoint.CHAT, prompt, 100, True, "s", source)
 
 
-SESSION = SessionView("s", "llama", 0, prompt_tokens=9000, turns=3, sent=(("llama", 9000), ("vllm", 9000)))
+SESSION = SessionView("s", "llama", 0, prompt_tokens=9000, turns=3)
+HELD = PrefixMatch((SlotMatch(0, 9000, whole=True), SlotMatch(1, 0)), recent=9000)
+NOTHING = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=0)
+NO_RAM = learn(
+    LearnedState(),
+    Outcome(
+        "llama", "m", EngineKind.LLAMACPP, Usage(9000, 8, 0), 1.0, 2.0, 30_000, 9000, True, from_ram=True
+    ),
+    LLAMA,
+)
+
+
+def llama(
+    match: PrefixMatch = HELD,
+    leases: tuple[SlotLease, ...] = (),
+    *,
+    session: SessionView | None = SESSION,
+    learned: LearnedState | None = None,
+    snapshot: BackendSnapshot | None = None,
+    source: SessionSource = SessionSource.HEADER,
+    now: float = 10.0,
+) -> Estimate:
+    return estimate(
+        features(source=source),
+        LLAMA,
+        snapshot or llama_snapshot(),
+        session=session,
+        leases=leases,
+        learned=learned or LearnedState(),
+        match=match,
+        now=now,
+        lease_idle_s=600.0,
+    )
 
 
 class TestReuse:
     def test_warm_pinned_slot_reuses_the_conversation(self) -> None:
-        leases = (SlotLease(0, "s", 1.0),)
-        result = estimate(
-            features(), LLAMA, llama_snapshot(), session=SESSION, leases=leases, learned=LearnedState()
-        )
-        assert (result.slot, result.warm) == (0, True)
+        result = llama(leases=(SlotLease(0, "s", 1.0, 9000),))
+        assert (result.slot, result.warm, result.source) == (0, True, "slot")
         assert result.expected_cached_tokens == round((9000 - 1) * 0.97)
 
-    def test_slot_held_by_another_session_gives_nothing(self) -> None:
-        leases = (SlotLease(0, "other", 1.0), SlotLease(1, "third", 2.0))
-        result = estimate(
-            features(), LLAMA, llama_snapshot(), session=SESSION, leases=leases, learned=LearnedState()
-        )
-        assert result.expected_cached_tokens == 0
-        assert (result.slot, result.evicts) == (0, "other")  # the least recently used lease
-        assert "slot was lost" in result.note
+    def test_lost_slot_restores_from_the_ram_cache(self) -> None:
+        """Another session took the slot: llama-server loads the saved state back from RAM."""
+        match = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000)
+        result = llama(match, (SlotLease(0, "other", 1.0, 500), SlotLease(1, "third", 2.0, 500)))
+        assert result.source == "ram"
+        assert result.expected_cached_tokens == round(8999 * 0.95)
+        assert "slot was lost: restore from the RAM cache" in result.note
+
+    def test_lost_slot_without_ram_cache_re_prefills(self) -> None:
+        """Once the server showed it has no RAM cache (--cache-ram 0), nothing is expected from it."""
+        match = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000)
+        leases = (SlotLease(0, "other", 1.0, 500), SlotLease(1, "third", 2.0, 500))
+        result = llama(match, leases, learned=NO_RAM)
+        assert result.expected_cached_tokens < 9000 * 0.05
+        assert "slot was lost: full re-prefill" in result.note
 
     def test_free_slot_before_eviction(self) -> None:
-        leases = (SlotLease(0, "other", 1.0),)
-        result = estimate(
-            features(), LLAMA, llama_snapshot(), session=SESSION, leases=leases, learned=LearnedState()
+        result = llama(NOTHING, (SlotLease(0, "other", 9.0, 5000),))
+        assert (result.slot, result.evicts, result.evict_cost_s) == (1, None, 0.0)
+
+    def test_eviction_takes_the_cheapest_slot_and_counts_its_cost(self) -> None:
+        """Without a RAM cache, the victim is the session that loses least, not the least recent."""
+        leases = (SlotLease(0, "big", 5.0, 40_000), SlotLease(1, "small", 9.0, 2000))
+        result = llama(NOTHING, leases, learned=NO_RAM)
+        assert (result.slot, result.evicts) == (1, "small")
+        assert result.evict_cost_s > 0
+        assert "takes slot 1 from session" in result.note
+
+    def test_expired_lease_is_free(self) -> None:
+        """A lease idle for lease_idle_s costs nothing to take, and the note says why."""
+        leases = (SlotLease(0, "old", 0.0, 40_000), SlotLease(1, "new", 900.0, 40_000))
+        result = llama(NOTHING, leases, learned=NO_RAM, now=1000.0)
+        assert (result.slot, result.evicts, result.evict_cost_s) == (0, None, 0.0)
+        assert "slot 0's lease expired" in result.note
+
+    def test_busy_own_slot_waits_what_its_request_still_needs(self) -> None:
+        """Waiting 0.8 s beats re-prefilling 9000 tokens elsewhere (no RAM cache to restore from)."""
+        snapshot = replace(
+            llama_snapshot((True, False)), slots=(SlotState(0, 32768, True, 0.8), SlotState(1, 32768, False))
         )
-        assert (result.slot, result.evicts) == (1, None)
+        result = llama(leases=(SlotLease(0, "s", 1.0, 9000),), snapshot=snapshot, learned=NO_RAM)
+        assert (result.slot, result.queue_s) == (0, 0.8)
+        assert "waits ~0.8 s for slot 0" in result.note
 
     def test_unproven_implicit_session_takes_no_slot_from_anyone(self) -> None:
-        new = SessionView("s")
-        leases = (SlotLease(0, "a", 1.0), SlotLease(1, "b", 2.0))
-        result = estimate(
-            features(source=SessionSource.IMPLICIT),
-            LLAMA,
-            llama_snapshot(),
-            session=new,
-            leases=leases,
-            learned=LearnedState(),
-        )
+        leases = (SlotLease(0, "a", 9.0, 100), SlotLease(1, "b", 9.0, 100))
+        result = llama(NOTHING, leases, session=SessionView("s"), source=SessionSource.IMPLICIT)
         assert (result.slot, result.evicts, result.horizon) == (None, None, 0.0)
+
+    def test_one_off_request_is_pinned_to_a_free_idle_slot(self) -> None:
+        """llama-server's own LRU choice could evict a session; a free idle slot is named instead."""
+        result = llama(NOTHING, (SlotLease(1, "a", 9.0, 100),), session=None)
+        assert (result.slot, result.evicts) == (0, None)
 
     def test_vllm_hybrid_reuses_nothing_until_a_hit_is_seen(self) -> None:
         result = estimate(
-            features(), VLLM, vllm_snapshot(), session=SESSION, leases=(), learned=LearnedState()
+            features(), VLLM, vllm_snapshot(), session=SESSION, leases=(), learned=LearnedState(), match=HELD
         )
         assert result.expected_cached_tokens == 0
 
@@ -94,9 +158,19 @@ class TestReuse:
         learned = learn(LearnedState(), outcome, VLLM)
         stats = learned.for_deployment(VLLM, EngineKind.VLLM)
         assert stats.block == 512
-        session = SessionView("s", sent=(("vllm", 1000),), turns=2, prompt_tokens=1000)
-        result = estimate(features(1200), VLLM, vllm_snapshot(), session=session, leases=(), learned=learned)
+        session = SessionView("s", turns=2, prompt_tokens=1000)
+        match = PrefixMatch(recent=1000)
+        result = estimate(
+            features(1200), VLLM, vllm_snapshot(), session=session, leases=(), learned=learned, match=match
+        )
         assert result.expected_cached_tokens == 512  # whole blocks of 1000 * (512 / 600)
+
+
+def test_learning_tells_ram_reuse_from_slot_reuse() -> None:
+    """A reuse expected from the RAM cache teaches ram_reuse only; the slot's ratio stays."""
+    stats = NO_RAM.for_deployment(LLAMA, EngineKind.LLAMACPP)
+    assert stats.ram_reuse.value < 0.05
+    assert stats.reuse.value == 0.97
 
 
 def test_learning_reads_llama_timings() -> None:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
+from gateway.routing import session_label
 from gateway.settings import load_settings
 from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory
 from tests.servers import ServerThread
@@ -105,8 +106,18 @@ def test_eight_turn_session_stays_on_its_slot(pinned: tuple[LlamaServer, ServerT
     assert "warm slot" in turns[-1]["_reason"]
 
 
-def test_two_interleaved_sessions_keep_their_reuse(pinned: tuple[LlamaServer, ServerThread]) -> None:
-    _, gateway = pinned
+@pytest.fixture
+def fresh(llama_server: LlamaServerFactory) -> Iterator[ServerThread]:
+    gateway = gateway_for(llama_server(n_parallel=2, ctx_total=4096))
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def test_two_interleaved_sessions_keep_their_reuse(fresh: ServerThread) -> None:
+    """Two sessions on two free slots each keep their own (no save/restore round trips)."""
+    gateway = fresh
     a = Conversation(gateway, "alpha", "gardens")
     b = Conversation(gateway, "beta", "ships")
     for turn in range(4):
@@ -121,21 +132,58 @@ def test_two_interleaved_sessions_keep_their_reuse(pinned: tuple[LlamaServer, Se
     assert [d["outcome"]["cached_tokens"] for d in decisions] == reported
 
 
-def test_evicted_session_re_prefills_as_predicted(no_ram_cache: tuple[LlamaServer, ServerThread]) -> None:
-    """Three sessions on two slots, no RAM cache: the least recent one loses its slot, and turnout says so."""
-    _, gateway = no_ram_cache
-    a = Conversation(gateway, "a", "apples")
-    b = Conversation(gateway, "b", "bridges")
-    c = Conversation(gateway, "c", "clouds")
-    a.turn("First about apples?")
-    a.turn("Second about apples?")
-    b.turn("First about bridges?")
-    c.turn("First about clouds?")
-    assert c.turns[0]["_slot"] == a.turns[0]["_slot"]
-    a.turn("Third about apples?")
+def evicted_by(gateway: ServerThread) -> str | None:
+    """The label of the session the newest decision took a slot from."""
+    chosen = latest_decisions(gateway, 1)[0]["candidates"][0]
+    evicts: str | None = chosen.get("evicts")
+    return evicts
+
+
+def test_evicted_session_restores_from_the_ram_cache(fresh: ServerThread) -> None:
+    """Three sessions on two slots, RAM cache on (the default): the session that lost its slot gets
+    its conversation back from RAM, and turnout predicted that instead of a full re-prefill."""
+    gateway = fresh
+    talks = {
+        name: Conversation(gateway, f"ram-{name}", topic) for name, topic in [("a", "ants"), ("b", "bees")]
+    }
+    for name in ("a", "a", "b"):
+        talks[name].turn(f"A question for {name}?")
+    c = Conversation(gateway, "ram-c", "cats")
+    c.turn("First about cats?")
+    victim = next(n for n, t in talks.items() if evicted_by(gateway) == session_label(f"h:{t.session}"))
+    talks[victim].turn("Back again?")
     decision = latest_decisions(gateway, 1)[0]
     llama = decision["candidates"][0]
+    assert "restore from the RAM cache" in llama["note"]
+    assert llama["cache_source"] == "ram"
+    previous = talks[victim].turns[-2]["usage"]["prompt_tokens"]
+    assert talks[victim].turns[-1]["timings"]["cache_n"] >= previous - CHECKPOINT_SLACK
+    assert llama["expected_cached_tokens"] >= 0.9 * (previous - CHECKPOINT_SLACK)
+
+
+def test_evicted_session_re_prefills_as_learned(no_ram_cache: tuple[LlamaServer, ServerThread]) -> None:
+    """Without a RAM cache (--cache-ram 0) the first lost slot shows turnout the server keeps nothing;
+    from then on a session that lost its slot is predicted to re-prefill in full, and does."""
+    _, gateway = no_ram_cache
+    talks = {
+        name: Conversation(gateway, f"cold-{name}", topic)
+        for name, topic in [("a", "apples"), ("b", "bridges"), ("c", "clouds"), ("d", "dunes")]
+    }
+
+    def lose_a_slot(newcomer: str, holders: tuple[str, ...]) -> str:
+        talks[newcomer].turn(f"First about {newcomer}?")
+        label = evicted_by(gateway)
+        return next(name for name in holders if session_label(f"h:{talks[name].session}") == label)
+
+    for name in ("a", "a", "b"):
+        talks[name].turn(f"About {name}?")
+    first = lose_a_slot("c", ("a", "b"))
+    talks[first].turn("Again?")  # predicted from the RAM cache (the default), finds nothing: learned
+    assert talks[first].turns[-1]["timings"]["cache_n"] == 0
+    holders = ("a", "b", "c")
+    second = lose_a_slot("d", holders)
+    talks[second].turn("And again?")
+    llama = latest_decisions(gateway, 1)[0]["candidates"][0]
     assert "session's slot was lost: full re-prefill" in llama["note"]
-    assert llama["expected_cached_tokens"] == 0
-    assert a.turns[-1]["timings"]["cache_n"] == 0
-    assert "slot was lost" in a.turns[-1]["_reason"]
+    assert llama["expected_cached_tokens"] < 0.1 * talks[second].turns[-2]["usage"]["prompt_tokens"]
+    assert talks[second].turns[-1]["timings"]["cache_n"] == 0

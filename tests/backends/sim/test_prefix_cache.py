@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from backends.sim.generation import Answer
-from backends.sim.llama_slots import Slot, pick_deferred, select_slot
+from backends.sim.llama_slots import Slot, SlotChoice, pick_deferred, select_slot
 from backends.sim.prefix_cache import BlockCache, add_checkpoints, common_prefix, llama_reuse
 from backends.sim.task import SimTask
 
@@ -80,22 +80,47 @@ class TestSlotChoice:
     def test_fresh_server_picks_highest_id(self) -> None:
         """LRU ties go to the highest-numbered slot."""
         slots = [Slot(i, 100) for i in range(3)]
-        assert select_slot(slots, [1, 2, 3], -1) is slots[2]
+        assert select_slot(slots, [1, 2, 3], -1).slot is slots[2]
 
     def test_similarity_beats_lru(self) -> None:
         """An idle slot sharing > 10% of the prompt wins."""
         slots = [Slot(0, 100, tokens=[9] * 10), Slot(1, 100, tokens=[1, 2, 3, 4], t_last_used=5)]
-        assert select_slot(slots, [1, 2, 3, 4, 5], -1) is slots[1]
+        assert select_slot(slots, [1, 2, 3, 4, 5], -1) == SlotChoice(slots[1], update_cache=False)
 
     def test_pinned_even_when_busy(self) -> None:
         """id_slot is taken modulo the slot count and returned busy or not."""
         slots = [Slot(0, 100, task=_task()), Slot(1, 100)]
-        assert select_slot(slots, [1], 2) is slots[0]
+        assert select_slot(slots, [1], 2) == SlotChoice(slots[0], update_cache=False)
 
     def test_all_busy(self) -> None:
         """No idle slot: None (the task is deferred)."""
         slots = [Slot(0, 100, task=_task())]
-        assert select_slot(slots, [1], -1) is None
+        assert select_slot(slots, [1], -1).slot is None
+
+    def test_lru_choice_updates_the_ram_cache(self) -> None:
+        """A slot chosen by LRU saves its state and loads the best RAM entry."""
+        slots = [Slot(0, 100, tokens=[9] * 10), Slot(1, 100)]
+        assert select_slot(slots, [1, 2, 3], -1).update_cache
+
+    def test_similar_slot_keeping_half_does_not_update(self) -> None:
+        """Similarity above the threshold with f_keep >= 0.5 reuses the slot as it is."""
+        slots = [Slot(0, 100, tokens=[1, 2, 3, 4])]
+        assert not select_slot(slots, [1, 2, 3, 4, 5], -1).update_cache
+
+    def test_similar_slot_keeping_less_than_half_updates(self) -> None:
+        """f_keep = LCP / len(slot) < 0.5: the slot's state is saved before it is overwritten."""
+        slots = [Slot(0, 100, tokens=[1, 2, 9, 9, 9, 9, 9, 9])]
+        assert select_slot(slots, [1, 2, 3], -1).update_cache
+
+    def test_pinned_slot_of_another_conversation_updates(self) -> None:
+        """A pinned idle slot sharing nothing with the prompt counts as f_keep 0: update."""
+        slots = [Slot(0, 100, tokens=[9, 9, 9]), Slot(1, 100)]
+        assert select_slot(slots, [1, 2, 3], 0) == SlotChoice(slots[0], update_cache=True)
+
+    def test_pinned_empty_slot_does_not_update(self) -> None:
+        """An empty pinned slot: f_keep is 0/0 (NaN), so the RAM cache is not consulted."""
+        slots = [Slot(0, 100)]
+        assert not select_slot(slots, [1, 2, 3], 0).update_cache
 
     def test_deferred_pinned_first(self) -> None:
         """A freed slot takes a task pinned to it before the oldest."""

@@ -1,0 +1,163 @@
+"""The content-addressed prefix index: what turnout sent to each backend, slot and RAM cache.
+
+Every finished request records its prompt's chain (``policies.prefix``: chained 64-bit hashes of
+1 KiB chunks of the canonical prompt, no text) with the engine's token count:
+
+- ``recent[backend]``: the prompts sent to the backend lately, newest last, a prompt that extends an
+  older one replacing it; bounded by ``max_tokens`` per backend (oldest out first). For llama.cpp
+  this is what its RAM prompt cache may hold (every idle slot is saved there), for vLLM what its
+  prefix cache may hold. ``chunks[backend]`` counts each hash over those prompts, so the longest
+  held prefix of a new prompt is a binary search over its chain (chains are prefix-closed).
+- ``slots[backend][slot]``: the prompt last pinned to that llama.cpp slot.
+- ``tips``: each recorded prompt's mark under its last full chunk, with its session: a request that
+  extends a known prompt byte for byte continues that session (implicit sessions are this view).
+
+Memory: a tracked prompt costs about 130 bytes per 1 KiB chunk (a hash in the chain tuple and a
+counter entry), about 0.5 bytes per tracked token at ~3.6 characters per token, per backend it
+was sent to; ``max_tokens`` bounds it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from policies.prefix import CHUNK_BYTES, PromptChain, PromptMark
+from policies.types import PrefixMatch, SlotMatch
+
+ROOT = -1  # the tip key of prompts shorter than one chunk
+LONGER = 1 << 40  # the held size of a match that ends inside some longer prompt
+TIPS_PER_KEY = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One prompt turnout sent: its chain, its byte length and the engine's token count."""
+
+    hashes: tuple[int, ...]
+    mark: PromptMark
+    tokens: int
+
+    def tokens_for(self, chunks: int) -> int:
+        """Tokens of this prompt's first ``chunks`` chunks (proportional to bytes)."""
+        if not self.mark.length:
+            return 0
+        return min(self.tokens, round(self.tokens * chunks * CHUNK_BYTES / self.mark.length))
+
+
+class _Recent:
+    """One backend's recent prompts (LRU by whole prompt) and the counts of their hashes."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.prompts: OrderedDict[int, Held] = OrderedDict()
+        self.chunks: dict[int, int] = {}
+        self.tokens = 0
+        self.bytes = 0
+        self.by_last: dict[
+            int, dict[int, None]
+        ] = {}  # last full chunk -> digests of the prompts ending there
+
+    def add(self, held: Held, chain: PromptChain) -> None:
+        if held.mark.whole in self.prompts:
+            self.prompts.move_to_end(held.mark.whole)
+            return
+        for chunk in (ROOT, *held.hashes):  # an older prompt this one extends is obsolete
+            for whole in list(self.by_last.get(chunk, ())):
+                if chain.extends(self.prompts[whole].mark):
+                    self._drop(whole)
+        self.prompts[held.mark.whole] = held
+        self.tokens += held.tokens
+        self.bytes += held.mark.length
+        for chunk in held.hashes:
+            self.chunks[chunk] = self.chunks.get(chunk, 0) + 1
+        self.by_last.setdefault(held.hashes[-1] if held.hashes else ROOT, {})[held.mark.whole] = None
+        while self.tokens > self.max_tokens and len(self.prompts) > 1:
+            self._drop(next(iter(self.prompts)))
+
+    def _drop(self, whole: int) -> None:
+        held = self.prompts.pop(whole)
+        self.tokens -= held.tokens
+        self.bytes -= held.mark.length
+        for chunk in held.hashes:
+            left = self.chunks[chunk] - 1
+            if left:
+                self.chunks[chunk] = left
+            else:
+                del self.chunks[chunk]
+        last = held.hashes[-1] if held.hashes else ROOT
+        owners = self.by_last[last]
+        del owners[whole]
+        if not owners:
+            del self.by_last[last]
+
+    def match(self, chain: PromptChain) -> SlotMatch:
+        """``chain``'s longest prefix among these prompts (tokens), and the prompt it belongs to."""
+        chunks = chain.matched(self.chunks)
+        owners = [
+            self.prompts[w]
+            for w in reversed(self.by_last.get(chain.hashes[chunks - 1] if chunks else ROOT, {}))
+        ]
+        whole = next((held for held in owners if chain.extends(held.mark)), None)
+        if whole is not None:
+            return SlotMatch(-1, whole.tokens, whole=True, held=whole.tokens)
+        if owners or not chunks:
+            return (
+                SlotMatch(-1, owners[0].tokens_for(chunks), held=owners[0].tokens)
+                if owners
+                else SlotMatch(-1, 0)
+            )
+        tokens = min(chain.length, chunks * CHUNK_BYTES) * self.tokens // max(self.bytes, 1)
+        return SlotMatch(-1, tokens, held=LONGER)  # inside a longer prompt, far from its checkpoints
+
+
+class PrefixIndex:
+    """Recent prompts per backend, llama.cpp slot contents, and session tips (module docstring)."""
+
+    def __init__(self, *, max_tokens_per_backend: int = 1_000_000, max_tips: int = 40_000) -> None:
+        self.max_tokens = max_tokens_per_backend
+        self.max_tips = max_tips
+        self._recent: dict[str, _Recent] = {}
+        self._slots: dict[str, dict[int, Held]] = {}
+        self._tips: OrderedDict[int, list[tuple[PromptMark, str]]] = OrderedDict()
+
+    def record(
+        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session: str | None
+    ) -> None:
+        """``chain`` (``tokens`` long by the engine's count) now sits on ``backend_id`` (and ``slot``)."""
+        held = Held(chain.hashes, chain.mark, tokens)
+        self._recent.setdefault(backend_id, _Recent(self.max_tokens)).add(held, chain)
+        if slot is not None:
+            self._slots.setdefault(backend_id, {})[slot] = held
+        if session is not None:
+            key = chain.hashes[-1] if chain.hashes else ROOT
+            tips = [(mark, owner) for mark, owner in self._tips.pop(key, []) if mark.whole != chain.whole]
+            self._tips[key] = [(chain.mark, session), *tips][:TIPS_PER_KEY]
+            while len(self._tips) > self.max_tips:
+                self._tips.popitem(last=False)
+
+    def forget_slot(self, backend_id: str, slot: int) -> None:
+        """What ``slot`` held is unknown now (a request there failed or was cancelled)."""
+        self._slots.get(backend_id, {}).pop(slot, None)
+
+    def match(self, chain: PromptChain, backend_id: str) -> PrefixMatch:
+        """What ``backend_id`` holds of ``chain``: per slot, and among its recent prompts."""
+        recent = self._recent.get(backend_id)
+        slots = []
+        for slot, held in sorted(self._slots.get(backend_id, {}).items()):
+            if chain.extends(held.mark):
+                slots.append(SlotMatch(slot, held.tokens, whole=True, held=held.tokens))
+            else:
+                chunks = chain.matched(frozenset(held.hashes)) if chain.hashes and held.hashes else 0
+                slots.append(SlotMatch(slot, held.tokens_for(chunks), held=held.tokens))
+        best = recent.match(chain) if recent else SlotMatch(-1, 0)
+        return PrefixMatch(tuple(slots), best.tokens, best.whole, best.held)
+
+    def find_session(self, chain: PromptChain) -> str | None:
+        """The session whose recorded prompt is the longest byte prefix of ``chain``, if any."""
+        for index in range(chain.chunks - 1, -2, -1):
+            key = chain.hashes[index] if index >= 0 else ROOT
+            for mark, session in self._tips.get(key, ()):
+                if chain.extends(mark):
+                    return session
+        return None
