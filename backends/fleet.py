@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,11 +16,11 @@ import httpx
 import structlog
 
 from backends.base import Adapter, BackendSpec
+from backends.inflight import InFlight, Sent
 from backends.registry import create_adapter
 from policies.types import BackendSnapshot, Health
 
 log = structlog.get_logger(__name__)
-OPEN_REQUEST_HORIZON_S = 3600.0
 
 
 class Fleet:
@@ -35,71 +34,22 @@ class Fleet:
         }
         self._view: tuple[BackendSnapshot, ...] = tuple(self._snapshots.values())
         self._tasks: list[asyncio.Task[None]] = []
-        self._open: dict[int, tuple[str, int | None, float, float]] = {}
-        self._tokens = itertools.count()
-        self._ended: dict[
-            tuple[str, int], float
-        ] = {}  # (backend, slot) -> when turnout's last request there ended
+        self._inflight = InFlight()
 
     def snapshots(self) -> tuple[BackendSnapshot, ...]:
-        """The latest snapshots, plus the requests turnout itself sent since each was taken.
-
-        A probe is up to ``probe_interval_s`` old; a burst routed on it alone would all pick the
-        backend that looked idle. Requests begun after a snapshot count as running there (and their
-        llama.cpp slots as busy) until the next probe sees them itself. A slot running a request of
-        turnout's also says how long that request is still predicted to take (``busy_s``).
-        """
-        if not self._open and not self._ended:
+        """The latest snapshots, with turnout's own requests in flight laid over them
+        (``backends.inflight``: fresh load between probes, predicted slot waits, prefill backlog)."""
+        if not self._inflight:
             return self._view
         now = time.time()
-        return tuple(self._with_open_requests(snapshot, now) for snapshot in self._view)
+        return tuple(self._inflight.overlay(snapshot, now) for snapshot in self._view)
 
-    def _with_open_requests(self, snapshot: BackendSnapshot, now: float) -> BackendSnapshot:
-        mine = [
-            (slot, started, expected)
-            for backend, slot, started, expected in self._open.values()
-            if backend == snapshot.backend_id
-        ]
-        ended = {
-            slot
-            for (backend, slot), at in self._ended.items()
-            if backend == snapshot.backend_id and at > snapshot.taken_at
-        }
-        if not mine and not ended:
-            return snapshot
-        newer = [slot for slot, started, _ in mine if started > snapshot.taken_at]
-        busy: dict[int, float] = {}
-        for slot, started, expected in mine:
-            if slot is not None:
-                busy[slot] = max(busy.get(slot, 0.0), expected - (now - started), 0.0)
-        pinned = {slot for slot in newer if slot is not None}
-        freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since
-        slots = tuple(
-            replace(
-                s,
-                is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
-                busy_s=busy.get(s.id),
-            )
-            for s in snapshot.slots
-        )
-        if not newer:
-            return replace(snapshot, slots=slots)
-        running = snapshot.running + len(newer)
-        capacity = snapshot.total_slots
-        queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued
-        running = min(running, capacity) if capacity else running
-        return replace(snapshot, running=running, queued=queued, slots=slots)
-
-    def begin(self, backend_id: str, slot: int | None, expected_s: float = 0.0) -> int:
-        """Note a request sent to ``backend_id``, predicted to take ``expected_s``."""
-        token = next(self._tokens)
-        self._open[token] = (backend_id, slot, time.time(), expected_s)
-        return token
+    def begin(self, request: Sent) -> int:
+        """Note a request sent (with routing's predictions); returns the token :meth:`end` takes."""
+        return self._inflight.begin(request)
 
     def end(self, token: int) -> None:
-        request = self._open.pop(token, None)
-        if request is not None and request[1] is not None:
-            self._ended[(request[0], request[1])] = time.time()
+        self._inflight.end(token, time.time())
 
     def adapter(self, backend_id: str) -> Adapter:
         return self.adapters[backend_id]
@@ -112,13 +62,7 @@ class Fleet:
             )
         self._snapshots[snapshot.backend_id] = snapshot
         self._view = tuple(self._snapshots.values())
-        for key in [
-            k for k, at in self._ended.items() if k[0] == snapshot.backend_id and at < snapshot.taken_at
-        ]:
-            del self._ended[key]  # the probe has seen the slot since
-        stale = snapshot.taken_at - OPEN_REQUEST_HORIZON_S  # a request not ended by now was lost
-        for token in [t for t, (_, _, started, _) in self._open.items() if started < stale]:
-            del self._open[token]
+        self._inflight.seen(snapshot)
 
     def report_failure(self, backend_id: str, error: str) -> None:
         """A request found the backend unreachable: route around it until the next probe says otherwise."""

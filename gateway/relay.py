@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -20,6 +20,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from backends.errors import UpstreamError, UpstreamStreamError, UpstreamUnavailable
 from backends.fleet import Fleet
+from backends.inflight import Sent
 from backends.stream import ResponseRelay
 from gateway.catalog import Catalog
 from gateway.disconnect import ClientDisconnected, DisconnectWatch
@@ -73,6 +74,17 @@ def no_route_error(decision: Decision, features: RequestFeatures) -> GatewayErro
             ),
         )
     return NoBackendAvailable(f"No backend can take this request now: {decision.explanation}.")
+
+
+def in_flight(decision: Decision) -> Sent:
+    """The fleet's note of a request sent along ``decision``, with what was predicted for it."""
+    chosen = decision.chosen_candidate
+    assert decision.chosen is not None
+    request = Sent(decision.chosen.backend_id, decision.slot, time.time())
+    if chosen is None or chosen.estimate is None:
+        return request
+    estimate = chosen.estimate
+    return replace(request, total_s=estimate.total_s, queue_s=estimate.queue_s, prefill_s=estimate.prefill_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +147,7 @@ class Relay:
                         if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
                             self.fleet.report_failure(exc.backend_id, exc.message)
                         raise
-                    chosen = decision.chosen_candidate
-                    expected = chosen.estimate.total_s if chosen and chosen.estimate else 0.0
-                    token = self.fleet.begin(decision.chosen.backend_id, decision.slot, expected)
+                    token = self.fleet.begin(in_flight(decision))
                     return Opened(routed, ResponseRelay(upstream, response), token)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc

@@ -7,6 +7,12 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
     slowdown = 1 + BATCH_SLOWDOWN * requests already running on the engine
     objective = ttft + horizon * future_s + evict_cost_s        (total instead of ttft: cost-completion)
 
+    queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
+               there (both engines process earlier prompt chunks first; ``backends.inflight``);
+               vLLM at least queued * service_s / running from its own waiting queue
+               a busy llama.cpp slot: what its request is predicted to still need (``busy_s``)
+               llama.cpp unpinned with no idle slot: the first slot to free + queued * service_s / slots
+
 **Expected cached tokens** come from the prefix index (``PrefixMatch``: what turnout sent where)
 and each engine's semantics. Of a prefix of ``n`` tokens an engine reuses at most ``reusable(n)``
 (whole blocks of ``n - 1``), times a learned ratio:
@@ -141,9 +147,11 @@ def _slot_state(snapshot: BackendSnapshot, slot: int) -> SlotState | None:
 
 
 def _slot_queue(situation: Situation, slot: int) -> tuple[float, str]:
+    """An idle slot starts now, behind the prompt chunks already in the engine (the prefill backlog);
+    a busy one when its request is predicted to end."""
     state = _slot_state(situation.snapshot, slot)
     if state is None or not state.is_processing:
-        return 0.0, ""
+        return situation.snapshot.prefill_backlog_s, ""
     wait = state.busy_s if state.busy_s is not None else situation.stats.service_s.value / 2
     return wait, f"waits ~{wait:.1f} s for slot {slot}"
 
@@ -270,7 +278,7 @@ def _unpinned(features: RequestFeatures, situation: Situation) -> _Option:
     idle = [s.id for s in snapshot.slots if not s.is_processing]
     count = max(snapshot.total_slots or len(snapshot.slots) or 1, 1)
     if idle and snapshot.queued == 0:
-        queue = 0.0
+        queue = snapshot.prefill_backlog_s
     else:
         busy = [s.busy_s for s in snapshot.slots if s.busy_s is not None]
         first = min(busy) if busy else stats.service_s.value / 2
@@ -341,25 +349,29 @@ def estimate(
         )
     else:
         cached = _reuse(situation.match.recent, stats, stats.reuse.value, token_exact=False)
-        queue = snapshot.queued * stats.service_s.value / max(snapshot.running, 1)
+        waiting = snapshot.queued * stats.service_s.value / max(snapshot.running, 1)
+        queue = max(waiting, snapshot.prefill_backlog_s)
         option = _Option(None, cached, "prefix-cache" if cached else "none", queue, features.prompt_tokens)
     prompt = features.prompt_tokens
     cached = max(0, min(option.cached, prompt - 1))
     slowdown = 1 + BATCH_SLOWDOWN * snapshot.running
     decode_step = slowdown / stats.decode_tok_s.value
-    ttft = option.queue_s + (prompt - cached) / stats.prefill_tok_s.value * slowdown + decode_step
+    prefill = (prompt - cached) / stats.prefill_tok_s.value * slowdown
+    ttft = option.queue_s + prefill + decode_step
     total = ttft + (expected_output(features, learned) - 1) * decode_step
-    shared = (
-        situation.match.recent
-        if option.source in ("ram", "prefix-cache")
-        else situation.match.slot(option.slot or 0).tokens
-    )
+    if snapshot.kind is not EngineKind.LLAMACPP or option.source == "ram":
+        shared = situation.match.recent  # what the engine may hold: learning measures its reuse of it
+    elif option.slot is not None:
+        shared = situation.match.slot(option.slot).tokens
+    else:
+        shared = option.cached
     return Estimate(
         expected_cached_tokens=cached,
         queue_s=option.queue_s,
         ttft_s=ttft,
         total_s=total,
-        shared_prefix_tokens=shared if option.source != "none" else 0,
+        prefill_s=prefill,
+        shared_prefix_tokens=shared,
         future_s=_future(features, situation, option.cached_next) if horizon else 0.0,
         horizon=horizon,
         contended=snapshot.running > 0 or snapshot.queued > 0,

@@ -130,6 +130,7 @@ class BackendSnapshot:
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
     error: str | None = None
+    prefill_backlog_s: float = 0.0  # predicted prompt processing turnout's requests there still need
 
     @property
     def busy_slots(self) -> int:
@@ -249,6 +250,7 @@ class Estimate:
     queue_s: float
     ttft_s: float
     total_s: float
+    prefill_s: float = 0.0  # this request's own prompt processing, after its queue
     shared_prefix_tokens: int = 0  # tokens of this conversation the engine may still hold
     future_s: float = 0.0  # predicted TTFT of the session's next turn if this candidate serves this one
     contended: bool = False  # the engine was busy: its TTFT will say little about its prefill rate

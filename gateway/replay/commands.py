@@ -17,7 +17,7 @@ DEFAULT_PROFILES = ("cost",)
 def add_trace_parser(commands: Any) -> None:
     """``turnout trace KIND [--seed N] [--agents N] [--turns N] [--requests N] [--duration S] [--out F]``."""
     trace = commands.add_parser("trace", help="generate a synthetic request trace (turnout JSONL)")
-    trace.add_argument("kind", choices=["agent", "chat", "mixed"])
+    trace.add_argument("kind", choices=["agent", "chat", "mixed", "contention"])
     trace.add_argument("--seed", type=int, default=0)
     trace.add_argument("--model", default="replay", help="model name written into every request")
     trace.add_argument("--agents", type=int, default=None, help="agent sessions (agent: 4, mixed: 2)")
@@ -25,6 +25,11 @@ def add_trace_parser(commands: Any) -> None:
     trace.add_argument("--requests", type=int, default=None, help="chat requests (chat: 200, mixed: 150)")
     trace.add_argument("--duration", type=float, default=60.0, help="seconds the chat requests span")
     trace.add_argument("--max-context", type=int, default=60000, help="tokens an agent conversation grows to")
+    trace.add_argument("--system-tokens", type=int, default=6000, help="contention: shared system prompt")
+    trace.add_argument(
+        "--oneshot-every", type=float, default=7.0, help="contention: mean seconds between one-shot requests"
+    )
+    trace.add_argument("--format", choices=["turnout", "mooncake"], default="turnout", help="output format")
     trace.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
     trace.set_defaults(func=cmd_trace)
 
@@ -46,12 +51,13 @@ def add_replay_parser(commands: Any) -> None:
     replay.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     replay.add_argument("--scale-tokens", type=float, default=1.0, help="multiply token lengths by F")
     replay.add_argument("--wall-cap", type=float, default=600.0, help="wall seconds per profile, at most")
+    replay.add_argument("--llama-slots", type=int, default=2, help="slots of the simulated llama.cpp (-np)")
     replay.set_defaults(func=cmd_replay)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Generate the trace and write it as JSONL."""
-    from gateway.replay.generate import agent_trace, chat_trace, mixed_trace
+    from gateway.replay.generate import agent_trace, chat_trace, contention_trace, mixed_trace
     from gateway.replay.traces import write_trace
 
     if args.kind == "agent":
@@ -66,6 +72,15 @@ def cmd_trace(args: argparse.Namespace) -> int:
         requests = chat_trace(
             requests=args.requests or 200, duration=args.duration, seed=args.seed, model=args.model
         )
+    elif args.kind == "contention":
+        requests = contention_trace(
+            agents=args.agents or 6,
+            turns=args.turns or 12,
+            seed=args.seed,
+            model=args.model,
+            system_tokens=args.system_tokens,
+            oneshot_every=args.oneshot_every,
+        )
     else:
         requests = mixed_trace(
             agents=args.agents or 2,
@@ -77,10 +92,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
             max_context=args.max_context,
         )
     if args.out is None:
-        write_trace(requests, sys.stdout)
+        write_trace(requests, sys.stdout, args.format)
     else:
         with args.out.open("w", encoding="utf-8") as handle:
-            write_trace(requests, handle)
+            write_trace(requests, handle, args.format)
     return 0
 
 
@@ -112,7 +127,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     model = args.model or requests[0].model
     requests = with_model(scale_tokens(requests, args.scale_tokens), model)
     configure_logging("json", "warning")
-    stack = StackOptions(model=model, time_scale=args.time_scale)
+    stack = StackOptions(model=model, time_scale=args.time_scale, llama_slots=args.llama_slots)
     options = ReplayOptions(
         time_scale=args.time_scale, block_tokens=block_tokens(args.scale_tokens), wall_cap_s=args.wall_cap
     )

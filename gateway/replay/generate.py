@@ -13,6 +13,11 @@ Block ids are drawn from one counter per trace, so unrelated text never shares a
   ``duration`` seconds; each prompt is the shared ``SYSTEM_BLOCKS`` plus ``U(1, 6)`` blocks of its own
   (the last one partial), answers ``U(32, 320)`` tokens.
 * **mixed**: an agent trace and a chat trace over the same time span, merged by arrival.
+* **contention**: ``agents`` concurrent agents (more than the llama.cpp slots), each ``turns`` turns
+  over a shared ``system_tokens`` system prompt, adding ``U(1.2k, 3.8k)`` tokens a turn with answers of
+  ``U(80, 400)`` tokens, turns ``U(1, 4)`` s apart, agents starting within ``stagger`` s; plus one-shot
+  requests of ``U(1.5k, 9k)`` tokens (the same system prompt and their own text) arriving every
+  ``oneshot_every`` s on average (Poisson) over the agents' span.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest
 
@@ -138,3 +143,61 @@ def mixed_trace(
     )
     chat = chat_trace(requests=requests, duration=duration, seed=seed, model=model, ids=ids)
     return sorted([*agent, *chat], key=lambda r: r.t)
+
+
+def contention_trace(
+    *,
+    agents: int = 6,
+    turns: int = 12,
+    seed: int = 0,
+    model: str = "replay",
+    system_tokens: int = 6000,
+    oneshot_every: float = 7.0,
+    stagger: float = 10.0,
+) -> list[TraceRequest]:
+    """The contention workload (module docstring), sorted by arrival."""
+    rng = random.Random(f"contention-{seed}")
+    ids = _Ids.fresh(_blocks(system_tokens))
+    system = list(range(_blocks(system_tokens)))
+    out: list[TraceRequest] = []
+    end = 0.0
+    for agent in range(agents):
+        stream = list(system)
+        size = system_tokens
+        t = rng.uniform(0.0, stagger)
+        for _ in range(turns):
+            size += rng.randint(1200, 3800)
+            stream += ids.take(_blocks(size) - len(stream))
+            out.append(
+                TraceRequest(
+                    t=round(t, 3),
+                    session=f"agent-{seed}-{agent}",
+                    model=model,
+                    input_tokens=size,
+                    hash_ids=tuple(stream[: _blocks(size)]),
+                    max_tokens=rng.randint(80, 400),
+                )
+            )
+            t += rng.uniform(1.0, 4.0)
+        end = max(end, t)
+    t = rng.expovariate(1 / oneshot_every) if oneshot_every > 0 else end
+    while t < end:
+        size = rng.randint(1500, 9000)
+        own = ids.take(max(_blocks(size) - len(system), 1))
+        out.append(
+            TraceRequest(
+                t=round(t, 3),
+                session=None,
+                model=model,
+                input_tokens=max(size, system_tokens + 1),
+                hash_ids=(*system, *own),
+                max_tokens=rng.randint(80, 400),
+            )
+        )
+        t += rng.expovariate(1 / oneshot_every)
+    return sorted(out, key=lambda r: r.t)
+
+
+def without_sessions(requests: list[TraceRequest]) -> list[TraceRequest]:
+    """The same trace as Mooncake would have it: no session ids (prefixes shared only by content)."""
+    return [replace(r, session=None) for r in requests]

@@ -152,10 +152,21 @@ def _head(handle: TextIO, limit: int | None) -> Iterator[str]:
         yield line
 
 
-def write_trace(requests: Iterable[TraceRequest], out: TextIO) -> None:
-    """Write ``requests`` as turnout JSONL."""
+def write_trace(requests: Iterable[TraceRequest], out: TextIO, fmt: TraceFormat = "turnout") -> None:
+    """Write ``requests`` as turnout JSONL, or as Mooncake JSONL (no sessions, times in ms)."""
     for request in requests:
-        out.write(json.dumps(request.to_json(), separators=(",", ":")) + "\n")
+        obj = request.to_json() if fmt == "turnout" else to_mooncake(request)
+        out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+
+def to_mooncake(request: TraceRequest) -> dict[str, Any]:
+    """The Mooncake object of ``request``: its session is dropped (Mooncake has none)."""
+    return {
+        "timestamp": round(request.t * 1000),
+        "input_length": request.input_tokens,
+        "output_length": request.max_tokens,
+        "hash_ids": list(request.hash_ids),
+    }
 
 
 def scale_tokens(requests: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
 
 from backends.base import BackendSpec
 from backends.fleet import Fleet
+from backends.inflight import OVERDUE_FLOOR, Sent
 from policies import EngineKind, Health, SlotState
 
 
@@ -39,11 +41,15 @@ def by_id(fleet: Fleet) -> dict[str, object]:
     return {s.backend_id: s for s in fleet.snapshots()}
 
 
+def sent(backend: str, slot: int | None, **predicted: float) -> Sent:
+    return Sent(backend, slot, time.time(), **predicted)
+
+
 def test_requests_sent_since_the_probe_count_as_running(fleet: Fleet) -> None:
-    first = fleet.begin("llama", 0)
-    fleet.begin("llama", 1)
-    fleet.begin("llama", None)
-    fleet.begin("vllm", None)
+    first = fleet.begin(sent("llama", 0))
+    fleet.begin(sent("llama", 1))
+    fleet.begin(sent("llama", None))
+    fleet.begin(sent("vllm", None))
     llama, vllm = (s for s in fleet.snapshots())
     assert (llama.running, llama.queued, vllm.running) == (2, 1, 1)
     assert [s.is_processing for s in llama.slots] == [True, True]
@@ -53,8 +59,34 @@ def test_requests_sent_since_the_probe_count_as_running(fleet: Fleet) -> None:
 
 
 def test_a_newer_probe_takes_over(fleet: Fleet) -> None:
-    fleet.begin("vllm", None)
+    fleet.begin(sent("vllm", None))
     snapshot = fleet.snapshots()[1]
     assert snapshot.running == 1
     fleet._store(snapshot.__class__("vllm", EngineKind.VLLM, Health.READY, time.time() + 1, running=1))
     assert fleet.snapshots()[1].running == 1  # the probe's own count, not probe + turnout's
+
+
+def test_a_slot_left_since_the_probe_is_idle_again(fleet: Fleet) -> None:
+    """The probe saw turnout's request on slot 0; it has ended since: the slot is free."""
+    token = fleet.begin(Sent("llama", 0, time.time() - 5))  # began before the probe
+    probed = fleet.snapshots()[0]
+    fleet._store(
+        replace(probed, slots=(SlotState(0, 4096, True), SlotState(1, 4096, False)), taken_at=time.time())
+    )
+    assert fleet.snapshots()[0].slots[0].is_processing
+    fleet.end(token)
+    assert not fleet.snapshots()[0].slots[0].is_processing
+
+
+def test_busy_slots_and_the_prefill_backlog_come_from_the_predictions(fleet: Fleet) -> None:
+    """A busy slot's wait is its request's predicted rest (never under a floor once overdue); the
+    backend's backlog is the predicted prompt processing still ahead."""
+    now = time.time()
+    fleet.begin(Sent("llama", 0, now - 1.0, total_s=5.0, queue_s=0.0, prefill_s=3.0))
+    fleet.begin(Sent("llama", 1, now - 10.0, total_s=4.0, queue_s=0.0, prefill_s=2.0))
+    fleet.begin(Sent("vllm", None, now - 1.0, total_s=9.0, queue_s=2.0, prefill_s=4.0))
+    llama, vllm = fleet.snapshots()
+    assert llama.slots[0].busy_s == pytest.approx(4.0, abs=0.1)
+    assert llama.slots[1].busy_s == pytest.approx(OVERDUE_FLOOR * 4.0)
+    assert llama.prefill_backlog_s == pytest.approx(2.0, abs=0.1)
+    assert vllm.prefill_backlog_s == pytest.approx(4.0, abs=0.1)  # still in its predicted queue

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.replay.generate import SYSTEM_BLOCKS, agent_trace, chat_trace, mixed_trace
+from gateway.replay.generate import SYSTEM_BLOCKS, agent_trace, chat_trace, contention_trace, mixed_trace
 from gateway.replay.traces import (
     BLOCK_TOKENS,
     TraceError,
@@ -117,3 +117,31 @@ class TestMooncake:
         assert first.hash_ids == tuple(range(14))
         assert all(blocks_cover(r) for r in trace)
         assert all(r.hash_ids[0] == 0 for r in trace)  # they share the first block
+
+
+class TestContention:
+    def test_agents_over_a_shared_system_prompt_plus_one_shots(self) -> None:
+        requests = contention_trace(agents=6, turns=12, seed=1, system_tokens=6000, oneshot_every=7.0)
+        sessions = {r.session for r in requests if r.session}
+        assert len(sessions) == 6
+        system = tuple(range(-(-6000 // BLOCK_TOKENS)))
+        assert all(r.hash_ids[: len(system)] == system for r in requests)
+        one_shots = [r for r in requests if r.session is None]
+        assert one_shots
+        assert all(1500 <= r.input_tokens <= 9000 for r in one_shots)
+        for session in sessions:
+            turns = [r for r in requests if r.session == session]
+            assert len(turns) == 12
+            for before, after in itertools.pairwise(turns):
+                assert 1200 <= after.input_tokens - before.input_tokens <= 3800
+                assert after.hash_ids[: len(before.hash_ids) - 1] == before.hash_ids[:-1]
+                assert 80 <= after.max_tokens <= 400
+
+    def test_written_as_mooncake_it_has_no_sessions(self) -> None:
+        requests = contention_trace(agents=2, turns=3, seed=0)
+        out = io.StringIO()
+        write_trace(requests, out, "mooncake")
+        parsed = parse_lines(out.getvalue().splitlines(), "mooncake")
+        assert [r.input_tokens for r in parsed] == [r.input_tokens for r in requests]
+        assert [r.hash_ids for r in parsed] == [r.hash_ids for r in requests]
+        assert all(r.session is None for r in parsed)

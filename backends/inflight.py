@@ -1,0 +1,107 @@
+"""Requests turnout has in flight, laid over the probes' snapshots.
+
+A probe is up to ``probe_interval_s`` old; a burst routed on it alone would all pick the backend that
+looked idle, and a slot turnout's own request just left would still look busy. So:
+
+- a request begun after a snapshot counts as running there (its llama.cpp slot as busy), beyond
+  the slot count as queued;
+- a slot whose request of turnout's ended after the snapshot is idle again;
+- a slot running a request of turnout's says how long it is still predicted to take, ``busy_s``:
+  its predicted total minus the time it has run, but never less than ``OVERDUE_FLOOR`` of that
+  total (an overdue request is still running: the prediction was short);
+- every backend says how many seconds of prompt processing turnout's requests there still need,
+  ``prefill_backlog_s``: each request's predicted prefill time, less what has passed since its
+  predicted queue wait ended. Both engines process the prompt chunks of earlier requests first, so
+  a new request's first token waits for that backlog.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from policies.types import BackendSnapshot
+
+OVERDUE_FLOOR = 0.3
+FORGET_AFTER_S = 3600.0  # a request not ended by then was lost
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """One request in flight, with what routing predicted for it (seconds)."""
+
+    backend_id: str
+    slot: int | None
+    started: float
+    total_s: float = 0.0
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+
+    def busy_s(self, now: float) -> float:
+        elapsed = now - self.started
+        return max(self.total_s - elapsed, OVERDUE_FLOOR * self.total_s, 0.0)
+
+    def prefill_left_s(self, now: float) -> float:
+        elapsed = now - self.started
+        return max(self.prefill_s - max(elapsed - self.queue_s, 0.0), 0.0)
+
+
+class InFlight:
+    """Turnout's requests in flight and the slots they recently left (module docstring)."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, Sent] = {}
+        self._ended: dict[tuple[str, int], float] = {}
+        self._tokens = itertools.count()
+
+    def __bool__(self) -> bool:
+        return bool(self._open or self._ended)
+
+    def begin(self, request: Sent) -> int:
+        token = next(self._tokens)
+        self._open[token] = request
+        return token
+
+    def end(self, token: int, now: float) -> None:
+        request = self._open.pop(token, None)
+        if request is not None and request.slot is not None:
+            self._ended[(request.backend_id, request.slot)] = now
+
+    def seen(self, snapshot: BackendSnapshot) -> None:
+        """A new probe of this backend: what it saw no longer needs laying over; lost requests go."""
+        backend = snapshot.backend_id
+        for key in [k for k, at in self._ended.items() if k[0] == backend and at < snapshot.taken_at]:
+            del self._ended[key]
+        stale = snapshot.taken_at - FORGET_AFTER_S
+        for token in [t for t, r in self._open.items() if r.started < stale]:
+            del self._open[token]
+
+    def overlay(self, snapshot: BackendSnapshot, now: float) -> BackendSnapshot:
+        """``snapshot`` with turnout's own requests laid over it (module docstring)."""
+        mine = [r for r in self._open.values() if r.backend_id == snapshot.backend_id]
+        ended = {
+            s for (b, s), at in self._ended.items() if b == snapshot.backend_id and at > snapshot.taken_at
+        }
+        if not mine and not ended:
+            return snapshot
+        busy: dict[int, float] = {}
+        for request in mine:
+            if request.slot is not None:
+                busy[request.slot] = max(busy.get(request.slot, 0.0), request.busy_s(now))
+        newer = [r for r in mine if r.started > snapshot.taken_at]
+        pinned = {r.slot for r in newer if r.slot is not None}
+        freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since
+        slots = tuple(
+            replace(
+                s,
+                is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
+                busy_s=busy.get(s.id),
+            )
+            for s in snapshot.slots
+        )
+        backlog = sum(r.prefill_left_s(now) for r in mine)
+        running = snapshot.running + len(newer)
+        capacity = snapshot.total_slots
+        queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued
+        running = min(running, capacity) if capacity else running
+        return replace(snapshot, running=running, queued=queued, slots=slots, prefill_backlog_s=backlog)
