@@ -48,6 +48,10 @@ class Fleet:
         """Note a request sent (with routing's predictions); returns the token :meth:`end` takes."""
         return self._inflight.begin(request)
 
+    def prefilled(self, token: int) -> None:
+        """The request's first byte arrived (its prompt is processed)."""
+        self._inflight.prefilled(token)
+
     def end(self, token: int) -> None:
         self._inflight.end(token, time.time())
 

@@ -6,13 +6,14 @@ looked idle, and a slot turnout's own request just left would still look busy. S
 - a request begun after a snapshot counts as running there (its llama.cpp slot as busy), beyond
   the slot count as queued;
 - a slot whose request of turnout's ended after the snapshot is idle again;
-- a slot running a request of turnout's says how long it is still predicted to take, ``busy_s``:
-  its predicted total minus the time it has run, but never less than ``OVERDUE_FLOOR`` of that
+- a slot running a request of turnout's says how long it is still predicted to be busy, ``busy_s``:
+  the sum over turnout's requests pinned there (they run one after the other) of each one's
+  predicted total minus the time since it was sent, never less than ``OVERDUE_FLOOR`` of that
   total (an overdue request is still running: the prediction was short);
 - every backend says how many seconds of prompt processing turnout's requests there still need,
   ``prefill_backlog_s``: each request's predicted prefill time, less what has passed since its
-  predicted queue wait ended. Both engines process the prompt chunks of earlier requests first, so
-  a new request's first token waits for that backlog.
+  predicted queue wait ended, and nothing once its first token arrived. Both engines process the
+  prompt chunks of earlier requests first, so a new request's first token waits for that backlog.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class InFlight:
         self._open[token] = request
         return token
 
+    def prefilled(self, token: int) -> None:
+        """The request's first token arrived: its prompt is no longer part of the backlog."""
+        request = self._open.get(token)
+        if request is not None:
+            self._open[token] = replace(request, prefill_s=0.0)
+
     def end(self, token: int, now: float) -> None:
         request = self._open.pop(token, None)
         if request is not None and request.slot is not None:
@@ -85,9 +92,9 @@ class InFlight:
         if not mine and not ended:
             return snapshot
         busy: dict[int, float] = {}
-        for request in mine:
+        for request in mine:  # requests pinned to one slot run one after the other
             if request.slot is not None:
-                busy[request.slot] = max(busy.get(request.slot, 0.0), request.busy_s(now))
+                busy[request.slot] = busy.get(request.slot, 0.0) + request.busy_s(now)
         newer = [r for r in mine if r.started > snapshot.taken_at]
         pinned = {r.slot for r in newer if r.slot is not None}
         freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since

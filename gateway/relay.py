@@ -180,7 +180,7 @@ class Relay:
             if opened.relay.request.stream:
                 await watch.stop()
                 return Stream(
-                    self._stream(opened.relay, record, _api(endpoint)),
+                    self._stream(opened, record, _api(endpoint)),
                     media_type="text/event-stream",
                     headers={**SSE_HEADERS, **headers},
                     background=BackgroundTask(self._finish_stream, opened, record),
@@ -222,10 +222,15 @@ class Relay:
             headers["x-turnout-session-source"] = opened.routed.features.session_source.value
         return headers
 
-    async def _stream(self, relay: ResponseRelay, record: RequestRecord, api: str) -> AsyncIterator[bytes]:
+    async def _stream(self, opened: Opened, record: RequestRecord, api: str) -> AsyncIterator[bytes]:
         """Relay events; a failure after the first byte becomes the API's error event, then a clean end."""
+        relay = opened.relay
+        first = True
         try:
             async for events in relay.events():
+                if first:
+                    first = False
+                    self.fleet.prefilled(opened.token)
                 yield events
         except UpstreamStreamError as exc:
             record.error = exc.message
@@ -262,6 +267,8 @@ class Relay:
                 stream=relay.request.stream,
                 contended=chosen.estimate.contended if chosen.estimate else False,
                 from_ram=chosen.estimate.source == "ram" if chosen.estimate else False,
+                ram_tokens=chosen.estimate.ram_tokens if chosen.estimate else 0,
+                ram_span=chosen.estimate.ram_span if chosen.estimate else 0,
             )
         entry = decision_entry(opened.routed, record.request_id, outcome, record.status)
         if outcome is not None:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.learning import DeploymentStats, LearnedState, reusable
 from policies.types import (
@@ -140,6 +140,7 @@ class _Option:
     evicts: str | None = None
     evict_cost_s: float = 0.0
     note: str = ""
+    ram_potential: int = 0  # what the RAM cache would give were the entry there (for learning)
 
 
 def _slot_state(snapshot: BackendSnapshot, slot: int) -> SlotState | None:
@@ -157,9 +158,20 @@ def _slot_queue(situation: Situation, slot: int) -> tuple[float, str]:
 
 
 def _ram(features: RequestFeatures, situation: Situation) -> int:
-    """What loading the best RAM cache entry gives (the slot rules of ``_from_slot``, at ``ram_reuse``)."""
+    """What loading the best RAM cache entry would give (the slot rules of ``_from_slot``, at
+    ``ram_reuse``), were it still there; see ``_in_ram``."""
     hybrid = situation.deployment.architecture is Architecture.HYBRID
     return _from_slot(situation.match.best_recent, situation, hybrid, situation.stats.ram_reuse.value)
+
+
+def ram_span(match: PrefixMatch) -> int:
+    """Tokens turnout sent to the backend since the matched prompt began: what must fit in the RAM
+    cache for it to still be there (the cache drops its oldest entries first)."""
+    return match.recent_age + match.recent_held if match.recent else 0
+
+
+def _in_ram(situation: Situation) -> bool:
+    return ram_span(situation.match) <= situation.stats.ram_tokens.value
 
 
 def _from_slot(match: SlotMatch, situation: Situation, hybrid: bool, ratio: float | None = None) -> int:
@@ -183,14 +195,15 @@ def consults_ram(match: SlotMatch, prompt_tokens: int) -> bool:
     return match.tokens / match.held < 0.5
 
 
-def _pinned(features: RequestFeatures, situation: Situation, slot: int, hybrid: bool) -> tuple[int, str]:
+def _pinned(features: RequestFeatures, situation: Situation, slot: int, hybrid: bool) -> tuple[int, str, int]:
     """Cached tokens and their source when pinned to ``slot`` (module docstring)."""
     held = situation.match.slot(slot)
     from_slot = _from_slot(held, situation, hybrid)
-    from_ram = _ram(features, situation) if consults_ram(held, features.prompt_tokens) else 0
+    potential = _ram(features, situation) if consults_ram(held, features.prompt_tokens) else 0
+    from_ram = potential if _in_ram(situation) else 0
     if from_ram > from_slot:
-        return from_ram, "ram"
-    return from_slot, "slot" if from_slot else "none"
+        return from_ram, "ram", potential
+    return from_slot, "slot" if from_slot else "none", potential
 
 
 def _eviction(lease: SlotLease, situation: Situation, shares: bool) -> float:
@@ -219,7 +232,7 @@ def _llama_options(features: RequestFeatures, situation: Situation) -> list[_Opt
     options: list[_Option] = []
     for slot in range(count):
         lease = holders.get(slot)
-        cached, source = _pinned(features, situation, slot, hybrid)
+        cached, source, potential = _pinned(features, situation, slot, hybrid)
         queue, waits = _slot_queue(situation, slot)
         queue += cached / RESTORE_TOK_S if source == "ram" else 0.0
         notes = [waits] if waits else []
@@ -227,7 +240,16 @@ def _llama_options(features: RequestFeatures, situation: Situation) -> list[_Opt
             warm = source == "slot"
             notes.insert(0, f"warm slot {slot}" if warm else f"slot {slot} ({source} reuse)")
             options.append(
-                _Option(slot, cached, source, queue, features.prompt_tokens, warm, note="; ".join(notes))
+                _Option(
+                    slot,
+                    cached,
+                    source,
+                    queue,
+                    features.prompt_tokens,
+                    warm,
+                    note="; ".join(notes),
+                    ram_potential=potential,
+                )
             )
             continue
         if session is None and (queue > 0 or lease is not None):
@@ -249,7 +271,17 @@ def _llama_options(features: RequestFeatures, situation: Situation) -> list[_Opt
             notes.append(f"slot {slot} restores {cached} tokens from the RAM cache")
         nxt = features.prompt_tokens if session is not None else 0
         options.append(
-            _Option(slot, cached, source, queue, nxt, evicts=evicts, evict_cost_s=cost, note="; ".join(notes))
+            _Option(
+                slot,
+                cached,
+                source,
+                queue,
+                nxt,
+                evicts=evicts,
+                evict_cost_s=cost,
+                note="; ".join(notes),
+                ram_potential=potential,
+            )
         )
     if (
         session is not None
@@ -265,11 +297,7 @@ def _llama_options(features: RequestFeatures, situation: Situation) -> list[_Opt
 
 def _lost(option: _Option) -> _Option:
     how = "restore from the RAM cache" if option.source == "ram" else "full re-prefill"
-    note = "; ".join(filter(None, [f"session's slot was lost: {how}", option.note]))
-    return _Option(
-        option.slot, option.cached, option.source, option.queue_s, option.cached_next,
-        option.warm, option.evicts, option.evict_cost_s, note,
-    )  # fmt: skip
+    return replace(option, note="; ".join(filter(None, [f"session's slot was lost: {how}", option.note])))
 
 
 def _unpinned(features: RequestFeatures, situation: Situation) -> _Option:
@@ -289,12 +317,13 @@ def _unpinned(features: RequestFeatures, situation: Situation) -> _Option:
     ]
     best = max(similar, key=lambda m: m.tokens, default=None)
     from_slot = _from_slot(best, situation, hybrid) if best is not None else 0
-    from_ram = _ram(features, situation) if best is None or consults_ram(best, features.prompt_tokens) else 0
+    potential = _ram(features, situation) if best is None or consults_ram(best, features.prompt_tokens) else 0
+    from_ram = potential if _in_ram(situation) else 0
     cached, source = (
         (from_ram, "ram") if from_ram > from_slot else (from_slot, "slot" if from_slot else "none")
     )
     nxt = round(features.prompt_tokens * stats.ram_reuse.value)
-    return _Option(None, cached, source, queue, nxt)
+    return _Option(None, cached, source, queue, nxt, ram_potential=potential)
 
 
 def _objective(option: _Option, features: RequestFeatures, situation: Situation, horizon: float) -> float:
@@ -380,5 +409,7 @@ def estimate(
         evicts=option.evicts,
         evict_cost_s=option.evict_cost_s,
         source=option.source,
+        ram_tokens=option.ram_potential,
+        ram_span=ram_span(situation.match) if option.ram_potential else 0,
         note=option.note,
     )

@@ -13,9 +13,12 @@ Per deployment (``backend/model``):
 - ``reuse``: ``cached_tokens / reusable(shared_prefix_tokens)``, how much of what the engine could
   reuse of the conversation already sent to it it really did; ``reusable(n)`` is the whole blocks
   of ``n - 1`` tokens (an engine always recomputes at least the last prompt token).
-- ``ram_reuse``: the same ratio for prefixes expected from llama.cpp's RAM prompt cache (a slot
-  that held another conversation loads the best saved state); a server started with
-  ``--cache-ram 0`` reports no reuse there, and the ratio falls to 0 after its first such request.
+- ``ram_reuse``: the same ratio for prefixes restored from llama.cpp's RAM prompt cache (a slot
+  that held another conversation loads the best saved state).
+- ``ram_tokens``: how many tokens of recent prompts the RAM cache holds (it drops its oldest
+  entries first). Whenever the RAM cache was consulted for an entry that began ``ram_span`` tokens
+  ago, a restore shows it holds at least that many (``max``); none shows it holds fewer
+  (``span * RAM_MISS_SHRINK``). A server started with ``--cache-ram 0`` soon predicts no restore.
 - ``block``: the greatest common divisor of the non-zero ``cached_tokens`` seen (vLLM caches whole
   blocks; llama.cpp's token-exact reuse drives it to 1).
 - ``service_s``: request duration, for queue-wait estimates.
@@ -46,6 +49,10 @@ PRIOR_COMPLETION_TOKENS = 256.0
 
 PRIOR_RAM_REUSE = 0.95
 """llama-server keeps an 8 GiB RAM prompt cache by default; other engines have none."""
+PRIOR_RAM_TOKENS = 100_000.0
+"""Tokens of recent prompts the RAM cache is believed to hold (8 GiB at ~64 KiB a token, less the
+recurrent states of the saved checkpoints)."""
+RAM_MISS_SHRINK = 0.5
 
 
 def prior_reuse(kind: EngineKind, architecture: Architecture) -> float:
@@ -94,6 +101,7 @@ class DeploymentStats:
     reuse: Ewma
     service_s: Ewma
     ram_reuse: Ewma = field(default_factory=lambda: Ewma(0.0, 0.0, ratio=True))
+    ram_tokens: Ewma = field(default_factory=lambda: Ewma(PRIOR_RAM_TOKENS, PRIOR_RAM_TOKENS))
     block: int = 0  # 0: no hit seen yet
 
     @classmethod
@@ -148,6 +156,17 @@ def _rates(stats: DeploymentStats, outcome: Outcome) -> DeploymentStats:
     return stats
 
 
+def _ram_capacity(capacity: Ewma, outcome: Outcome) -> Ewma:
+    """A restore that came back shows the RAM cache holds at least ``ram_span`` tokens; one that
+    did not, that it holds less (or nothing: ``--cache-ram 0``)."""
+    restored = (outcome.usage.cached_tokens or 0) >= outcome.ram_tokens / 2
+    if restored:
+        value = max(capacity.value, float(outcome.ram_span))
+    else:
+        value = min(capacity.value, outcome.ram_span * RAM_MISS_SHRINK)
+    return Ewma(value, capacity.prior, capacity.samples + 1)
+
+
 def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> LearnedState:
     """The state after one more outcome of ``deployment``."""
     usage = outcome.usage
@@ -159,10 +178,12 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
     possible = reusable(outcome.shared_prefix_tokens, stats.block)
     if usage.cached_tokens is not None and possible > 0:
         ratio = usage.cached_tokens / possible
-        if outcome.from_ram:
+        if outcome.from_ram and usage.cached_tokens >= outcome.ram_tokens / 2:
             stats = replace(stats, ram_reuse=stats.ram_reuse.update(ratio))
-        else:
+        elif not outcome.from_ram:
             stats = replace(stats, reuse=stats.reuse.update(ratio))
+    if outcome.ram_tokens and usage.cached_tokens is not None:
+        stats = replace(stats, ram_tokens=_ram_capacity(stats.ram_tokens, outcome))
     model = state.for_model(deployment.model)
     if usage.prompt_tokens >= 20 and outcome.prompt_chars > 0:
         model = replace(

@@ -218,6 +218,7 @@ class PrefixMatch:
     recent: int = 0
     recent_whole: bool = False  # the recent prompt it matches is a prefix of this one, whole
     recent_held: int = 0  # tokens of that recent prompt
+    recent_age: int = 0  # tokens turnout sent to the backend after it (a RAM cache drops the oldest first)
 
     def slot(self, slot: int) -> SlotMatch:
         return next((m for m in self.slots if m.slot == slot), SlotMatch(slot, 0))
@@ -260,6 +261,8 @@ class Estimate:
     evicts: str | None = None
     evict_cost_s: float = 0.0  # what taking the slot costs its session's next turn
     source: str = "none"  # where the expected cached tokens come from: slot, ram, prefix-cache, none
+    ram_tokens: int = 0  # what llama.cpp's RAM cache would give, were the entry still there
+    ram_span: int = 0  # tokens sent to the backend since that entry began (it must fit in the cache)
     note: str = ""
 
     @property
@@ -351,3 +354,5 @@ class Outcome:
     stream: bool
     contended: bool = False  # other work was running or queued there when it was sent
     from_ram: bool = False  # the shared prefix was expected from llama.cpp's RAM prompt cache
+    ram_tokens: int = 0  # Estimate.ram_tokens of the chosen candidate
+    ram_span: int = 0  # Estimate.ram_span of the chosen candidate

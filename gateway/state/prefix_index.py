@@ -54,19 +54,24 @@ class _Recent:
         self.chunks: dict[int, int] = {}
         self.tokens = 0
         self.bytes = 0
+        self.clock = 0  # tokens recorded so far: a prompt's age is the tokens recorded after it
+        self.added: dict[int, int] = {}
         self.by_last: dict[
             int, dict[int, None]
         ] = {}  # last full chunk -> digests of the prompts ending there
 
     def add(self, held: Held, chain: PromptChain) -> None:
+        self.clock += held.tokens
         if held.mark.whole in self.prompts:
             self.prompts.move_to_end(held.mark.whole)
+            self.added[held.mark.whole] = self.clock
             return
         for chunk in (ROOT, *held.hashes):  # an older prompt this one extends is obsolete
             for whole in list(self.by_last.get(chunk, ())):
                 if chain.extends(self.prompts[whole].mark):
                     self._drop(whole)
         self.prompts[held.mark.whole] = held
+        self.added[held.mark.whole] = self.clock
         self.tokens += held.tokens
         self.bytes += held.mark.length
         for chunk in held.hashes:
@@ -77,6 +82,7 @@ class _Recent:
 
     def _drop(self, whole: int) -> None:
         held = self.prompts.pop(whole)
+        del self.added[whole]
         self.tokens -= held.tokens
         self.bytes -= held.mark.length
         for chunk in held.hashes:
@@ -91,8 +97,9 @@ class _Recent:
         if not owners:
             del self.by_last[last]
 
-    def match(self, chain: PromptChain) -> SlotMatch:
-        """``chain``'s longest prefix among these prompts (tokens), and the prompt it belongs to."""
+    def match(self, chain: PromptChain) -> tuple[SlotMatch, int]:
+        """``chain``'s longest prefix among these prompts (tokens), the prompt it belongs to, and
+        that prompt's age (tokens recorded since; 0 when the prefix lies inside a longer prompt)."""
         chunks = chain.matched(self.chunks)
         owners = [
             self.prompts[w]
@@ -100,15 +107,16 @@ class _Recent:
         ]
         whole = next((held for held in owners if chain.extends(held.mark)), None)
         if whole is not None:
-            return SlotMatch(-1, whole.tokens, whole=True, held=whole.tokens)
-        if owners or not chunks:
-            return (
-                SlotMatch(-1, owners[0].tokens_for(chunks), held=owners[0].tokens)
-                if owners
-                else SlotMatch(-1, 0)
-            )
+            return SlotMatch(-1, whole.tokens, whole=True, held=whole.tokens), self._age(whole)
+        if owners:
+            return SlotMatch(-1, owners[0].tokens_for(chunks), held=owners[0].tokens), self._age(owners[0])
+        if not chunks:
+            return SlotMatch(-1, 0), 0
         tokens = min(chain.length, chunks * CHUNK_BYTES) * self.tokens // max(self.bytes, 1)
-        return SlotMatch(-1, tokens, held=LONGER)  # inside a longer prompt, far from its checkpoints
+        return SlotMatch(-1, tokens, held=LONGER), 0  # inside a longer prompt, far from its checkpoints
+
+    def _age(self, held: Held) -> int:
+        return self.clock - self.added[held.mark.whole]
 
 
 class PrefixIndex:
@@ -150,8 +158,8 @@ class PrefixIndex:
             else:
                 chunks = chain.matched(frozenset(held.hashes)) if chain.hashes and held.hashes else 0
                 slots.append(SlotMatch(slot, held.tokens_for(chunks), held=held.tokens))
-        best = recent.match(chain) if recent else SlotMatch(-1, 0)
-        return PrefixMatch(tuple(slots), best.tokens, best.whole, best.held)
+        best, age = recent.match(chain) if recent else (SlotMatch(-1, 0), 0)
+        return PrefixMatch(tuple(slots), best.tokens, best.whole, best.held, age)
 
     def find_session(self, chain: PromptChain) -> str | None:
         """The session whose recorded prompt is the longest byte prefix of ``chain``, if any."""
