@@ -49,7 +49,8 @@ pinned there, so llama-server's own LRU choice cannot evict a session's warm slo
 a hybrid model will re-prefill it.
 
     growth   = prompt - session's last prompt   (first turn: GROWTH_PRIOR of the prompt)
-    future_s = (prompt + growth - cached_next) / prefill_tok_s
+    future_s = queue_s + (prompt + growth - cached_next) / prefill_tok_s
+               (this turn's queue again: contention outlasts one turn)
 """
 
 from __future__ import annotations
@@ -329,11 +330,13 @@ def _unpinned(features: RequestFeatures, situation: Situation) -> _Option:
 def _objective(option: _Option, features: RequestFeatures, situation: Situation, horizon: float) -> float:
     stats = situation.stats
     ttft = option.queue_s + (features.prompt_tokens - option.cached) / stats.prefill_tok_s.value
-    return ttft + horizon * _future(features, situation, option.cached_next) + option.evict_cost_s
+    future = _future(features, situation, option.cached_next, option.queue_s)
+    return ttft + horizon * future + option.evict_cost_s
 
 
-def _future(features: RequestFeatures, situation: Situation, cached_next: int) -> float:
-    """Predicted prefill seconds of the session's next turn (module docstring)."""
+def _future(features: RequestFeatures, situation: Situation, cached_next: int, queue_s: float) -> float:
+    """Predicted TTFT of the session's next turn (module docstring): its prefill, behind a queue as
+    long as this turn's (contention lasts longer than one turn)."""
     session, stats = situation.session, situation.stats
     if session is None:
         return 0.0
@@ -344,7 +347,7 @@ def _future(features: RequestFeatures, situation: Situation, cached_next: int) -
         reused = _reuse(cached_next, stats, stats.reuse.value, token_exact=True)
     else:
         reused = _reuse(cached_next, stats, stats.reuse.value, token_exact=False)
-    return (next_prompt - min(reused, next_prompt - 1)) / stats.prefill_tok_s.value
+    return queue_s + (next_prompt - min(reused, next_prompt - 1)) / stats.prefill_tok_s.value
 
 
 def estimate(
@@ -401,7 +404,7 @@ def estimate(
         total_s=total,
         prefill_s=prefill,
         shared_prefix_tokens=shared,
-        future_s=_future(features, situation, option.cached_next) if horizon else 0.0,
+        future_s=_future(features, situation, option.cached_next, option.queue_s) if horizon else 0.0,
         horizon=horizon,
         contended=snapshot.running > 0 or snapshot.queued > 0,
         slot=option.slot,
