@@ -2,7 +2,7 @@
 to the last one, from the snapshot, the prefix index's match, the slot leases and what was learned.
 
     prefill  = (prompt - cached) / prefill_tok_s * slowdown
-    ttft     = queue_s + prefill + 1 / decode_tok_s
+    ttft     = queue_s * queue_factor + prefill + 1 / decode_tok_s
     total    = ttft + (expected_output - 1) / decode_tok_s * slowdown
     slowdown = 1 + BATCH_SLOWDOWN * requests already running on the engine
     objective = ttft + horizon * future_s + evict_cost_s        (total instead of ttft: cost-completion)
@@ -12,6 +12,7 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                vLLM at least queued * service_s / running from its own waiting queue
                a busy llama.cpp slot: what its request is predicted to still need (``busy_s``)
                llama.cpp unpinned with no idle slot: the first slot to free + queued * service_s / slots
+    queue_factor: learned, how much longer queues really were than predicted (``policies.learning``)
 
 **Expected cached tokens** come from the prefix index (``PrefixMatch``: what turnout sent where)
 and each engine's semantics. Of a prefix of ``n`` tokens an engine reuses at most ``reusable(n)``
@@ -329,8 +330,9 @@ def _unpinned(features: RequestFeatures, situation: Situation) -> _Option:
 
 def _objective(option: _Option, features: RequestFeatures, situation: Situation, horizon: float) -> float:
     stats = situation.stats
-    ttft = option.queue_s + (features.prompt_tokens - option.cached) / stats.prefill_tok_s.value
-    future = _future(features, situation, option.cached_next, option.queue_s)
+    queue = option.queue_s * stats.queue_factor.value
+    ttft = queue + (features.prompt_tokens - option.cached) / stats.prefill_tok_s.value
+    future = _future(features, situation, option.cached_next, queue)
     return ttft + horizon * future + option.evict_cost_s
 
 
@@ -389,7 +391,8 @@ def estimate(
     slowdown = 1 + BATCH_SLOWDOWN * snapshot.running
     decode_step = slowdown / stats.decode_tok_s.value
     prefill = (prompt - cached) / stats.prefill_tok_s.value * slowdown
-    ttft = option.queue_s + prefill + decode_step
+    queue = option.queue_s * stats.queue_factor.value
+    ttft = queue + prefill + decode_step
     total = ttft + (expected_output(features, learned) - 1) * decode_step
     if snapshot.kind is not EngineKind.LLAMACPP or option.source == "ram":
         shared = situation.match.recent  # what the engine may hold: learning measures its reuse of it
@@ -399,12 +402,13 @@ def estimate(
         shared = option.cached
     return Estimate(
         expected_cached_tokens=cached,
-        queue_s=option.queue_s,
+        queue_s=queue,
+        modelled_queue_s=option.queue_s,
         ttft_s=ttft,
         total_s=total,
         prefill_s=prefill,
         shared_prefix_tokens=shared,
-        future_s=_future(features, situation, option.cached_next, option.queue_s) if horizon else 0.0,
+        future_s=_future(features, situation, option.cached_next, queue) if horizon else 0.0,
         horizon=horizon,
         contended=snapshot.running > 0 or snapshot.queued > 0,
         slot=option.slot,

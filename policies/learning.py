@@ -22,6 +22,10 @@ Per deployment (``backend/model``):
 - ``block``: the greatest common divisor of the non-zero ``cached_tokens`` seen (vLLM caches whole
   blocks; llama.cpp's token-exact reuse drives it to 1).
 - ``service_s``: request duration, for queue-wait estimates.
+- ``queue_factor``: how much longer than predicted a predicted queue really was,
+  ``(ttft - predicted ttft + predicted queue) / modelled queue`` on streams that were predicted to
+  wait at least ``MIN_QUEUE_S`` (clamped to ``[1/QUEUE_SPREAD, QUEUE_SPREAD]``): queues build on
+  queues, and a saturated engine's waits are longer than the sum of their parts.
 
 Per model: ``chars_per_token`` (prompt characters / prompt tokens) and ``completion_tokens``.
 The first sample replaces the prior; later ones move it by ``ALPHA``. Every value is clamped to
@@ -53,6 +57,8 @@ PRIOR_RAM_TOKENS = 100_000.0
 """Tokens of recent prompts the RAM cache is believed to hold (8 GiB at ~64 KiB a token, less the
 recurrent states of the saved checkpoints)."""
 RAM_MISS_SHRINK = 0.5
+MIN_QUEUE_S = 0.01
+QUEUE_SPREAD = 10.0
 
 
 def prior_reuse(kind: EngineKind, architecture: Architecture) -> float:
@@ -102,6 +108,7 @@ class DeploymentStats:
     service_s: Ewma
     ram_reuse: Ewma = field(default_factory=lambda: Ewma(0.0, 0.0, ratio=True))
     ram_tokens: Ewma = field(default_factory=lambda: Ewma(PRIOR_RAM_TOKENS, PRIOR_RAM_TOKENS))
+    queue_factor: Ewma = field(default_factory=lambda: Ewma(1.0, 1.0))
     block: int = 0  # 0: no hit seen yet
 
     @classmethod
@@ -182,6 +189,10 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
             stats = replace(stats, ram_reuse=stats.ram_reuse.update(ratio))
         elif not outcome.from_ram:
             stats = replace(stats, reuse=stats.reuse.update(ratio))
+    if outcome.stream and outcome.ttft_s is not None and outcome.modelled_queue_s >= MIN_QUEUE_S:
+        waited = outcome.ttft_s - (outcome.predicted_ttft_s - outcome.predicted_queue_s)
+        sample = min(max(waited / outcome.modelled_queue_s, 1 / QUEUE_SPREAD), QUEUE_SPREAD)
+        stats = replace(stats, queue_factor=stats.queue_factor.update(sample))
     if outcome.ram_tokens and usage.cached_tokens is not None:
         stats = replace(stats, ram_tokens=_ram_capacity(stats.ram_tokens, outcome))
     model = state.for_model(deployment.model)

@@ -252,6 +252,7 @@ class Estimate:
     ttft_s: float
     total_s: float
     prefill_s: float = 0.0  # this request's own prompt processing, after its queue
+    modelled_queue_s: float = 0.0  # queue_s before the learned queue_factor
     shared_prefix_tokens: int = 0  # tokens of this conversation the engine may still hold
     future_s: float = 0.0  # predicted TTFT of the session's next turn if this candidate serves this one
     contended: bool = False  # the engine was busy: its TTFT will say little about its prefill rate
@@ -356,3 +357,6 @@ class Outcome:
     from_ram: bool = False  # the shared prefix was expected from llama.cpp's RAM prompt cache
     ram_tokens: int = 0  # Estimate.ram_tokens of the chosen candidate
     ram_span: int = 0  # Estimate.ram_span of the chosen candidate
+    predicted_ttft_s: float = 0.0  # the chosen candidate's Estimate.ttft_s
+    predicted_queue_s: float = 0.0  # ... and its queue_s
+    modelled_queue_s: float = 0.0  # ... and that queue before the learned queue_factor

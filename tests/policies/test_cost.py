@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -52,13 +53,24 @@ def features(prompt: int = 10_000, source: SessionSource = SessionSource.HEADER)
 
 
 SESSION = SessionView("s", "llama", 0, prompt_tokens=9000, turns=3)
-HELD = PrefixMatch((SlotMatch(0, 9000, whole=True), SlotMatch(1, 0)), recent=9000)
+HELD = PrefixMatch((SlotMatch(0, 9000, whole=True), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000)
 NOTHING = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=0)
 NO_RAM = learn(
     LearnedState(),
     Outcome(
-        "llama", "m", EngineKind.LLAMACPP, Usage(9000, 8, 0), 1.0, 2.0, 30_000, 9000, True, from_ram=True
-    ),
+        "llama",
+        "m",
+        EngineKind.LLAMACPP,
+        Usage(9000, 8, 0),
+        1.0,
+        2.0,
+        30_000,
+        9000,
+        True,
+        from_ram=True,
+        ram_tokens=8500,
+        ram_span=9000,
+    ),  # a restore of 8500 tokens expected, none came: the server keeps nothing (--cache-ram 0)
     LLAMA,
 )
 
@@ -94,7 +106,7 @@ class TestReuse:
 
     def test_lost_slot_restores_from_the_ram_cache(self) -> None:
         """Another session took the slot: llama-server loads the saved state back from RAM."""
-        match = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000)
+        match = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000)
         result = llama(match, (SlotLease(0, "other", 1.0, 500), SlotLease(1, "third", 2.0, 500)))
         assert result.source == "ram"
         assert result.expected_cached_tokens == round(8999 * 0.95)
@@ -102,7 +114,7 @@ class TestReuse:
 
     def test_lost_slot_without_ram_cache_re_prefills(self) -> None:
         """Once the server showed it has no RAM cache (--cache-ram 0), nothing is expected from it."""
-        match = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000)
+        match = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000)
         leases = (SlotLease(0, "other", 1.0, 500), SlotLease(1, "third", 2.0, 500))
         result = llama(match, leases, learned=NO_RAM)
         assert result.expected_cached_tokens < 9000 * 0.05
@@ -128,13 +140,13 @@ class TestReuse:
         assert "slot 0's lease expired" in result.note
 
     def test_busy_own_slot_waits_what_its_request_still_needs(self) -> None:
-        """Waiting 0.8 s beats re-prefilling 9000 tokens elsewhere (no RAM cache to restore from)."""
+        """Waiting 0.1 s beats re-prefilling 9000 tokens elsewhere (no RAM cache to restore from)."""
         snapshot = replace(
-            llama_snapshot((True, False)), slots=(SlotState(0, 32768, True, 0.8), SlotState(1, 32768, False))
+            llama_snapshot((True, False)), slots=(SlotState(0, 32768, True, 0.1), SlotState(1, 32768, False))
         )
         result = llama(leases=(SlotLease(0, "s", 1.0, 9000),), snapshot=snapshot, learned=NO_RAM)
-        assert (result.slot, result.queue_s) == (0, 0.8)
-        assert "waits ~0.8 s for slot 0" in result.note
+        assert (result.slot, result.queue_s) == (0, 0.1)
+        assert "waits ~0.1 s for slot 0" in result.note
 
     def test_unproven_implicit_session_takes_no_slot_from_anyone(self) -> None:
         leases = (SlotLease(0, "a", 9.0, 100), SlotLease(1, "b", 9.0, 100))
@@ -166,11 +178,32 @@ class TestReuse:
         assert result.expected_cached_tokens == 512  # whole blocks of 1000 * (512 / 600)
 
 
-def test_learning_tells_ram_reuse_from_slot_reuse() -> None:
-    """A reuse expected from the RAM cache teaches ram_reuse only; the slot's ratio stays."""
+def test_a_restore_that_never_came_shrinks_the_ram_cache() -> None:
+    """No reuse where 8500 tokens were expected from RAM: the cache holds less than that entry's
+    span; the slot's and the RAM's reuse ratios stay what they were."""
     stats = NO_RAM.for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.ram_reuse.value < 0.05
-    assert stats.reuse.value == 0.97
+    assert stats.ram_tokens.value == 9000 * 0.5
+    assert (stats.reuse.value, stats.ram_reuse.value) == (0.97, 0.95)
+
+
+def test_a_restore_that_came_grows_the_ram_cache() -> None:
+    outcome = Outcome(
+        "llama", "m", EngineKind.LLAMACPP, Usage(300_000, 8, 280_000), 1.0, 2.0, 0, 290_000, True,
+        from_ram=True, ram_tokens=270_000, ram_span=400_000,
+    )  # fmt: skip
+    stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
+    assert stats.ram_tokens.value == 400_000
+    assert stats.ram_reuse.value > 0.9
+
+
+def test_a_queue_longer_than_predicted_teaches_the_queue_factor() -> None:
+    """Predicted 1 s of queue (of 1.5 s TTFT) and waited 3 s: later queues count three times."""
+    outcome = Outcome(
+        "llama", "m", EngineKind.LLAMACPP, Usage(1000, 8, 0), 3.5, 4.0, 0, 0, True,
+        predicted_ttft_s=1.5, predicted_queue_s=1.0, modelled_queue_s=1.0,
+    )  # fmt: skip
+    stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
+    assert stats.queue_factor.value == pytest.approx(3.0)
 
 
 def test_learning_reads_llama_timings() -> None:

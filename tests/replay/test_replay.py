@@ -76,6 +76,16 @@ class TestPieces:
         assert sorted(i for g in grouped for i in g) == list(range(len(requests)))
         assert sorted(len(g) for g in grouped) == [1, 1, 1, 1, 3]
 
+    def test_session_less_conversations_are_paced_like_sessions(self) -> None:
+        """Without session ids (Mooncake format) a turn that resends a previous turn's whole prompt
+        waits for it, as an agent would; requests that only share a system prompt stand alone."""
+        from gateway.replay.generate import contention_trace, without_sessions
+
+        requests = contention_trace(agents=3, turns=4, seed=2, oneshot_every=2.0)
+        with_ids = sorted(sorted(g) for g in groups(requests))
+        assert sorted(sorted(g) for g in groups(without_sessions(requests))) == with_ids
+        assert sorted(len(g) for g in with_ids if len(g) > 1) == [4, 4, 4]
+
     def test_nearest_rank_percentile(self) -> None:
         assert percentile([], 0.5) is None
         assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
