@@ -53,7 +53,9 @@ def features(prompt: int = 10_000, source: SessionSource = SessionSource.HEADER)
 
 
 SESSION = SessionView("s", "llama", 0, prompt_tokens=9000, turns=3)
-HELD = PrefixMatch((SlotMatch(0, 9000, whole=True), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000)
+HELD = PrefixMatch(
+    (SlotMatch(0, 9000, whole=True), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000
+)
 NOTHING = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=0)
 NO_RAM = learn(
     LearnedState(),
@@ -106,7 +108,9 @@ class TestReuse:
 
     def test_lost_slot_restores_from_the_ram_cache(self) -> None:
         """Another session took the slot: llama-server loads the saved state back from RAM."""
-        match = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000)
+        match = PrefixMatch(
+            (SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000
+        )
         result = llama(match, (SlotLease(0, "other", 1.0, 500), SlotLease(1, "third", 2.0, 500)))
         assert result.source == "ram"
         assert result.expected_cached_tokens == round(8999 * 0.95)
@@ -114,7 +118,9 @@ class TestReuse:
 
     def test_lost_slot_without_ram_cache_re_prefills(self) -> None:
         """Once the server showed it has no RAM cache (--cache-ram 0), nothing is expected from it."""
-        match = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000)
+        match = PrefixMatch(
+            (SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000
+        )
         leases = (SlotLease(0, "other", 1.0, 500), SlotLease(1, "third", 2.0, 500))
         result = llama(match, leases, learned=NO_RAM)
         assert result.expected_cached_tokens < 9000 * 0.05
