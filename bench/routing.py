@@ -9,6 +9,11 @@ Workloads (all deterministic, seed 0; every scaling is printed next to the numbe
 * ``mixed``: 2 agents x 16 turns (4k -> 60k) + 80 chat requests over 60 s; time scale 0.05.
 * ``mooncake``: the first 300 requests of the Mooncake conversation trace (~102 s), token lengths x 0.1
   (blocks of 51 tokens); time scale 0.05.
+* ``contention-N`` (N = 1, 2, 4, 8 agents on the 2 llama.cpp slots): N agents x 12 turns over a shared
+  6k-token system prompt, +1.2k-3.8k tokens a turn, answers 80-400 tokens, plus one-shot requests of
+  1.5k-9k tokens every ~7 s; with ``x-session-id``, and again as ``contention-N-nosession`` without
+  (Mooncake-style: sessions only by content); time scale 0.1. Profiles: cost, prefer-vllm,
+  prefer-llamacpp, least-loaded and the oracle.
 
 The stack per run: a vLLM simulator (hybrid, no prefix caching, 94k window) and a llama.cpp simulator
 (hybrid, 2 slots of 64k), DOMAIN.md rates, behind a fresh gateway (or the oracle).
@@ -29,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.logging import configure_logging
-from gateway.replay.generate import agent_trace, chat_trace, mixed_trace
+from gateway.replay.generate import agent_trace, chat_trace, contention_trace, mixed_trace, without_sessions
 from gateway.replay.report import report, table
 from gateway.replay.runner import ReplayOptions, run_replay
 from gateway.replay.stack import StackOptions
@@ -38,6 +43,8 @@ from gateway.replay.traces import TraceRequest, block_tokens, read_trace, scale_
 REPO = Path(__file__).resolve().parents[1]
 MOONCAKE = REPO.parent / "shared" / "traces" / "mooncake-conversation.jsonl"
 PROFILES = ("cost", "least-loaded", "prefer-vllm", "prefer-llamacpp", "round-robin")
+CONTENTION_PROFILES = ("cost", "prefer-vllm", "prefer-llamacpp", "least-loaded")
+CONTENTION_AGENTS = (1, 2, 4, 8)
 MODEL = "replay"
 
 
@@ -48,11 +55,37 @@ class Workload:
     time_scale: float
     make: Callable[[bool], list[TraceRequest]]
     token_scale: float = 1.0
+    profiles: tuple[str, ...] = PROFILES
 
 
 def _mooncake(quick: bool) -> list[TraceRequest]:
     requests = read_trace(MOONCAKE, "mooncake", model=MODEL, limit=100 if quick else 300)
     return scale_tokens(requests, 0.1)
+
+
+def _contention(agents: int, sessions: bool) -> Callable[[bool], list[TraceRequest]]:
+    def make(quick: bool) -> list[TraceRequest]:
+        requests = contention_trace(agents=agents, turns=4 if quick else 12, seed=agents, model=MODEL)
+        return requests if sessions else without_sessions(requests)
+
+    return make
+
+
+def _contention_workloads() -> tuple[Workload, ...]:
+    out = []
+    for agents in CONTENTION_AGENTS:
+        for sessions in (True, False):
+            name = f"contention-{agents}" + ("" if sessions else "-nosession")
+            scaling = (
+                f"{agents} agents x 12 turns on 2 llama.cpp slots, 6k shared system prompt, +1.2k-3.8k "
+                "tokens a turn, answers 80-400, one-shots of 1.5k-9k tokens every ~7 s; "
+                + ("x-session-id given" if sessions else "no session ids")
+                + "; time scale 0.1"
+            )
+            out.append(
+                Workload(name, scaling, 0.1, _contention(agents, sessions), profiles=CONTENTION_PROFILES)
+            )
+    return tuple(out)
 
 
 WORKLOADS = (
@@ -83,6 +116,7 @@ WORKLOADS = (
         _mooncake,
         token_scale=0.1,
     ),
+    *_contention_workloads(),
 )
 
 
@@ -95,7 +129,7 @@ def run(workload: Workload, quick: bool) -> dict[str, Any]:
     started = time.monotonic()
     runs = run_replay(
         requests,
-        PROFILES,
+        workload.profiles,
         stack,
         options,
         on_done=lambda name, _: print(f"  {workload.name}/{name} done", file=sys.stderr),
@@ -142,6 +176,45 @@ def targets(results: dict[str, dict[str, Any]]) -> list[str]:
             f"- {name}: cost throughput / best single-engine = {_ratio(got, best)} (target >= 0.95x): "
             f"{'PASS' if ok else 'MISS'}"
         )
+    return lines + contention_targets(results)
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def contention_targets(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Issue #9: every contention row against the oracle and the single-engine profiles; the rows
+    without session ids against the same workload with them."""
+    lines: list[str] = []
+    for agents in CONTENTION_AGENTS:
+        for suffix in ("", "-nosession"):
+            name = f"contention-{agents}{suffix}"
+            profiles = results.get(name, {}).get("profiles", {})
+            if not profiles:
+                continue
+            cost, oracle = profiles["cost"], profiles["oracle"]
+            ttft, completion = cost["ttft_mean_s"], cost["completion_mean_s"]
+            singles = max(profiles[p]["ttft_mean_s"] for p in ("prefer-vllm", "prefer-llamacpp"))
+            lowest = min(profiles[p]["ttft_mean_s"] for p in ("prefer-vllm", "prefer-llamacpp"))
+            ok_ttft = ttft <= 1.15 * oracle["ttft_mean_s"]
+            ok_single = ttft <= lowest
+            ok_completion = completion <= 1.15 * oracle["completion_mean_s"]
+            lines.append(
+                f"- {name}: cost TTFT / oracle = {_ratio(ttft, oracle['ttft_mean_s'])} (<= 1.15x): "
+                f"{_verdict(ok_ttft)}; <= both single-engine profiles ({ttft:.2f} s vs {lowest:.2f} / "
+                f"{singles:.2f} s): {_verdict(ok_single)}; completion / oracle = "
+                f"{_ratio(completion, oracle['completion_mean_s'])} (<= 1.15x): {_verdict(ok_completion)}"
+            )
+            with_ids = results.get(f"contention-{agents}", {}).get("profiles", {})
+            if suffix and with_ids:
+                base = with_ids["cost"]["ttft_mean_s"]
+                hit, oracle_hit = cost["cache_hit_ratio"] or 0.0, oracle["cache_hit_ratio"] or 0.0
+                lines.append(
+                    f"- {name}: cost TTFT / with session ids = {_ratio(ttft, base)} (<= 1.2x): "
+                    f"{_verdict(ttft <= 1.2 * base)}; cache hit {hit:.3f} vs oracle {oracle_hit:.3f} "
+                    f"(>= 0.8x): {_verdict(hit >= 0.8 * oracle_hit)}"
+                )
     return lines
 
 
@@ -204,7 +277,7 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
             table(result["profiles"]),
             "",
         ]
-    out += ["## Targets (issue #5)", "", *targets(results), "", NOTES]
+    out += ["## Targets (issues #5 and #9)", "", *targets(results), "", NOTES]
     return "\n".join(out)
 
 

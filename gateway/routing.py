@@ -220,6 +220,8 @@ def decision_entry(routed: Routed, request_id: str, outcome: Outcome | None, sta
                         "expected_cached_tokens": c.estimate.expected_cached_tokens,
                         "predicted_ttft_s": round(c.estimate.ttft_s, 4),
                         "predicted_total_s": round(c.estimate.total_s, 4),
+                        "next_turn_s": round(c.estimate.future_s, 4),
+                        "objective_s": round(c.estimate.objective_ttft_s, 4),
                         "queue_s": round(c.estimate.queue_s, 4),
                         "slot": c.estimate.slot,
                         "warm": c.estimate.warm,

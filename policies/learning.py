@@ -27,6 +27,11 @@ Per deployment (``backend/model``):
   wait at least ``MIN_QUEUE_S`` (clamped to ``[1/QUEUE_SPREAD, QUEUE_SPREAD]``): queues build on
   queues, and a saturated engine's waits are longer than the sum of their parts.
 
+Across deployments: ``speed``, each measured prefill rate over its prior; a deployment not measured
+yet starts from its priors times ``speed`` (on a machine twice as fast as the reference box, or in a
+replay's compressed time, an engine nobody has sent to yet is not believed ten times slower than
+the one that was measured).
+
 Per model: ``chars_per_token`` (prompt characters / prompt tokens) and ``completion_tokens``.
 The first sample replaces the prior; later ones move it by ``ALPHA``. Every value is clamped to
 ``[prior / SPREAD, prior * SPREAD]`` so one odd measurement cannot derail routing.
@@ -112,12 +117,14 @@ class DeploymentStats:
     block: int = 0  # 0: no hit seen yet
 
     @classmethod
-    def prior(cls, kind: EngineKind, architecture: Architecture) -> DeploymentStats:
+    def prior(cls, kind: EngineKind, architecture: Architecture, speed: float = 1.0) -> DeploymentStats:
+        """Before any measurement: the priors, rates times ``speed`` (what the other engines measured
+        against their priors: a slower or faster machine, or a replay's compressed time)."""
         return cls(
-            prefill_tok_s=_ewma(PRIOR_PREFILL[kind]),
-            decode_tok_s=_ewma(PRIOR_DECODE[kind]),
+            prefill_tok_s=Ewma(PRIOR_PREFILL[kind] * speed, PRIOR_PREFILL[kind]),
+            decode_tok_s=Ewma(PRIOR_DECODE[kind] * speed, PRIOR_DECODE[kind]),
             reuse=Ewma(prior_reuse(kind, architecture), prior_reuse(kind, architecture), ratio=True),
-            service_s=_ewma(PRIOR_SERVICE_S),
+            service_s=Ewma(PRIOR_SERVICE_S / speed, PRIOR_SERVICE_S),
             ram_reuse=Ewma(
                 ram_prior := PRIOR_RAM_REUSE if kind is EngineKind.LLAMACPP else 0.0, ram_prior, ratio=True
             ),
@@ -134,10 +141,14 @@ class ModelStats:
 class LearnedState:
     deployments: Mapping[str, DeploymentStats] = field(default_factory=lambda: MappingProxyType({}))
     models: Mapping[str, ModelStats] = field(default_factory=lambda: MappingProxyType({}))
+    speed: Ewma = field(default_factory=lambda: Ewma(1.0, 1.0))
+    """Measured prefill rates over their priors, across deployments: scales an unmeasured one's prior."""
 
     def for_deployment(self, deployment: Deployment, kind: EngineKind) -> DeploymentStats:
         key = f"{deployment.backend_id}/{deployment.model}"
-        return self.deployments.get(key) or DeploymentStats.prior(kind, deployment.architecture)
+        return self.deployments.get(key) or DeploymentStats.prior(
+            kind, deployment.architecture, self.speed.value
+        )
 
     def for_model(self, model: str, chars_per_token_prior: float = 3.6) -> ModelStats:
         return self.models.get(model) or ModelStats(
@@ -178,7 +189,11 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
     """The state after one more outcome of ``deployment``."""
     usage = outcome.usage
     key = f"{deployment.backend_id}/{deployment.model}"
-    stats = _rates(state.for_deployment(deployment, outcome.kind), outcome)
+    before = state.for_deployment(deployment, outcome.kind)
+    stats = _rates(before, outcome)
+    speed = state.speed
+    if stats.prefill_tok_s.samples > before.prefill_tok_s.samples:
+        speed = speed.update(stats.prefill_tok_s.value / stats.prefill_tok_s.prior)
     stats = replace(stats, service_s=stats.service_s.update(outcome.duration_s))
     if usage.cached_tokens:
         stats = replace(stats, block=math.gcd(stats.block, usage.cached_tokens))
@@ -205,4 +220,5 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
     return LearnedState(
         deployments=MappingProxyType({**state.deployments, key: stats}),
         models=MappingProxyType({**state.models, deployment.model: model}),
+        speed=speed,
     )

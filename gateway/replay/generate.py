@@ -16,8 +16,8 @@ Block ids are drawn from one counter per trace, so unrelated text never shares a
 * **contention**: ``agents`` concurrent agents (more than the llama.cpp slots), each ``turns`` turns
   over a shared ``system_tokens`` system prompt, adding ``U(1.2k, 3.8k)`` tokens a turn with answers of
   ``U(80, 400)`` tokens, turns ``U(1, 4)`` s apart, agents starting within ``stagger`` s; plus one-shot
-  requests of ``U(1.5k, 9k)`` tokens (the same system prompt and their own text) arriving every
-  ``oneshot_every`` s on average (Poisson) over the agents' span.
+  requests of ``U(1.5k, 9k)`` tokens of their own text arriving every ``oneshot_every`` s on average
+  (Poisson) over the agents' span.
 """
 
 from __future__ import annotations
@@ -183,14 +183,13 @@ def contention_trace(
     t = rng.expovariate(1 / oneshot_every) if oneshot_every > 0 else end
     while t < end:
         size = rng.randint(1500, 9000)
-        own = ids.take(max(_blocks(size) - len(system), 1))
         out.append(
             TraceRequest(
                 t=round(t, 3),
                 session=None,
                 model=model,
-                input_tokens=max(size, system_tokens + 1),
-                hash_ids=(*system, *own),
+                input_tokens=size,
+                hash_ids=tuple(ids.take(_blocks(size))),
                 max_tokens=rng.randint(80, 400),
             )
         )

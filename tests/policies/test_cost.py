@@ -269,3 +269,37 @@ def test_a_busy_engines_ttft_does_not_teach_its_prefill_rate() -> None:
     busy = learn(LearnedState(), contended, VLLM).for_deployment(VLLM, EngineKind.VLLM)
     assert idle.prefill_tok_s.value == 660
     assert busy.prefill_tok_s.value == 6600  # still the prior
+
+
+def test_the_worked_example_of_docs_routing() -> None:
+    """docs/routing.md, "Worked example": C takes A's slot (RAM restore), not B's, not vLLM."""
+    now = 1000.0
+    llama = BackendSnapshot(
+        "llama", EngineKind.LLAMACPP, Health.READY, now, (LLAMA,),
+        slots=(SlotState(0, 65536, False), SlotState(1, 65536, False)), total_slots=2,
+    )  # fmt: skip
+    request = RequestFeatures("m", Endpoint.CHAT, 20_000, 256, True, "h:c", SessionSource.HEADER)
+    session = SessionView("h:c", "llama", 0, prompt_tokens=18_000, turns=4)
+    leases = (SlotLease(0, "h:a", now - 4, 30_000), SlotLease(1, "h:b", now - 40, 12_000))
+    match = PrefixMatch(
+        (SlotMatch(0, 6000, held=30_000), SlotMatch(1, 6000, held=12_000)),
+        recent=18_000, recent_whole=True, recent_held=18_000, recent_age=42_000,
+    )  # fmt: skip
+    common = {
+        "session": session,
+        "leases": leases,
+        "learned": LearnedState(),
+        "now": now,
+        "lease_idle_s": 600.0,
+    }
+    on_llama = estimate(request, LLAMA, llama, match=match, **common)  # type: ignore[arg-type]
+    on_vllm = estimate(request, VLLM, vllm_snapshot(), match=PrefixMatch(), **common)  # type: ignore[arg-type]
+    assert (on_llama.slot, on_llama.source, on_llama.expected_cached_tokens) == (0, "ram", 17_099)
+    assert (round(on_llama.ttft_s, 2), round(on_llama.future_s, 2), round(on_llama.evict_cost_s, 2)) == (
+        1.06,
+        0.95,
+        0.33,
+    )
+    assert round(on_llama.objective_ttft_s, 2) == 4.25
+    assert round(on_vllm.objective_ttft_s, 2) == 13.05
+    assert "takes slot 0 from session" in on_llama.note

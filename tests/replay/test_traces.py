@@ -125,10 +125,12 @@ class TestContention:
         sessions = {r.session for r in requests if r.session}
         assert len(sessions) == 6
         system = tuple(range(-(-6000 // BLOCK_TOKENS)))
-        assert all(r.hash_ids[: len(system)] == system for r in requests)
+        agents = [r for r in requests if r.session is not None]
+        assert all(r.hash_ids[: len(system)] == system for r in agents)
         one_shots = [r for r in requests if r.session is None]
         assert one_shots
         assert all(1500 <= r.input_tokens <= 9000 for r in one_shots)
+        assert not {i for r in one_shots for i in r.hash_ids} & {i for r in agents for i in r.hash_ids}
         for session in sessions:
             turns = [r for r in requests if r.session == session]
             assert len(turns) == 12
