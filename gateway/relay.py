@@ -136,9 +136,15 @@ class Relay:
                     upstream = adapter.prepare(
                         endpoint, body, decision.chosen, body["model"], slot=decision.slot
                     )
+                    # in flight from now: a queued llama.cpp stream sends no headers until a slot takes
+                    # it, and requests routed meanwhile must see it waiting there
+                    token = self.fleet.begin(in_flight(decision))
                     try:
                         response = await adapter.send(upstream)
-                    except UpstreamError as exc:
+                    except BaseException as exc:
+                        self.fleet.end(token)
+                        if not isinstance(exc, UpstreamError):
+                            raise  # cancelled (the client left) or a bug: nothing to retry
                         if _retryable(exc):
                             excluded.add(exc.backend_id)
                             last_error = exc
@@ -147,7 +153,6 @@ class Relay:
                         if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
                             self.fleet.report_failure(exc.backend_id, exc.message)
                         raise
-                    token = self.fleet.begin(in_flight(decision))
                     return Opened(routed, ResponseRelay(upstream, response), token)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
