@@ -10,30 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.replay.commands import add_replay_parser, add_trace_parser
+from gateway.serving import run_gateway
 from gateway.settings import ConfigError, Settings, load_settings
 
 
 def _load(path: str | None) -> Settings:
     config = path or os.environ.get("TURNOUT_CONFIG")
     return load_settings(Path(config) if config else None)
-
-
-def run_gateway(settings: Settings) -> None:
-    """Serve the gateway in the foreground until SIGINT/SIGTERM."""
-    import uvicorn
-
-    from gateway.app import create_app
-    from gateway.logging import configure_logging
-
-    configure_logging(settings.log_format, settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.cli import run_gateway
+from gateway.serving import run_gateway
 from gateway.settings import BackendConfig, Settings, load_settings
 
 # Simulator options per demo backend (the engine facts of DOMAIN.md: vLLM prefill ~6600 tok/s and

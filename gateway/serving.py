@@ -1,7 +1,8 @@
-"""An ASGI app on uvicorn in a daemon thread, bound to a free 127.0.0.1 port.
+"""Serving turnout: the gateway in the foreground (``turnout serve``, ``turnout demo``), or any ASGI
+app on uvicorn in a daemon thread, bound to a free 127.0.0.1 port.
 
-Used by ``turnout replay`` (simulators and gateways in one process) and by the tests that need a
-real socket between client and server (``httpx.ASGITransport`` buffers whole bodies).
+The thread is used by ``turnout replay`` (simulators and gateways in one process) and by the tests
+that need a real socket between client and server (``httpx.ASGITransport`` buffers whole bodies).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from typing import Any
 
 import uvicorn
+
+from gateway.settings import Settings
 
 
 class ServerThread:
@@ -51,3 +54,21 @@ class ServerThread:
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._sock.close()
+
+
+def run_gateway(settings: Settings) -> None:
+    """Serve the gateway in the foreground until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.logging import configure_logging
+
+    configure_logging(settings.log_format, settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
