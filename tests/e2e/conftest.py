@@ -23,6 +23,7 @@ class Tap:
         self.app = app
         self.bodies: list[tuple[str, bytes]] = []
         self.requests: list[bytes] = []
+        self.posts: list[tuple[str, bytes]] = []  # every POST (counting calls too): path, request body
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -35,10 +36,12 @@ class Tap:
 
         def record() -> None:
             nonlocal recorded
+            if scope["method"] == "POST" and not recorded:
+                self.posts.append((scope["path"], b"".join(received)))
             if tapped and not recorded:
-                recorded = True
                 self.bodies.append((scope["path"], b"".join(sent)))
                 self.requests.append(b"".join(received))
+            recorded = True
 
         async def tap_receive() -> Any:
             message = await receive()
