@@ -234,30 +234,18 @@ def _llama_options(features: RequestFeatures, situation: Situation) -> list[_Opt
     options: list[_Option] = []
     for slot in range(count):
         lease = holders.get(slot)
+        mine = own is not None and lease is own
+        state = _slot_state(snapshot, slot)
+        if session is None and (lease is not None or (state is not None and state.is_processing)):
+            continue  # a one-off request takes only an idle, free slot
         cached, source, potential = _pinned(features, situation, slot, hybrid)
         queue, waits = _slot_queue(situation, slot)
         queue += cached / RESTORE_TOK_S if source == "ram" else 0.0
         notes = [waits] if waits else []
-        if own is not None and lease is own:
-            warm = source == "slot"
-            notes.insert(0, f"warm slot {slot}" if warm else f"slot {slot} ({source} reuse)")
-            options.append(
-                _Option(
-                    slot,
-                    cached,
-                    source,
-                    queue,
-                    features.prompt_tokens,
-                    warm,
-                    note="; ".join(notes),
-                    ram_potential=potential,
-                )
-            )
-            continue
-        if session is None and (queue > 0 or lease is not None):
-            continue  # a one-off request takes only an idle, free slot
         evicts, cost = None, 0.0
-        if lease is not None:
+        if mine:
+            notes.insert(0, f"warm slot {slot}" if source == "slot" else f"slot {slot} ({source} reuse)")
+        elif lease is not None:
             shares = not consults_ram(situation.match.slot(slot), features.prompt_tokens)
             cost = _eviction(lease, situation, shares)
             if cost > 0 and not _proven(features, session):
@@ -269,22 +257,12 @@ def _llama_options(features: RequestFeatures, situation: Situation) -> list[_Opt
                 )
             else:
                 notes.append(f"slot {slot}'s lease expired")
-        if source == "ram":
+        if source == "ram" and not mine:
             notes.append(f"slot {slot} restores {cached} tokens from the RAM cache")
         nxt = features.prompt_tokens if session is not None else 0
-        options.append(
-            _Option(
-                slot,
-                cached,
-                source,
-                queue,
-                nxt,
-                evicts=evicts,
-                evict_cost_s=cost,
-                note="; ".join(notes),
-                ram_potential=potential,
-            )
-        )
+        warm = mine and source == "slot"
+        note = "; ".join(notes)
+        options.append(_Option(slot, cached, source, queue, nxt, warm, evicts, cost, note, potential))
     if (
         session is not None
         and own is None

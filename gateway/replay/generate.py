@@ -51,6 +51,21 @@ def _blocks(tokens: int) -> int:
     return -(-tokens // BLOCK_TOKENS)
 
 
+def _turn(
+    stream: list[int], ids: _Ids, t: float, session: str, model: str, size: int, max_tokens: int
+) -> TraceRequest:
+    """A session's next turn of ``size`` tokens: ``stream`` (its block ids) grows to cover it."""
+    stream += ids.take(_blocks(size) - len(stream))
+    return TraceRequest(
+        t=round(t, 3),
+        session=session,
+        model=model,
+        input_tokens=size,
+        hash_ids=tuple(stream[: _blocks(size)]),
+        max_tokens=max_tokens,
+    )
+
+
 def agent_trace(
     *,
     agents: int = 4,
@@ -75,17 +90,7 @@ def agent_trace(
             size = start_tokens + round((max_context - start_tokens) * sum(weights[:turn]) / (total or 1))
             if turn:
                 t += rng.uniform(1.0, 4.0)
-            stream += ids.take(_blocks(size) - len(stream))
-            out.append(
-                TraceRequest(
-                    t=round(t, 3),
-                    session=f"agent-{seed}-{agent}",
-                    model=model,
-                    input_tokens=size,
-                    hash_ids=tuple(stream[: _blocks(size)]),
-                    max_tokens=rng.randint(64, 256),
-                )
-            )
+            out.append(_turn(stream, ids, t, f"agent-{seed}-{agent}", model, size, rng.randint(64, 256)))
     return sorted(out, key=lambda r: r.t)
 
 
@@ -167,17 +172,7 @@ def contention_trace(
         t = rng.uniform(0.0, stagger)
         for _ in range(turns):
             size += rng.randint(1200, 3800)
-            stream += ids.take(_blocks(size) - len(stream))
-            out.append(
-                TraceRequest(
-                    t=round(t, 3),
-                    session=f"agent-{seed}-{agent}",
-                    model=model,
-                    input_tokens=size,
-                    hash_ids=tuple(stream[: _blocks(size)]),
-                    max_tokens=rng.randint(80, 400),
-                )
-            )
+            out.append(_turn(stream, ids, t, f"agent-{seed}-{agent}", model, size, rng.randint(80, 400)))
             t += rng.uniform(1.0, 4.0)
         end = max(end, t)
     t = rng.expovariate(1 / oneshot_every) if oneshot_every > 0 else end
