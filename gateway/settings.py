@@ -105,7 +105,7 @@ class StateConfig(_Strict):
     """A llama.cpp slot lease idle this long has expired: another session takes the slot at no cost
     (before that, taking it costs the holder's next turn in proportion to how recently it was used)."""
     prefix_index_tokens: int = Field(1_000_000, gt=0)
-    """Prompt tokens the prefix index tracks per backend (about 0.5 bytes each; oldest prompts out first)."""
+    """Prompt tokens the prefix index tracks per backend (about 0.3 bytes each; oldest prompts out first)."""
 
 
 class Limits(_Strict):
