@@ -4,7 +4,7 @@ state at arrival, knowing the rest of the trace.
 At each request's send time it asks every simulator ``POST /_sim/whatif`` (simulator-only, see
 ``backends/sim/whatif.py``) with the request body: the cached tokens and predicted TTFT ``now(c)`` of
 each candidate ``c`` (vLLM, and every llama.cpp slot). Being a hindsight oracle it also knows the
-session's remaining turns ``j`` (prompt ``P_j``, growth ``g_j = P_j - P_{j-1}``), and scores
+conversation's remaining turns ``j`` (prompt ``P_j``, growth ``g_j = P_j - P_{j-1}``), and scores
 
     score(c) = now(c) + future(c) + evict(c)
     future(vLLM)       = sum_j P_j / rate_vllm                     (hybrid, no prefix cache: re-prefill)
@@ -13,8 +13,10 @@ session's remaining turns ``j`` (prompt ``P_j``, growth ``g_j = P_j - P_{j-1}``)
                          that slot, over ``o``'s turns still to come (0 when it has none)
 
 then sends the request straight to the lowest score (pinning the slot with ``id_slot`` on llama.cpp).
-A request without a session has no future: it takes the fastest candidate that evicts no live
-session's warm slot. Ties keep vLLM, then the lower slot id. Decisions are serialized: the next one
+Conversations are the replay's (``traces.conversations``): by session id, and in a trace without
+session ids by content (a turn resends the previous one's whole prompt), so the oracle sees the same
+future in both formats. A request of no conversation has no future: it takes the fastest candidate
+that evicts no live session's warm slot. Ties keep vLLM, then the lower slot id. Decisions are serialized: the next one
 starts once the engine answered the previous request's headers, or after ``SETTLE_S`` wall seconds
 (a llama.cpp request queued behind a busy slot gets no headers), so a burst of simultaneous arrivals
 does not all see the same idle engine. The oracle is greedy per request and
@@ -35,7 +37,7 @@ import httpx
 from backends.sim import SimConfig
 from backends.sim.prefix_cache import CHECKPOINT_OFFSETS
 from gateway.replay.client import Measured, stream_chat
-from gateway.replay.traces import TraceRequest
+from gateway.replay.traces import TraceRequest, conversations
 
 SETTLE_S = 0.02
 """Wall seconds a decision waits, at most, for the engine to take the request before the next one."""
@@ -67,13 +69,10 @@ class Horizon:
 
 
 def horizons(requests: Sequence[TraceRequest], rate_vllm: float, rate_llama: float) -> list[Horizon]:
-    """Per request, the :class:`Horizon` of the turns its session has after it (formulas: module doc)."""
+    """Per request, the :class:`Horizon` of the turns its conversation has after it (formulas: module
+    doc); conversations as the replay paces them (``traces.conversations``: by session, else by content)."""
     out = [Horizon() for _ in requests]
-    by_session: dict[str, list[int]] = {}
-    for index, request in enumerate(requests):
-        if request.session is not None:
-            by_session.setdefault(request.session, []).append(index)
-    for indices in by_session.values():
+    for indices in conversations(requests):
         vllm = llama = 0.0
         for position in range(len(indices) - 1, -1, -1):
             out[indices[position]] = Horizon(vllm, llama)
@@ -126,13 +125,13 @@ class Oracle:
         self.urls = dict(urls)
         self.horizons = horizons(requests, configs["vllm"].prefill_tok_s, configs["llama"].prefill_tok_s)
         self.slot_owner: dict[int, int] = {}  # llama slot -> index of the last request sent to it
+        self.conversation = {i: n for n, group in enumerate(conversations(requests)) for i in group}
         self._deciding = asyncio.Lock()
 
     def _owners(self, index: int) -> dict[int, Horizon | None]:
-        session = self.requests[index].session
         out: dict[int, Horizon | None] = {}
         for slot, owner in self.slot_owner.items():
-            same = session is not None and self.requests[owner].session == session
+            same = self.conversation[owner] == self.conversation[index]
             out[slot] = None if same else self.horizons[owner]
         return out
 

@@ -23,7 +23,7 @@ from gateway.replay.client import Measured, stream_chat
 from gateway.replay.oracle import Oracle
 from gateway.replay.stack import StackOptions, start_stack
 from gateway.replay.synth import request_messages
-from gateway.replay.traces import BLOCK_TOKENS, TraceRequest
+from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
 
 ORACLE = "oracle"
 START_LEAD_S = 0.05
@@ -84,32 +84,6 @@ def request_headers(request: TraceRequest) -> dict[str, str]:
     return {"x-session-id": request.session} if request.session else {}
 
 
-def groups(requests: Sequence[TraceRequest]) -> list[list[int]]:
-    """Indices to send one after the other: one list per session, and one per conversation of
-    session-less requests, where a request whose ``hash_ids`` start with all of an earlier one's
-    (the last of its list) is that conversation's next turn: a client sends a turn after the
-    previous one's answer, with or without a session id. Other requests stand alone."""
-    by_session: dict[str, list[int]] = {}
-    tails: dict[tuple[int, ...], list[int]] = {}  # the hash_ids of a conversation's latest turn -> its list
-    out: list[list[int]] = []
-    for index, request in enumerate(requests):
-        if request.session is None:
-            ids = request.hash_ids
-            chain = next((tails.pop(ids[:n]) for n in range(len(ids), 0, -1) if ids[:n] in tails), None)
-            if chain is None:
-                chain = []
-                out.append(chain)
-            chain.append(index)
-            if ids:
-                tails[ids] = chain
-        elif request.session in by_session:
-            by_session[request.session].append(index)
-        else:
-            by_session[request.session] = [index]
-            out.append(by_session[request.session])
-    return out
-
-
 async def replay(
     requests: Sequence[TraceRequest], dispatch: Dispatch, options: ReplayOptions
 ) -> list[Result]:
@@ -143,7 +117,7 @@ async def replay(
                     error=measured.error,
                 )
 
-        tasks = [asyncio.create_task(run(g)) for g in groups(requests)]
+        tasks = [asyncio.create_task(run(g)) for g in conversations(requests)]
         _, pending = await asyncio.wait(tasks, timeout=options.wall_cap_s)
         for task in pending:
             task.cancel()

@@ -195,3 +195,29 @@ def block_tokens(factor: float) -> int:
 def with_model(requests: Sequence[TraceRequest], model: str) -> list[TraceRequest]:
     """Every request asking for ``model``."""
     return [replace(r, model=model) for r in requests]
+
+
+def conversations(requests: Sequence[TraceRequest]) -> list[list[int]]:
+    """Indices to send one after the other: one list per session, and one per conversation of
+    session-less requests, where a request whose ``hash_ids`` start with all of an earlier one's
+    (the last of its list) is that conversation's next turn: a client sends a turn after the
+    previous one's answer, with or without a session id. Other requests stand alone."""
+    by_session: dict[str, list[int]] = {}
+    tails: dict[tuple[int, ...], list[int]] = {}  # the hash_ids of a conversation's latest turn -> its list
+    out: list[list[int]] = []
+    for index, request in enumerate(requests):
+        if request.session is None:
+            ids = request.hash_ids
+            chain = next((tails.pop(ids[:n]) for n in range(len(ids), 0, -1) if ids[:n] in tails), None)
+            if chain is None:
+                chain = []
+                out.append(chain)
+            chain.append(index)
+            if ids:
+                tails[ids] = chain
+        elif request.session in by_session:
+            by_session[request.session].append(index)
+        else:
+            by_session[request.session] = [index]
+            out.append(by_session[request.session])
+    return out

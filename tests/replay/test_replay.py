@@ -11,9 +11,9 @@ import pytest
 from gateway.cli import build_parser, main
 from gateway.replay.generate import mixed_trace
 from gateway.replay.report import REPORT_KEYS, percentile, report
-from gateway.replay.runner import ORACLE, ReplayOptions, groups, run_replay
+from gateway.replay.runner import ORACLE, ReplayOptions, run_replay
 from gateway.replay.stack import StackOptions
-from gateway.replay.traces import write_trace
+from gateway.replay.traces import conversations, write_trace
 
 SCALE = 0.02
 
@@ -72,7 +72,7 @@ class TestPieces:
         from gateway.replay.traces import read_trace
 
         requests = read_trace(trace_file)
-        grouped = groups(requests)
+        grouped = conversations(requests)
         assert sorted(i for g in grouped for i in g) == list(range(len(requests)))
         assert sorted(len(g) for g in grouped) == [1, 1, 1, 1, 3]
 
@@ -82,8 +82,8 @@ class TestPieces:
         from gateway.replay.generate import contention_trace, without_sessions
 
         requests = contention_trace(agents=3, turns=4, seed=2, oneshot_every=2.0)
-        with_ids = sorted(sorted(g) for g in groups(requests))
-        assert sorted(sorted(g) for g in groups(without_sessions(requests))) == with_ids
+        with_ids = sorted(sorted(g) for g in conversations(requests))
+        assert sorted(sorted(g) for g in conversations(without_sessions(requests))) == with_ids
         assert sorted(len(g) for g in with_ids if len(g) > 1) == [4, 4, 4]
 
     def test_nearest_rank_percentile(self) -> None:
