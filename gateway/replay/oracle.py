@@ -16,10 +16,10 @@ then sends the request straight to the lowest score (pinning the slot with ``id_
 Conversations are the replay's (``traces.conversations``): by session id, and in a trace without
 session ids by content (a turn resends the previous one's whole prompt), so the oracle sees the same
 future in both formats. A request of no conversation has no future: it takes the fastest candidate
-that evicts no live session's warm slot. Ties keep vLLM, then the lower slot id. Decisions are serialized: the next one
-starts once the engine answered the previous request's headers, or after ``SETTLE_S`` wall seconds
-(a llama.cpp request queued behind a busy slot gets no headers), so a burst of simultaneous arrivals
-does not all see the same idle engine. The oracle is greedy per request and
+that evicts no live session's warm slot. Ties keep vLLM, then the lower slot id. Decisions are
+serialized: the next one starts once the engine answered the previous request's headers, or after
+``SETTLE_S`` wall seconds (a llama.cpp request queued behind a busy slot gets no headers), so a burst
+of simultaneous arrivals does not all see the same idle engine. The oracle is greedy per request and
 ignores queueing of future turns; it skips the gateway, so its TTFTs carry no gateway overhead.
 """
 
