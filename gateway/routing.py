@@ -50,6 +50,15 @@ def session_label(key: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
+def added_part(features: RequestFeatures, session: SessionView) -> bytes | None:
+    """What this prompt adds to its session's last one (canonical bytes), when it extends it and the
+    engine's count of that one is known; None otherwise."""
+    previous = session.prompt
+    if previous is None or not session.prompt_tokens or not features.chain.extends(previous):
+        return None
+    return features.chain.stream[previous.length :]
+
+
 class Router:
     def __init__(
         self, fleet: Fleet, store: StateStore, profile: Profile, *, lease_idle_s: float = DEFAULT_LEASE_IDLE_S
@@ -72,9 +81,8 @@ class Router:
             key = await self.store.find_session(features.chain) or f"i:{features.chain.whole:016x}"
             features = replace(features, session_key=key, session_source=SessionSource.IMPLICIT)
         session = await self.store.get_session(key) or SessionView(key=key)
-        previous = session.prompt
-        if previous is not None and session.prompt_tokens and features.chain.extends(previous):
-            added = features.chain.stream[previous.length :]
+        added = added_part(features, session)
+        if added is not None:
             chars_per_token = self.learned.for_model(features.model).chars_per_token.value
             estimate = round(len(added) / chars_per_token) + MESSAGE_OVERHEAD_TOKENS * added.count(
                 MESSAGE_START
@@ -107,13 +115,14 @@ class Router:
             if abs(features.prompt_tokens - window) > margin * window:
                 continue
             adapter = self.fleet.adapter(snapshot.backend_id)
-            if features.prompt_counted == "added" and session is not None and session.prompt is not None:
-                added = features.chain.stream[session.prompt.length :]
-                messages = added.count(MESSAGE_START)
+            added = added_part(features, session) if session is not None else None
+            if added is not None and session is not None:
                 text = added.translate(None, SEPARATORS).decode("utf-8", "replace")
                 part = await adapter.count_tokens(Endpoint.COMPLETIONS, {"prompt": text}, deployment)
                 if part is not None:
-                    total = session.prompt_tokens + part + MESSAGE_OVERHEAD_TOKENS * messages
+                    total = (
+                        session.prompt_tokens + part + MESSAGE_OVERHEAD_TOKENS * added.count(MESSAGE_START)
+                    )
                     return replace(features, prompt_tokens=total, prompt_exact=True)
                 continue
             count = await adapter.count_tokens(features.endpoint, body, deployment)
