@@ -19,11 +19,11 @@ import structlog
 from backends.fleet import Fleet
 from gateway.state import StateStore
 from policies import Decision, Endpoint, Profile, RequestFeatures, route
-from policies.cost import DEFAULT_LEASE_IDLE_S
 from policies.features import MESSAGE_OVERHEAD_TOKENS
 from policies.learning import LearnedState, learn
 from policies.prefix import PromptChain
 from policies.route import RoutingContext
+from policies.slots import DEFAULT_LEASE_IDLE_S
 from policies.types import EngineKind, Health, Outcome, SessionSource, SessionView
 
 MESSAGE_START = 0x1E  # policies.prefix.render puts this byte before every message

@@ -10,11 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from policies.cost import DEFAULT_LEASE_IDLE_S, estimate
+from policies.cost import estimate
 from policies.filters import FILTERS, Candidate
 from policies.learning import LearnedState
 from policies.profiles import Profile
 from policies.scorers import SCORERS, CandidateView
+from policies.slots import DEFAULT_LEASE_IDLE_S
 from policies.types import (
     BackendSnapshot,
     Decision,

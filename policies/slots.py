@@ -1,0 +1,269 @@
+"""llama.cpp slots: what pinning a prompt to each slot would give it, and what it would cost.
+
+A prompt pinned to slot ``s`` reuses what ``s`` holds of it (the prefix index's ``SlotMatch``), times
+the learned ``reuse``: all of it when the prompt extends what the slot holds (a hybrid slot continues
+its live state), only a checkpoint near its end when the prompt diverges inside it
+(``CHECKPOINT_GAP``). When ``s`` shares little with the prompt (``consults_ram``: at most 10% of the
+prompt, or less than half of what ``s`` holds), llama-server saves the slot to its RAM prompt cache
+and loads the best cached state: the longest prefix turnout sent to the backend lately, by the same
+rules, times the learned ``ram_reuse``, if that entry is young enough to be there still
+(``ram_span`` within the learned ``ram_tokens``).
+
+Every slot is an option (``llama_options``); the cost model picks the best objective:
+
+- the session's own slot; if it is busy, the queue is what turnout predicts its running request
+  still needs (``SlotState.busy_s``), else half a request;
+- a free slot, or one whose lease expired (idle ``lease_idle_s``): no cost;
+- another session's slot (only for a session that has proven to continue: an explicit key, or a
+  recognised follow-up), at the **eviction cost**: that session's next turn re-prefills what it
+  loses and restores the rest from RAM,
+  ``tokens * max(reuse - ram_reuse, 0) / prefill_tok_s + tokens * ram_reuse / RESTORE_TOK_S``,
+  weighed by the chance it comes back, ``0.5 ** (idle / (RECENCY_HALF_LIFE * lease_idle_s))``
+  (0 once the lease expired). Ties go to the least recently used slot.
+
+A restore from the RAM cache adds ``cached / RESTORE_TOK_S`` to the queue of the request itself.
+
+A request without a session takes no slot and names none, unless one is idle and free: then it is
+pinned there, so llama-server's own LRU choice cannot evict a session's warm slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from policies.learning import DeploymentStats, reusable
+from policies.types import (
+    Architecture,
+    BackendSnapshot,
+    Deployment,
+    PrefixMatch,
+    RequestFeatures,
+    SessionSource,
+    SessionView,
+    SlotLease,
+    SlotMatch,
+    SlotState,
+)
+
+SIMILARITY_THRESHOLD = 0.1  # llama-server's --slot-prompt-similarity
+DEFAULT_LEASE_IDLE_S = 600.0
+CHECKPOINT_GAP = 4 + 512  # llama-server checkpoints a hybrid prompt at N - 4 - n_ubatch and N - 4
+RESTORE_TOK_S = 200_000.0
+"""Tokens of saved slot state llama-server copies per second between a slot and its RAM cache (about
+64 KiB of KV per token of a 27B hybrid at ~13 GB/s): a restore is fast, not free."""
+RECENCY_HALF_LIFE = 0.1
+"""A lease's holder is half as likely to come back after idling this fraction of ``lease_idle_s``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Situation:
+    """Everything one candidate's estimate reads besides the request and the deployment."""
+
+    snapshot: BackendSnapshot
+    deployment: Deployment
+    stats: DeploymentStats
+    match: PrefixMatch
+    session: SessionView | None
+    leases: Sequence[SlotLease]
+    now: float
+    lease_idle_s: float
+
+
+def label(key: str) -> str:
+    """Session keys can be user ids: explanations show a short hash instead."""
+    return hashlib.blake2b(key.encode(), digest_size=4).hexdigest()
+
+
+def reuse(shared: int, stats: DeploymentStats, ratio: float, *, token_exact: bool) -> int:
+    """Tokens of a ``shared`` prefix the engine should reuse: whole blocks of ``shared - 1`` times ``ratio``.
+    A block cache (vLLM) that never hit predicts nothing."""
+    if shared <= 0 or (not token_exact and not stats.block):
+        return 0
+    block = 1 if token_exact else stats.block
+    return round(reusable(shared, block) * ratio / block) * block
+
+
+def proven(features: RequestFeatures, session: SessionView | None) -> bool:
+    """A session expected to continue: named by the client, or already recognised as a follow-up."""
+    return session is not None and (
+        features.session_source is not SessionSource.IMPLICIT or session.turns > 0
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SlotOption:
+    """One way to send the request to a llama.cpp backend."""
+
+    slot: int | None
+    cached: int
+    source: str
+    queue_s: float
+    cached_next: int
+    warm: bool = False
+    evicts: str | None = None
+    evict_cost_s: float = 0.0
+    note: str = ""
+    ram_potential: int = 0  # what the RAM cache would give were the entry there (for learning)
+
+
+def _slot_state(snapshot: BackendSnapshot, slot: int) -> SlotState | None:
+    return next((s for s in snapshot.slots if s.id == slot), None)
+
+
+def _slot_queue(situation: Situation, slot: int) -> tuple[float, str]:
+    """An idle slot starts now, behind the prompt chunks already in the engine (the prefill backlog);
+    a busy one when its request is predicted to end."""
+    state = _slot_state(situation.snapshot, slot)
+    if state is None or not state.is_processing:
+        return situation.snapshot.prefill_backlog_s, ""
+    wait = state.busy_s if state.busy_s is not None else situation.stats.service_s.value / 2
+    return wait, f"waits ~{wait:.1f} s for slot {slot}"
+
+
+def _ram(situation: Situation) -> int:
+    """What loading the best RAM cache entry would give (the slot rules of ``_from_slot``, at
+    ``ram_reuse``), were it still there; see ``_in_ram``."""
+    hybrid = situation.deployment.architecture is Architecture.HYBRID
+    return _from_slot(situation.match.best_recent, situation, hybrid, situation.stats.ram_reuse.value)
+
+
+def ram_span(match: PrefixMatch) -> int:
+    """Tokens turnout sent to the backend since the matched prompt began: what must fit in the RAM
+    cache for it to still be there (the cache drops its oldest entries first)."""
+    return match.recent_age + match.recent_held if match.recent else 0
+
+
+def _in_ram(situation: Situation) -> bool:
+    return ram_span(situation.match) <= situation.stats.ram_tokens.value
+
+
+def _from_slot(match: SlotMatch, situation: Situation, hybrid: bool, ratio: float | None = None) -> int:
+    """What a slot's own state gives: all of it when the prompt extends it; for a hybrid model that
+    diverges inside it, only a checkpoint near its end (N - 4 - 512 or later), else nothing."""
+    tokens = match.tokens
+    if hybrid and not match.whole and match.held:
+        near_end = match.held > CHECKPOINT_GAP and tokens >= match.held - CHECKPOINT_GAP
+        tokens = match.held - CHECKPOINT_GAP if near_end else 0
+    ratio = situation.stats.reuse.value if ratio is None else ratio
+    return reuse(tokens, situation.stats, ratio, token_exact=True)
+
+
+def consults_ram(match: SlotMatch, prompt_tokens: int) -> bool:
+    """Whether llama-server loads from its RAM cache for a prompt pinned to this slot: when the slot
+    shares no more than the similarity threshold with the prompt, or keeps less than half of what it
+    holds (``f_keep < 0.5``). A slot holding a conversation that shares a long system prompt with
+    this one is reused as it is, even when the RAM cache holds this conversation whole."""
+    if match.tokens <= SIMILARITY_THRESHOLD * prompt_tokens or not match.held:
+        return True
+    return match.tokens / match.held < 0.5
+
+
+def _pinned(features: RequestFeatures, situation: Situation, slot: int, hybrid: bool) -> tuple[int, str, int]:
+    """Cached tokens and their source when pinned to ``slot`` (module docstring)."""
+    held = situation.match.slot(slot)
+    from_slot = _from_slot(held, situation, hybrid)
+    potential = _ram(situation) if consults_ram(held, features.prompt_tokens) else 0
+    from_ram = potential if _in_ram(situation) else 0
+    if from_ram > from_slot:
+        return from_ram, "ram", potential
+    return from_slot, "slot" if from_slot else "none", potential
+
+
+def _eviction(lease: SlotLease, situation: Situation, shares: bool) -> float:
+    """What taking ``lease``'s slot costs its session's next turn (module docstring). When this
+    prompt ``shares`` most of the slot's conversation, the holder coming back finds the slot kept as
+    it is, not its own state loaded from RAM (``consults_ram``): it loses everything."""
+    stats = situation.stats
+    idle = max(situation.now - lease.last_used, 0.0)
+    if idle >= situation.lease_idle_s:
+        return 0.0
+    comes_back = float(0.5 ** (idle / (RECENCY_HALF_LIFE * situation.lease_idle_s)))
+    ram = 0.0 if shares else min(stats.ram_reuse.value, stats.reuse.value)
+    lost = (
+        lease.tokens * (stats.reuse.value - ram) / stats.prefill_tok_s.value
+        + lease.tokens * ram / RESTORE_TOK_S
+    )
+    return comes_back * lost
+
+
+def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotOption]:
+    snapshot, session = situation.snapshot, situation.session
+    count = snapshot.total_slots or len(snapshot.slots)
+    holders = {lease.slot: lease for lease in situation.leases}
+    own = next((lease for lease in situation.leases if session and lease.session_key == session.key), None)
+    hybrid = situation.deployment.architecture is Architecture.HYBRID
+    options: list[SlotOption] = []
+    for slot in range(count):
+        lease = holders.get(slot)
+        mine = own is not None and lease is own
+        state = _slot_state(snapshot, slot)
+        if session is None and (lease is not None or (state is not None and state.is_processing)):
+            continue  # a one-off request takes only an idle, free slot
+        cached, source, potential = _pinned(features, situation, slot, hybrid)
+        queue, waits = _slot_queue(situation, slot)
+        queue += cached / RESTORE_TOK_S if source == "ram" else 0.0
+        notes = [waits] if waits else []
+        evicts, cost = None, 0.0
+        if mine:
+            notes.insert(0, f"warm slot {slot}" if source == "slot" else f"slot {slot} ({source} reuse)")
+        elif lease is not None:
+            shares = not consults_ram(situation.match.slot(slot), features.prompt_tokens)
+            cost = _eviction(lease, situation, shares)
+            if cost > 0 and not proven(features, session):
+                continue
+            if cost > 0:
+                evicts = lease.session_key
+                notes.append(
+                    f"takes slot {slot} from session {label(lease.session_key)} (+{cost:.2f} s next turn)"
+                )
+            else:
+                notes.append(f"slot {slot}'s lease expired")
+        if source == "ram" and not mine:
+            notes.append(f"slot {slot} restores {cached} tokens from the RAM cache")
+        nxt = features.prompt_tokens if session is not None else 0
+        warm = mine and source == "slot"
+        note = "; ".join(notes)
+        options.append(SlotOption(slot, cached, source, queue, nxt, warm, evicts, cost, note, potential))
+    if (
+        session is not None
+        and own is None
+        and session.backend_id == snapshot.backend_id
+        and session.slot is not None
+    ):
+        options = [_lost(o) for o in options]
+    if not options or session is None:
+        options.append(_unpinned(features, situation))
+    return options
+
+
+def _lost(option: SlotOption) -> SlotOption:
+    how = "restore from the RAM cache" if option.source == "ram" else "full re-prefill"
+    return replace(option, note="; ".join(filter(None, [f"session's slot was lost: {how}", option.note])))
+
+
+def _unpinned(features: RequestFeatures, situation: Situation) -> SlotOption:
+    """No ``id_slot``: llama-server takes the most similar idle slot, else the LRU one (+ RAM cache)."""
+    snapshot, stats = situation.snapshot, situation.stats
+    idle = [s.id for s in snapshot.slots if not s.is_processing]
+    count = max(snapshot.total_slots or len(snapshot.slots) or 1, 1)
+    if idle and snapshot.queued == 0:
+        queue = snapshot.prefill_backlog_s
+    else:
+        busy = [s.busy_s for s in snapshot.slots if s.busy_s is not None]
+        first = min(busy) if busy else stats.service_s.value / 2
+        queue = first + snapshot.queued * stats.service_s.value / count
+    hybrid = situation.deployment.architecture is Architecture.HYBRID
+    similar = [
+        m for m in map(situation.match.slot, idle) if m.tokens > SIMILARITY_THRESHOLD * features.prompt_tokens
+    ]
+    best = max(similar, key=lambda m: m.tokens, default=None)
+    from_slot = _from_slot(best, situation, hybrid) if best is not None else 0
+    potential = _ram(situation) if best is None or consults_ram(best, features.prompt_tokens) else 0
+    from_ram = potential if _in_ram(situation) else 0
+    cached, source = (
+        (from_ram, "ram") if from_ram > from_slot else (from_slot, "slot" if from_slot else "none")
+    )
+    nxt = round(features.prompt_tokens * stats.ram_reuse.value)
+    return SlotOption(None, cached, source, queue, nxt, ram_potential=potential)
