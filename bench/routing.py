@@ -227,33 +227,36 @@ def machine() -> str:
 
 
 NOTES = """\
-## Notes on the misses (read before quoting a number)
+## Notes (read before quoting a number)
 
-- **Gateway overhead does not compress.** A 30-60k-token request costs the gateway ~50-140 ms of wall
-  time (JSON, feature extraction, and — until the model's characters per token are learned — the
-  exact token count it asks the engine for near a context window), plus the simulator's tokenizer;
-  divided by the time scale (0.1 for the agent workload)
-  that is 0.5-1.4 simulated seconds added to every gateway TTFT, but not to the oracle's, which sends
-  straight to the engine. On the agent workload `cost` puts every turn on a warm llama.cpp slot, as
-  the oracle does (same cache-hit ratio); the TTFT gap to the oracle is this overhead.
-- **The 10x target needs small turns.** A warm hybrid slot still re-prefills the turn's growth plus the
-  516 tokens after its last checkpoint. With 30 turns from 4k to 60k (~1.9k tokens of growth per turn)
-  that alone is ~0.8 s at 3000 tok/s, against ~8-9 s for vLLM re-prefilling 30-60k: ~10x at best,
-  before any overhead. Agents that add less per turn get closer; larger time scales shrink the overhead.
-- **Fresh load between probes, uncontended learning.** Two fixes made before this run moved `cost` from
-  missing to passing chat and matching the oracle on agent: requests turnout sent since a probe count
-  as running on that backend (so a burst no longer lands on the 2-slot llama.cpp that looked idle),
-  and prefill rates are learned only from TTFTs measured while the engine had nothing else running
-  (a TTFT under load measures the queue).
-- **The gateway path itself is slow under concurrent load.** On Mooncake, `prefer-vllm` (every request
-  to vLLM through the gateway) had a mean TTFT of tens of seconds while the oracle, sending most of
-  the same requests straight to the same vLLM simulator, stayed under 1 s; an earlier run gave
-  `prefer-vllm` 5.1 s. This is the gateway's per-request cost, for the performance issue. Everything
-  (client, gateway, simulators) shares one Python process and 2 busy cores, so per-request gateway
-  CPU turns into queueing that the time scale magnifies 20x. Numbers
-  vary by run with machine load; compare profiles within one table, not across runs.
-- **The oracle is greedy.** It knows the true state and each session's future turns but plans one
-  request at a time; on bursty session-less traffic a profile can beat it.
+- **What changed for issue #9.** llama.cpp's RAM prompt cache is on in the simulator (as in the real
+  server: an evicted slot's state comes back when its session is pinned again, within the cache's
+  8 GiB); turnout finds reuse by content (the prefix index), prices evictions instead of taking the
+  least recently used slot, counts a request as in flight from the moment it is sent (a queued
+  llama.cpp stream has no headers yet: before this, six sessions could all queue on one slot, each
+  told it would wait 0.1 s), predicts a busy slot's wait from the requests turnout has there and
+  corrects its queue predictions by how much longer queues really were, expects contention to last
+  into a session's next turn, and starts an engine nobody has sent to yet from its priors times the
+  speed measured on the others. Earlier runs of the issue's own 6-agent workload: `cost` 6.4 s mean
+  TTFT (oracle 3.2 s, prefer-vllm 3.7 s); in Mooncake format 20.4 s with a cache hit ratio of 0.
+- **Without session ids the replay paces turns the same way.** A session-less request that resends a
+  previous one's whole prompt is sent after that one's answer (an agent does not send its next turn
+  before), and the oracle sees those conversations too, so the `-nosession` rows differ from the
+  others only in what the gateway is told.
+- **The oracle is greedy.** It knows the true state and each conversation's future turns but plans one
+  request at a time and ignores the queueing of future turns, so a profile can beat it (agent and
+  contention rows). It does not go through the gateway.
+- **Gateway overhead does not compress.** A 30-60k-token request costs the gateway tens of
+  milliseconds of wall time (JSON, hashing, feature extraction) plus the simulator's tokenizer;
+  divided by the time scale (0.1) that is a few tenths of a simulated second added to every gateway
+  TTFT, not to the oracle's.
+- **The 10x agent target needs small turns.** A warm hybrid slot still re-prefills the turn's growth
+  plus the 516 tokens after its last checkpoint: with ~1.9k tokens of growth per turn that is ~0.8 s at
+  3000 tok/s, against ~8-9 s for vLLM re-prefilling 30-60k: ~10x at best, before any overhead.
+- **Chat and Mooncake are bursts of one-shot requests.** Everything (clients, gateway, simulators)
+  shares one Python process on 2 busy cores, and per-request gateway CPU turns into queueing that the
+  time scale (0.05) magnifies 20x; the oracle sends straight to the engines. Numbers vary by run with
+  machine load: compare profiles within one table, not across runs.
 """
 
 
