@@ -1,6 +1,6 @@
 """turnout in front of a real vLLM: probes, learned cache stats, length refusal, disconnect, usage relay.
 
-One real server for the module (the tiny hybrid Qwen3-Next, ``max_model_len`` 2048, ``--block-size 32``
+One real server for the module (the tiny hybrid Qwen3-Next, ``max_model_len`` 4096, ``--block-size 32``
 so the attention block is 64 tokens and cached prefixes are whole blocks) and one gateway in a thread
 (profile ``cost``) whose only backend it is. ``max_tokens`` stays small except in the disconnect test,
 which stops reading after two chunks.
@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1200)]
 UPSTREAM = "tiny-qwen3next"
 MODEL = "tiny"
 BACKEND = "vllm"
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 4096  # the tiny model's max_position_embeddings: room for a long answer to abort
 CONFIGURED_BLOCK_SIZE = 32
 
 
@@ -230,11 +230,11 @@ def test_learned_cache_stats_follow_the_engine(gateway: Gateway, real: VllmServe
 
 
 def test_too_long_prompt_is_refused_before_sending(gateway: Gateway, real: VllmServer) -> None:
-    """turnout answers 400 ``context_length_exceeded`` naming 2048 without reaching vLLM, which
+    """turnout answers 400 ``context_length_exceeded`` naming 4096 without reaching vLLM, which
     would have refused the same body with its own 400 for the same reason."""
-    # ~3000+ tokens in 21000 characters: under vLLM's character cap (13 characters per token for this
+    # ~6000+ tokens in 42000 characters: under vLLM's character cap (13 characters per token for this
     # tokenizer), so its own refusal is the token-count one.
-    messages = [{"role": "user", "content": "router " * 3000}]
+    messages = [{"role": "user", "content": "router " * 6000}]
     before = metrics(real)
     response = httpx.post(
         gateway.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages}, timeout=60
@@ -272,7 +272,7 @@ def finished(server: VllmServer) -> dict[str, float]:
 
 def test_client_disconnect_aborts_the_request(gateway: Gateway, real: VllmServer) -> None:
     """vLLM drops the request unfinished; judged by its own counters, not by timing."""
-    max_tokens = 2000  # as long as the 2048-token window allows, so the abort lands mid-way
+    max_tokens = 4000  # as long as the 4096-token window allows, so the abort lands mid-way
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "go"}],
