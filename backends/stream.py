@@ -8,6 +8,7 @@ the removal of a usage chunk that turnout itself asked for.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -74,6 +75,7 @@ class ResponseRelay:
         self.finished = False
         model = request.anthropic_from_chat
         self._translator = StreamTranslator(model) if model is not None else None
+        self._closing: asyncio.Future[None] | None = None
 
     def _rename(self, data: bytes) -> bytes:
         rename = self.request.model_rename
@@ -150,4 +152,10 @@ class ResponseRelay:
         return self._rename(content)
 
     async def aclose(self) -> None:
-        await self.response.aclose()
+        """Close the upstream response (the engine cancels the request). Shielded: when the client
+        leaves, the caller is being cancelled, and httpx marks a response closed *before* it closes
+        the connection, so a close cut short there would never be retried and the engine would
+        generate to the end. Later calls wait for the same close."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self.response.aclose())
+        await asyncio.shield(self._closing)
