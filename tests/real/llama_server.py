@@ -18,9 +18,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
+
+from backends.sim import SimConfig
+from policies import Architecture
 
 DEFAULT_ALIAS = "tiny-qwen35"
 BIND_ERROR = "couldn't bind HTTP server socket"
@@ -215,3 +218,17 @@ class LlamaServerFactory(Protocol):
         extra_args: Sequence[str] = ...,
         startup_timeout: float = ...,
     ) -> LlamaServer: ...
+
+
+def twin_sim_config(slot_ctx: int, slots: int = 2, **overrides: Any) -> SimConfig:
+    """The llama.cpp simulator configured like a test llama-server (tiny hybrid model, ``-np slots``,
+    ``slot_ctx`` tokens per slot), for contract tests."""
+    config: dict[str, Any] = {
+        "kind": "llamacpp",
+        "model": DEFAULT_ALIAS,
+        "context_window": slot_ctx,
+        "slots": slots,
+        "architecture": Architecture.HYBRID,
+        "time_scale": 0.001,
+    }
+    return SimConfig(**(config | overrides))

@@ -16,8 +16,7 @@ import pytest
 
 from backends.parsers.prometheus import parse_samples
 from backends.sim import SimConfig, create_sim_app
-from policies import Architecture
-from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory
+from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory, twin_sim_config
 from tests.real.shapes import chat_event_kinds, differences, shape, sse_payloads
 from tests.servers import serve
 
@@ -30,14 +29,7 @@ MESSAGES = [{"role": "user", "content": "Say something about routers."}]
 @pytest.fixture(scope="module")
 def pair(llama_server_module: LlamaServerFactory) -> Iterator[tuple[httpx.Client, httpx.Client]]:
     real: LlamaServer = llama_server_module(n_parallel=2, ctx_total=2 * SLOT_CTX)
-    config = SimConfig(
-        kind="llamacpp",
-        model=DEFAULT_ALIAS,
-        context_window=SLOT_CTX,
-        slots=2,
-        architecture=Architecture.HYBRID,
-        time_scale=0.001,
-    )
+    config = twin_sim_config(SLOT_CTX)
     with (
         serve(create_sim_app(config)) as sim,
         httpx.Client(base_url=real.base_url, timeout=120) as real_client,

@@ -14,9 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from backends.sim import SimConfig, create_sim_app
-from policies import Architecture
-from tests.real.llama_server import DEFAULT_ALIAS, LlamaServerFactory
+from backends.sim import create_sim_app
+from tests.real.llama_server import DEFAULT_ALIAS, LlamaServerFactory, twin_sim_config
 from tests.servers import serve
 
 pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(300)]
@@ -68,15 +67,7 @@ def cache_n_per_turn(client: httpx.Client) -> list[int]:
 def engines(request: pytest.FixtureRequest, llama_server: LlamaServerFactory) -> Iterator[tuple[str, str]]:
     off = request.param == "off"
     real = llama_server(n_parallel=2, ctx_total=2 * SLOT_CTX, extra_args=["--cache-ram", "0"] if off else [])
-    config = SimConfig(
-        kind="llamacpp",
-        model=DEFAULT_ALIAS,
-        context_window=SLOT_CTX,
-        slots=2,
-        architecture=Architecture.HYBRID,
-        time_scale=0.0,
-        cache_ram_mib=0 if off else 8192,
-    )
+    config = twin_sim_config(SLOT_CTX, time_scale=0.0, cache_ram_mib=0 if off else 8192)
     with serve(create_sim_app(config)) as sim:
         yield real.base_url, sim.url
 
