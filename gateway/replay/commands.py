@@ -14,20 +14,45 @@ from typing import Any
 DEFAULT_PROFILES = ("cost",)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse reports anything else as a usage error)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a number >= 0."""
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
+    return value
+
+
 def add_trace_parser(commands: Any) -> None:
     """``turnout trace KIND [--seed N] [--agents N] [--turns N] [--requests N] [--duration S] [--out F]``."""
     trace = commands.add_parser("trace", help="generate a synthetic request trace (turnout JSONL)")
     trace.add_argument("kind", choices=["agent", "chat", "mixed", "contention"])
     trace.add_argument("--seed", type=int, default=0)
     trace.add_argument("--model", default="replay", help="model name written into every request")
-    trace.add_argument("--agents", type=int, default=None, help="agent sessions (agent: 4, mixed: 2)")
-    trace.add_argument("--turns", type=int, default=None, help="turns per agent (agent: 24, mixed: 16)")
+    trace.add_argument(
+        "--agents", type=positive_int, default=None, help="agent sessions (agent: 4, mixed: 2)"
+    )
+    trace.add_argument(
+        "--turns", type=positive_int, default=None, help="turns per agent (agent: 24, mixed: 16)"
+    )
     trace.add_argument("--requests", type=int, default=None, help="chat requests (chat: 200, mixed: 150)")
     trace.add_argument("--duration", type=float, default=60.0, help="seconds the chat requests span")
     trace.add_argument("--max-context", type=int, default=60000, help="tokens an agent conversation grows to")
-    trace.add_argument("--system-tokens", type=int, default=6000, help="contention: shared system prompt")
     trace.add_argument(
-        "--oneshot-every", type=float, default=7.0, help="contention: mean seconds between one-shot requests"
+        "--system-tokens", type=positive_int, default=6000, help="contention: shared system prompt"
+    )
+    trace.add_argument(
+        "--oneshot-every",
+        type=non_negative,
+        default=7.0,
+        help="contention: mean seconds between one-shot requests",
     )
     trace.add_argument("--format", choices=["turnout", "mooncake"], default="turnout", help="output format")
     trace.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
@@ -51,7 +76,9 @@ def add_replay_parser(commands: Any) -> None:
     replay.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     replay.add_argument("--scale-tokens", type=float, default=1.0, help="multiply token lengths by F")
     replay.add_argument("--wall-cap", type=float, default=600.0, help="wall seconds per profile, at most")
-    replay.add_argument("--llama-slots", type=int, default=2, help="slots of the simulated llama.cpp (-np)")
+    replay.add_argument(
+        "--llama-slots", type=positive_int, default=2, help="slots of the simulated llama.cpp (-np)"
+    )
     replay.set_defaults(func=cmd_replay)
 
 

@@ -93,6 +93,23 @@ class TestPieces:
 
 
 class TestCli:
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["trace", "contention", "--agents", "0"],
+            ["trace", "contention", "--turns", "-2"],
+            ["trace", "contention", "--oneshot-every", "-1"],
+            ["replay", "t.jsonl", "--llama-slots", "0"],
+        ],
+    )
+    def test_out_of_range_numbers_are_usage_errors(
+        self, argv: list[str], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(argv)
+        assert exited.value.code == 2
+        assert "must" in capsys.readouterr().err
+
     def test_replay_arguments(self) -> None:
         args = build_parser().parse_args(
             ["replay", "t.jsonl", "--format", "mooncake", "--profile", "cost", "--profile", "round-robin",
