@@ -271,12 +271,7 @@ class Relay:
                 shared_prefix_tokens=chosen.estimate.shared_prefix_tokens if chosen.estimate else 0,
                 stream=relay.request.stream,
                 contended=chosen.estimate.contended if chosen.estimate else False,
-                from_ram=chosen.estimate.source == "ram" if chosen.estimate else False,
-                ram_tokens=chosen.estimate.ram_tokens if chosen.estimate else 0,
-                ram_span=chosen.estimate.ram_span if chosen.estimate else 0,
-                predicted_ttft_s=chosen.estimate.ttft_s if chosen.estimate else 0.0,
-                predicted_queue_s=chosen.estimate.queue_s if chosen.estimate else 0.0,
-                modelled_queue_s=chosen.estimate.modelled_queue_s if chosen.estimate else 0.0,
+                predicted=chosen.estimate,
             )
         entry = decision_entry(opened.routed, record.request_id, outcome, record.status)
         if outcome is not None:

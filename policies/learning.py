@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from policies.types import Architecture, Deployment, EngineKind, Outcome
+from policies.types import Architecture, Deployment, EngineKind, Estimate, Outcome
 
 ALPHA = 0.3
 SPREAD = 50.0
@@ -62,6 +62,7 @@ PRIOR_RAM_TOKENS = 100_000.0
 """Tokens of recent prompts the RAM cache is believed to hold (8 GiB at ~64 KiB a token, less the
 recurrent states of the saved checkpoints)."""
 RAM_MISS_SHRINK = 0.5
+NOTHING_PREDICTED = Estimate(expected_cached_tokens=0, queue_s=0.0, ttft_s=0.0, total_s=0.0)
 MIN_QUEUE_S = 0.01
 QUEUE_SPREAD = 10.0
 
@@ -174,14 +175,14 @@ def _rates(stats: DeploymentStats, outcome: Outcome) -> DeploymentStats:
     return stats
 
 
-def _ram_capacity(capacity: Ewma, outcome: Outcome) -> Ewma:
+def _ram_capacity(capacity: Ewma, outcome: Outcome, predicted: Estimate) -> Ewma:
     """A restore that came back shows the RAM cache holds at least ``ram_span`` tokens; one that
     did not, that it holds less (or nothing: ``--cache-ram 0``)."""
-    restored = (outcome.usage.cached_tokens or 0) >= outcome.ram_tokens / 2
+    restored = (outcome.usage.cached_tokens or 0) >= predicted.ram_tokens / 2
     if restored:
-        value = max(capacity.value, float(outcome.ram_span))
+        value = max(capacity.value, float(predicted.ram_span))
     else:
-        value = min(capacity.value, outcome.ram_span * RAM_MISS_SHRINK)
+        value = min(capacity.value, predicted.ram_span * RAM_MISS_SHRINK)
     return Ewma(value, capacity.prior, capacity.samples + 1)
 
 
@@ -195,21 +196,23 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
     if stats.prefill_tok_s.samples > before.prefill_tok_s.samples:
         speed = speed.update(stats.prefill_tok_s.value / stats.prefill_tok_s.prior)
     stats = replace(stats, service_s=stats.service_s.update(outcome.duration_s))
+    predicted = outcome.predicted or NOTHING_PREDICTED
+    from_ram = predicted.source == "ram"
     if usage.cached_tokens:
         stats = replace(stats, block=math.gcd(stats.block, usage.cached_tokens))
     possible = reusable(outcome.shared_prefix_tokens, stats.block)
     if usage.cached_tokens is not None and possible > 0:
         ratio = usage.cached_tokens / possible
-        if outcome.from_ram and usage.cached_tokens >= outcome.ram_tokens / 2:
+        if from_ram and usage.cached_tokens >= predicted.ram_tokens / 2:
             stats = replace(stats, ram_reuse=stats.ram_reuse.update(ratio))
-        elif not outcome.from_ram:
+        elif not from_ram:
             stats = replace(stats, reuse=stats.reuse.update(ratio))
-    if outcome.stream and outcome.ttft_s is not None and outcome.modelled_queue_s >= MIN_QUEUE_S:
-        waited = outcome.ttft_s - (outcome.predicted_ttft_s - outcome.predicted_queue_s)
-        sample = min(max(waited / outcome.modelled_queue_s, 1 / QUEUE_SPREAD), QUEUE_SPREAD)
+    if outcome.stream and outcome.ttft_s is not None and predicted.modelled_queue_s >= MIN_QUEUE_S:
+        waited = outcome.ttft_s - (predicted.ttft_s - predicted.queue_s)
+        sample = min(max(waited / predicted.modelled_queue_s, 1 / QUEUE_SPREAD), QUEUE_SPREAD)
         stats = replace(stats, queue_factor=stats.queue_factor.update(sample))
-    if outcome.ram_tokens and usage.cached_tokens is not None:
-        stats = replace(stats, ram_tokens=_ram_capacity(stats.ram_tokens, outcome))
+    if predicted.ram_tokens and usage.cached_tokens is not None:
+        stats = replace(stats, ram_tokens=_ram_capacity(stats.ram_tokens, outcome, predicted))
     model = state.for_model(deployment.model)
     if usage.prompt_tokens >= 20 and outcome.prompt_chars > 0:
         model = replace(

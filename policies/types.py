@@ -354,9 +354,4 @@ class Outcome:
     shared_prefix_tokens: int  # tokens of this prompt the backend was expected to hold
     stream: bool
     contended: bool = False  # other work was running or queued there when it was sent
-    from_ram: bool = False  # the shared prefix was expected from llama.cpp's RAM prompt cache
-    ram_tokens: int = 0  # Estimate.ram_tokens of the chosen candidate
-    ram_span: int = 0  # Estimate.ram_span of the chosen candidate
-    predicted_ttft_s: float = 0.0  # the chosen candidate's Estimate.ttft_s
-    predicted_queue_s: float = 0.0  # ... and its queue_s
-    modelled_queue_s: float = 0.0  # ... and that queue before the learned queue_factor
+    predicted: Estimate | None = None  # what the cost model expected of it, for learning to compare

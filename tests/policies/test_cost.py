@@ -69,9 +69,7 @@ NO_RAM = learn(
         30_000,
         9000,
         True,
-        from_ram=True,
-        ram_tokens=8500,
-        ram_span=9000,
+        predicted=Estimate(0, 0.0, 0.0, 0.0, source="ram", ram_tokens=8500, ram_span=9000),
     ),  # a restore of 8500 tokens expected, none came: the server keeps nothing (--cache-ram 0)
     LLAMA,
 )
@@ -195,7 +193,7 @@ def test_a_restore_that_never_came_shrinks_the_ram_cache() -> None:
 def test_a_restore_that_came_grows_the_ram_cache() -> None:
     outcome = Outcome(
         "llama", "m", EngineKind.LLAMACPP, Usage(300_000, 8, 280_000), 1.0, 2.0, 0, 290_000, True,
-        from_ram=True, ram_tokens=270_000, ram_span=400_000,
+        predicted=Estimate(0, 0.0, 0.0, 0.0, source="ram", ram_tokens=270_000, ram_span=400_000),
     )  # fmt: skip
     stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
     assert stats.ram_tokens.value == 400_000
@@ -206,7 +204,7 @@ def test_a_queue_longer_than_predicted_teaches_the_queue_factor() -> None:
     """Predicted 1 s of queue (of 1.5 s TTFT) and waited 3 s: later queues count three times."""
     outcome = Outcome(
         "llama", "m", EngineKind.LLAMACPP, Usage(1000, 8, 0), 3.5, 4.0, 0, 0, True,
-        predicted_ttft_s=1.5, predicted_queue_s=1.0, modelled_queue_s=1.0,
+        predicted=Estimate(0, queue_s=1.0, ttft_s=1.5, total_s=2.0, modelled_queue_s=1.0),
     )  # fmt: skip
     stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
     assert stats.queue_factor.value == pytest.approx(3.0)
