@@ -144,10 +144,6 @@ class PrefixIndex:
             while len(self._tips) > self.max_tips:
                 self._tips.popitem(last=False)
 
-    def forget_slot(self, backend_id: str, slot: int) -> None:
-        """What ``slot`` held is unknown now (a request there failed or was cancelled)."""
-        self._slots.get(backend_id, {}).pop(slot, None)
-
     def match(self, chain: PromptChain, backend_id: str) -> PrefixMatch:
         """What ``backend_id`` holds of ``chain``: per slot, and among its recent prompts."""
         recent = self._recent.get(backend_id)
