@@ -35,7 +35,7 @@ from typing import Any
 
 from gateway.logging import configure_logging
 from gateway.replay.generate import agent_trace, chat_trace, contention_trace, mixed_trace, without_sessions
-from gateway.replay.report import report, table
+from gateway.replay.report import median_report, report, table
 from gateway.replay.runner import ReplayOptions, run_replay
 from gateway.replay.stack import StackOptions
 from gateway.replay.traces import TraceRequest, block_tokens, read_trace, scale_tokens, with_model
@@ -45,6 +45,8 @@ MOONCAKE = REPO.parent / "shared" / "traces" / "mooncake-conversation.jsonl"
 PROFILES = ("cost", "least-loaded", "prefer-vllm", "prefer-llamacpp", "round-robin")
 CONTENTION_PROFILES = ("cost", "prefer-vllm", "prefer-llamacpp", "least-loaded")
 CONTENTION_AGENTS = (1, 2, 4, 8)
+CONTENTION_REPEATS = 3
+"""One contention run swings by 20-40% with machine load (2 shared cores, 10x time compression)."""
 PREVIOUS = {"agent": 1.00, "chat": 1.05, "mixed": 1.11}
 """The ratios the targets read, as docs/benchmarks.md recorded them on 2026-11-30 (to keep or improve)."""
 MODEL = "replay"
@@ -58,6 +60,8 @@ class Workload:
     make: Callable[[bool], list[TraceRequest]]
     token_scale: float = 1.0
     profiles: tuple[str, ...] = PROFILES
+    repeats: int = 1
+    """Runs per profile; the table shows each number's median over them (``median_report``)."""
 
 
 def _mooncake(quick: bool) -> list[TraceRequest]:
@@ -85,7 +89,14 @@ def _contention_workloads() -> tuple[Workload, ...]:
                 + "; time scale 0.1"
             )
             out.append(
-                Workload(name, scaling, 0.1, _contention(agents, sessions), profiles=CONTENTION_PROFILES)
+                Workload(
+                    name,
+                    scaling + f"; median of {CONTENTION_REPEATS} runs",
+                    0.1,
+                    _contention(agents, sessions),
+                    profiles=CONTENTION_PROFILES,
+                    repeats=CONTENTION_REPEATS,
+                )
             )
     return tuple(out)
 
@@ -129,21 +140,27 @@ def run(workload: Workload, quick: bool) -> dict[str, Any]:
         time_scale=workload.time_scale, block_tokens=block_tokens(workload.token_scale), wall_cap_s=300
     )
     started = time.monotonic()
-    runs = run_replay(
-        requests,
-        workload.profiles,
-        stack,
-        options,
-        on_done=lambda name, _: print(f"  {workload.name}/{name} done", file=sys.stderr),
-    )
+    reports = []
+    for attempt in range(workload.repeats):
+        runs = run_replay(
+            requests,
+            workload.profiles,
+            stack,
+            options,
+            on_done=lambda name, _: print(f"  {workload.name}/{name} done", file=sys.stderr),
+        )
+        reports.append(report(runs))
+        if workload.repeats > 1:
+            print(f"  {workload.name}: run {attempt + 1} of {workload.repeats} done", file=sys.stderr)
     meta = {
         "workload": workload.name,
         "scaling": workload.scaling,
         "requests": len(requests),
         "time_scale": workload.time_scale,
+        "runs": workload.repeats,
         "wall_s": round(time.monotonic() - started, 1),
     }
-    return report(runs, meta)
+    return median_report(reports, meta)
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -296,13 +313,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=[w.name for w in WORKLOADS], default=None)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--from-json", type=Path, default=None, help="re-render a saved --json; no runs")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="start from a saved --json: re-render it, re-running only the --only workloads",
+    )
     args = parser.parse_args(argv)
     configure_logging("json", "warning")
     results: dict[str, dict[str, Any]] = {}
     if args.from_json is not None:
         results = json.loads(args.from_json.read_text(encoding="utf-8"))
-    for workload in WORKLOADS if args.from_json is None else ():
+    for workload in WORKLOADS if args.from_json is None or args.only else ():
         if args.only and workload.name not in args.only:
             continue
         if workload.name == "mooncake" and not MOONCAKE.exists():

@@ -16,6 +16,7 @@ in simulated seconds:
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -80,6 +81,37 @@ def summarize(results: Sequence[Result]) -> dict[str, Any]:
 def report(runs: Mapping[str, Sequence[Result]], meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON report: ``{"meta": {...}, "profiles": {name: summary}}`` (the oracle is ``oracle``)."""
     return {"meta": dict(meta or {}), "profiles": {name: summarize(rs) for name, rs in runs.items()}}
+
+
+def median_report(
+    reports: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Several :func:`report` s of the same replay as one: every number is its median over the runs
+    (per backend for ``backend_share``; a value missing from a run counts as missing, not zero),
+    except ``errors``: the most any run had."""
+    profiles: dict[str, Any] = {}
+    for name in reports[0]["profiles"]:
+        entries = [r["profiles"][name] for r in reports]
+        merged: dict[str, Any] = {}
+        for key in REPORT_KEYS:
+            values = [e.get(key) for e in entries]
+            if key == "errors":
+                merged[key] = max(v or 0 for v in values)  # an error in any run stays visible
+            elif key == "backend_share":
+                backends = sorted({b for v in values for b in v})
+                merged[key] = {b: _median([v.get(b, 0.0) for v in values]) for b in backends}
+            else:
+                merged[key] = _median(values)
+        profiles[name] = merged
+    return {"meta": dict(meta or {}), "profiles": profiles}
+
+
+def _median(values: Sequence[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    middle = statistics.median(present)
+    return round(middle) if all(isinstance(v, int) for v in present) else _round(float(middle))
 
 
 def _cell(value: Any) -> str:

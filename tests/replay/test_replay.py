@@ -10,7 +10,7 @@ import pytest
 
 from gateway.cli import build_parser, main
 from gateway.replay.generate import mixed_trace
-from gateway.replay.report import REPORT_KEYS, percentile, report
+from gateway.replay.report import REPORT_KEYS, median_report, percentile, report
 from gateway.replay.runner import ORACLE, ReplayOptions, run_replay
 from gateway.replay.stack import StackOptions
 from gateway.replay.traces import conversations, write_trace
@@ -85,6 +85,26 @@ class TestPieces:
         with_ids = sorted(sorted(g) for g in conversations(requests))
         assert sorted(sorted(g) for g in conversations(without_sessions(requests))) == with_ids
         assert sorted(len(g) for g in with_ids if len(g) > 1) == [4, 4, 4]
+
+    def test_median_report_takes_each_numbers_median_but_keeps_every_error(self) -> None:
+        def run(ttft: float, errors: int, share: dict[str, float]) -> dict[str, object]:
+            entry = dict.fromkeys(REPORT_KEYS)
+            entry.update(requests=10 - errors, errors=errors, ttft_mean_s=ttft, backend_share=share)
+            return {"meta": {}, "profiles": {"cost": entry}}
+
+        merged = median_report(
+            [
+                run(3.0, 0, {"llama": 1.0}),
+                run(9.0, 2, {"llama": 0.5, "vllm": 0.5}),
+                run(4.0, 0, {"vllm": 1.0}),
+            ],
+            {"runs": 3},
+        )
+        cost = merged["profiles"]["cost"]
+        assert merged["meta"] == {"runs": 3}
+        assert (cost["ttft_mean_s"], cost["requests"], cost["errors"]) == (4.0, 10, 2)
+        assert cost["backend_share"] == {"llama": 0.5, "vllm": 0.5}
+        assert cost["ttft_p90_s"] is None
 
     def test_nearest_rank_percentile(self) -> None:
         assert percentile([], 0.5) is None
