@@ -11,6 +11,7 @@ backend: both happen before any byte reached the client.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -68,6 +69,24 @@ class UpstreamStatusError(UpstreamError):
     @property
     def retryable(self) -> bool:
         return self.status >= 500
+
+    def context_sizes(self) -> tuple[int | None, int | None]:
+        """For a context overflow: the prompt's tokens and the window, as far as the engine said
+        (llama.cpp: ``n_prompt_tokens``/``n_ctx``; vLLM: its message)."""
+        prompt, window = self.extra.get("n_prompt_tokens"), self.extra.get("n_ctx")
+        if isinstance(prompt, int) and isinstance(window, int):
+            return prompt, window
+        found_window = _VLLM_WINDOW.search(self.message)
+        found_prompt = _VLLM_PROMPT.search(self.message)
+        return (
+            int(found_prompt.group(1)) if found_prompt else None,
+            int(found_window.group(1)) if found_window else None,
+        )
+
+
+_VLLM_WINDOW = re.compile(r"maximum context length is (\d+) tokens")
+_VLLM_PROMPT = re.compile(r"contains (?:at least )?(\d+) input tokens")
+"""vLLM's ``VLLMValidationError`` wording (vllm/renderers/params.py, ``_token_len_check``)."""
 
 
 def parse_error_body(backend_id: str, status: int, body: bytes) -> UpstreamStatusError:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
-from litestar.params import QueryParameter
+from litestar.params import PathParameter, QueryParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from backends.base import BackendSpec
@@ -19,6 +20,13 @@ from backends.fleet import Fleet
 from gateway.catalog import Catalog
 from gateway.errors import GatewayError, anthropic_error_body, openai_error_body
 from gateway.middleware import request_id_middleware
+from gateway.model_api import (
+    anthropic_listing,
+    anthropic_model,
+    openai_listing,
+    openai_model,
+    speaks_anthropic,
+)
 from gateway.relay import Relay
 from gateway.routing import Router
 from gateway.settings import Settings
@@ -77,9 +85,27 @@ async def responses(request: Request[Any, Any, Any], state: State) -> Response[A
 
 
 @get("/v1/models")
-async def list_models(state: State) -> Response[Any]:
+async def list_models(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    """Every model, in the shape of the API the client speaks (``anthropic-version``: Anthropic's)."""
     relay = _relay(state)
-    return Response(relay.catalog.listing(relay.fleet.snapshots()), media_type=JSON)
+    snapshots = relay.fleet.snapshots()
+    if speaks_anthropic(request.headers):
+        body = anthropic_listing(relay.catalog, snapshots, request.query_params)
+    else:
+        body = openai_listing(relay.catalog, snapshots)
+    return Response(body, media_type=JSON)
+
+
+@get("/v1/models/{model_id:path}")
+async def get_model(
+    request: Request[Any, Any, Any], state: State, model_id: Annotated[Path, PathParameter()]
+) -> Response[Any]:
+    """One model by name or alias (names may hold slashes, as ``Qwen/Qwen3.5-27B`` does)."""
+    relay = _relay(state)
+    name = str(model_id).lstrip("/")
+    model = relay.catalog.resolve(name)
+    shape = anthropic_model if speaks_anthropic(request.headers) else openai_model
+    return Response(shape(relay.catalog, model, relay.fleet.snapshots(), name), media_type=JSON)
 
 
 @get("/admin/api/decisions")
@@ -103,7 +129,10 @@ async def health(state: State) -> Response[Any]:
 
 
 def _is_anthropic(request: Request[Any, Any, Any]) -> bool:
-    return request.url.path.startswith("/v1/messages")
+    path = request.url.path
+    return path.startswith("/v1/messages") or (
+        path.startswith("/v1/models") and speaks_anthropic(request.headers)
+    )
 
 
 def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
@@ -168,6 +197,7 @@ def create_app(settings: Settings) -> Litestar:
             count_tokens,
             responses,
             list_models,
+            get_model,
             decisions,
             health,
         ],

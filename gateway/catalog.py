@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.errors import ModelNotFound
 from gateway.settings import ModelConfig
-from policies.types import BackendSnapshot, Deployment
+from policies.types import BackendSnapshot, Deployment, Health
+
+ROUTABLE = frozenset({Health.READY, Health.UNKNOWN})
+"""Backends the ``healthy`` filter lets requests through to."""
+DEFAULT_MAX_OUTPUT = 32_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,10 +20,12 @@ class CatalogModel:
     aliases: tuple[str, ...]
     chars_per_token: float
     deployments: tuple[Deployment, ...]
+    max_output_tokens: int | None = None
+    display_name: str | None = None
 
 
 class Catalog:
-    """Resolves a requested name (or alias) to its model; lists models for ``/v1/models``."""
+    """Resolves a requested name (or alias) to its model; knows each model's windows."""
 
     def __init__(self, models: Sequence[ModelConfig], created: int) -> None:
         self.models = tuple(
@@ -28,6 +33,8 @@ class Catalog:
                 name=m.name,
                 aliases=m.aliases,
                 chars_per_token=m.chars_per_token,
+                max_output_tokens=m.max_output_tokens,
+                display_name=m.display_name,
                 deployments=tuple(
                     Deployment(
                         model=m.name,
@@ -59,31 +66,34 @@ class Catalog:
     def deployments_on(self, backend_id: str) -> tuple[Deployment, ...]:
         return tuple(d for m in self.models for d in m.deployments if d.backend_id == backend_id)
 
-    def listing(self, snapshots: Sequence[BackendSnapshot]) -> dict[str, Any]:
-        """The ``/v1/models`` body: each model, its largest live context window and its backends."""
-        live = {d.model + "\0" + d.backend_id: d for s in snapshots for d in s.deployments}
-        health = {s.backend_id: s.health.value for s in snapshots}
-        data = []
-        for model in self.models:
-            deployments = [live.get(d.model + "\0" + d.backend_id, d) for d in model.deployments]
-            windows = [d.context_window for d in deployments if d.context_window is not None]
-            data.append(
-                {
-                    "id": model.name,
-                    "object": "model",
-                    "created": self.created,
-                    "owned_by": "turnout",
-                    "aliases": list(model.aliases),
-                    "context_window": max(windows) if windows else None,
-                    "backends": [
-                        {
-                            "id": d.backend_id,
-                            "upstream_name": d.upstream_name,
-                            "context_window": d.context_window,
-                            "health": health.get(d.backend_id, "unknown"),
-                        }
-                        for d in deployments
-                    ],
-                }
-            )
-        return {"object": "list", "data": data}
+    def window(self, model: CatalogModel, snapshots: Sequence[BackendSnapshot]) -> int | None:
+        """The largest context window ``model`` can be routed to now: over its deployments on
+        backends that take requests (ready, or not probed yet), each as the engine reports it; when
+        none does, over all of them (what it will be once they are back)."""
+        live = {(d.model, d.backend_id): d for s in snapshots for d in s.deployments}
+        routable = {s.backend_id for s in snapshots if s.health in ROUTABLE}
+        deployments = [live.get((d.model, d.backend_id), d) for d in model.deployments]
+        now = [d.context_window for d in deployments if d.backend_id in routable and d.context_window]
+        known = [d.context_window for d in deployments if d.context_window]
+        return max(now or known) if (now or known) else None
+
+    def deployments_live(
+        self, model: CatalogModel, snapshots: Sequence[BackendSnapshot]
+    ) -> list[tuple[Deployment, Health]]:
+        """Each deployment of ``model`` as its backend last reported it, with the backend's health."""
+        live = {(d.model, d.backend_id): d for s in snapshots for d in s.deployments}
+        health = {s.backend_id: s.health for s in snapshots}
+        return [
+            (live.get((d.model, d.backend_id), d), health.get(d.backend_id, Health.UNKNOWN))
+            for d in model.deployments
+        ]
+
+
+def max_output_tokens(model: CatalogModel, window: int | None) -> int:
+    """The longest reply to offer agents: the configured limit, else a quarter of the window (at most
+    ``DEFAULT_MAX_OUTPUT``); never more than the window leaves room for."""
+    if model.max_output_tokens is not None:
+        return min(model.max_output_tokens, window) if window else model.max_output_tokens
+    if window is None:
+        return DEFAULT_MAX_OUTPUT
+    return max(min(DEFAULT_MAX_OUTPUT, window // 4), 1)

@@ -46,7 +46,37 @@ class InvalidRequest(GatewayError):
 
 
 class ContextLengthExceeded(InvalidRequest):
+    """The prompt fits no backend. Worded as each API words it, because agents recover by matching
+    the words: Claude Code compacts on Anthropic's ``prompt is too long: N tokens > M maximum``,
+    OpenAI clients (Codex among them) on the code ``context_length_exceeded``."""
+
     code = "context_length_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        prompt_tokens: int | None = None,
+        window: int | None = None,
+    ) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.window = window
+        if prompt_tokens is not None and window is not None:
+            message = (
+                f"This model's maximum context length is {window} tokens. However, your "
+                f"{'prompt' if param == 'prompt' else 'messages'} resulted in {prompt_tokens} tokens. "
+                f"Please reduce the length of the {'prompt' if param == 'prompt' else 'messages'}. "
+                f"({message})"
+            )
+        super().__init__(message, param=param)
+
+    def anthropic_body(self) -> bytes:
+        if self.prompt_tokens is None or self.window is None:
+            return super().anthropic_body()
+        return anthropic_error_body(
+            self.status, f"prompt is too long: {self.prompt_tokens} tokens > {self.window} maximum"
+        )
 
 
 class ModelNotFound(GatewayError):

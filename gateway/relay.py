@@ -18,7 +18,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
-from backends.errors import UpstreamError, UpstreamStreamError, UpstreamUnavailable
+from backends.errors import UpstreamError, UpstreamStatusError, UpstreamStreamError, UpstreamUnavailable
 from backends.fleet import Fleet
 from backends.inflight import Sent
 from backends.stream import ResponseRelay
@@ -36,18 +36,24 @@ from gateway.errors import (
 )
 from gateway.record import RequestRecord
 from gateway.requests import parse_body, read_body
-from gateway.routing import Routed, Router, decision_entry
+from gateway.routing import Routed, Router, decision_entry, engine_counted
 from policies import Decision, Endpoint, Reason, RequestFeatures, extract
-from policies.types import Outcome
+from policies.types import Outcome, Rejection
 
 log = structlog.get_logger(__name__)
 
+PROMPT_PARAM = {Endpoint.COMPLETIONS: "prompt", Endpoint.RESPONSES: "input"}
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 CLIENT_CLOSED = 499  # nginx's status for "client closed request", used in logs only
 
 
+def _overflowed(exc: BaseException | None) -> bool:
+    """The engine refused the prompt as longer than its window: another backend may have a larger one."""
+    return isinstance(exc, UpstreamStatusError) and exc.context_exceeded
+
+
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, UpstreamError) and bool(getattr(exc, "retryable", False))
+    return isinstance(exc, UpstreamError) and (bool(getattr(exc, "retryable", False)) or _overflowed(exc))
 
 
 def _api(endpoint: Endpoint) -> str:
@@ -56,24 +62,42 @@ def _api(endpoint: Endpoint) -> str:
     return "responses" if endpoint is Endpoint.RESPONSES else "openai"
 
 
-def no_route_error(decision: Decision, features: RequestFeatures) -> GatewayError:
-    """Why no backend can take the request, as the client should hear it."""
+def no_route_error(
+    decision: Decision, features: RequestFeatures, overflow: UpstreamStatusError | None = None
+) -> GatewayError:
+    """Why no backend can take the request, as the client should hear it (``overflow``: an engine
+    refused the prompt as too long, and no other backend can take it)."""
     rejected = decision.rejected
+    too_long = [r for r in rejected if r.reason is Reason.CONTEXT_TOO_LONG]
+    if overflow is not None or (rejected and len(too_long) == len(rejected)):
+        return too_long_error(features, too_long, overflow)
     if not rejected:
         return ModelNotFound(f"No backend serves the model `{features.model}`.", param="model")
     if all(r.reason is Reason.UNSUPPORTED for r in rejected):
         return InvalidRequest(
             f"{rejected[0].detail}; send the whole input instead.", param="previous_response_id"
         )
-    if all(r.reason is Reason.CONTEXT_TOO_LONG for r in rejected):
-        details = "; ".join(f"{r.backend_id}: {r.detail}" for r in rejected)
-        return ContextLengthExceeded(
-            f"This request is too long for every backend serving `{features.model}` ({details}).",
-            param={Endpoint.COMPLETIONS: "prompt", Endpoint.RESPONSES: "input"}.get(
-                features.endpoint, "messages"
-            ),
-        )
     return NoBackendAvailable(f"No backend can take this request now: {decision.explanation}.")
+
+
+def too_long_error(
+    features: RequestFeatures, too_long: list[Rejection], overflow: UpstreamStatusError | None
+) -> ContextLengthExceeded:
+    """The prompt fits none of the model's backends: its tokens (the engine's count where one refused
+    it) against the largest window there is."""
+    prompt, windows = features.prompt_tokens, [r.window for r in too_long if r.window]
+    details = [f"{r.backend_id}: {r.detail}" for r in too_long]
+    if overflow is not None:
+        counted, window = overflow.context_sizes()
+        prompt = counted or prompt
+        windows += [window] if window else []
+        details.append(f"{overflow.backend_id}: {overflow.message}")
+    return ContextLengthExceeded(
+        f"turnout: too long for every backend serving `{features.model}`: {'; '.join(details)}",
+        param=PROMPT_PARAM.get(features.endpoint, "messages"),
+        prompt_tokens=prompt,
+        window=max(windows) if windows else None,
+    )
 
 
 def in_flight(decision: Decision) -> Sent:
@@ -124,10 +148,12 @@ class Relay:
                 with attempt:
                     if excluded:
                         routed = await self.router.decide(
-                            routed.features, routed.session, frozenset(excluded)
+                            routed.features, routed.session, frozenset(excluded), routed.overflowed
                         )
                     decision = routed.decision
                     if decision.chosen is None:
+                        if isinstance(last_error, UpstreamStatusError) and _overflowed(last_error):
+                            raise no_route_error(decision, routed.features, last_error)
                         if last_error is not None:
                             raise last_error
                         raise no_route_error(decision, routed.features)
@@ -145,6 +171,8 @@ class Relay:
                         self.fleet.end(token)
                         if not isinstance(exc, UpstreamError):
                             raise  # cancelled (the client left) or a bug: nothing to retry
+                        if isinstance(exc, UpstreamStatusError) and exc.context_exceeded:
+                            routed = engine_counted(routed, exc)
                         if _retryable(exc):
                             excluded.add(exc.backend_id)
                             last_error = exc
@@ -169,7 +197,14 @@ class Relay:
             return await self.router.decide(features, None)
         features, session = await self.router.resolve_session(features)
         features = await self.router.count_if_near_limit(features, body, session)
-        return await self.router.decide(features, session)
+        routed = await self.router.decide(features, session)
+        rejected = routed.decision.rejected
+        too_long = bool(rejected) and all(r.reason is Reason.CONTEXT_TOO_LONG for r in rejected)
+        if routed.decision.chosen is None and too_long and not features.prompt_exact:
+            # refuse on the engine's count, not on an estimate
+            features = await self.router.count_if_near_limit(features, body, session, always=True)
+            routed = await self.router.decide(features, session)
+        return routed
 
     async def handle(self, request: Request[Any, Any, Any], endpoint: Endpoint) -> Response[Any]:
         record = RequestRecord(endpoint=endpoint.value)

@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from backends.errors import UpstreamStatusError
 from backends.fleet import Fleet
 from gateway.state import StateStore
 from policies import Decision, Endpoint, Profile, RequestFeatures, route
@@ -24,7 +25,7 @@ from policies.learning import LearnedState, learn
 from policies.prefix import PromptChain
 from policies.route import RoutingContext
 from policies.slots import DEFAULT_LEASE_IDLE_S
-from policies.types import EngineKind, Health, Outcome, SessionSource, SessionView
+from policies.types import EngineKind, Health, Outcome, Reason, SessionSource, SessionView
 
 MESSAGE_START = 0x1E  # policies.prefix.render puts this byte before every message
 SEPARATORS = b"\x1c\x1d\x1e\x1f"  # render's field separators: not part of what the engine counts
@@ -43,6 +44,44 @@ class Routed:
     decision: Decision
     features: RequestFeatures
     session: SessionView | None
+    overflowed: tuple[str, ...] = ()
+    """Backends whose engine refused the prompt as longer than its window (re-routed from there)."""
+
+
+def engine_counted(routed: Routed, error: UpstreamStatusError) -> Routed:
+    """``routed`` after its engine refused the prompt as too long: the engine's count replaces the
+    estimate, and that backend is noted as outgrown."""
+    counted, _ = error.context_sizes()
+    features = routed.features
+    if counted is not None:
+        features = replace(features, prompt_tokens=counted, prompt_exact=True, prompt_counted="counted")
+    return replace(routed, features=features, overflowed=(*routed.overflowed, error.backend_id))
+
+
+def outgrown(routed: Routed) -> dict[str, Any] | None:
+    """A session moved off its backend because the conversation outgrew that backend's window: where
+    from, where to, and what the move costs (the prompt tokens re-prefilled there and their seconds)."""
+    decision, session = routed.decision, routed.session
+    chosen = decision.chosen_candidate
+    if session is None or session.backend_id is None or chosen is None:
+        return None
+    previous = session.backend_id
+    if previous == chosen.deployment.backend_id:
+        return None
+    too_long = previous in routed.overflowed or any(
+        r.backend_id == previous and r.reason is Reason.CONTEXT_TOO_LONG for r in decision.rejected
+    )
+    if not too_long:
+        return None
+    estimate = chosen.estimate
+    cached = estimate.expected_cached_tokens if estimate else 0
+    return {
+        "from": previous,
+        "to": chosen.deployment.backend_id,
+        "prompt_tokens": routed.features.prompt_tokens,
+        "reprefill_tokens": max(routed.features.prompt_tokens - cached, 0),
+        "prefill_s": round(estimate.prefill_s, 4) if estimate else None,
+    }
 
 
 def session_label(key: str) -> str:
@@ -93,7 +132,12 @@ class Router:
         return features, session
 
     async def count_if_near_limit(
-        self, features: RequestFeatures, body: Mapping[str, Any], session: SessionView | None
+        self,
+        features: RequestFeatures,
+        body: Mapping[str, Any],
+        session: SessionView | None,
+        *,
+        always: bool = False,
     ) -> RequestFeatures:
         """Replace the estimate by the engine's count when it is close to a context window.
 
@@ -102,8 +146,9 @@ class Router:
         is wide until the model's characters per token were learned, narrow after. A turn that
         extends its session's last prompt (whose exact count the engine reported) has only its new
         part counted, so a warm turn never waits on re-tokenizing the whole conversation.
+        ``always``: count wherever the estimate stands (before refusing a prompt as too long).
         """
-        if features.prompt_tokens < MIN_COUNTED_PROMPT:
+        if features.prompt_exact or (features.prompt_tokens < MIN_COUNTED_PROMPT and not always):
             return features
         learned = self.learned.for_model(features.model).chars_per_token.samples > 0
         margin = NEAR_LIMIT_LEARNED if learned else NEAR_LIMIT
@@ -112,7 +157,7 @@ class Router:
             window = deployment.context_window if deployment else None
             if deployment is None or window is None or snapshot.health not in (Health.READY, Health.UNKNOWN):
                 continue
-            if abs(features.prompt_tokens - window) > margin * window:
+            if abs(features.prompt_tokens - window) > margin * window and not always:
                 continue
             adapter = self.fleet.adapter(snapshot.backend_id)
             added = added_part(features, session) if session is not None else None
@@ -153,15 +198,32 @@ class Router:
         return snapshots, context
 
     async def decide(
-        self, features: RequestFeatures, session: SessionView | None, excluded: frozenset[str] = frozenset()
+        self,
+        features: RequestFeatures,
+        session: SessionView | None,
+        excluded: frozenset[str] = frozenset(),
+        overflowed: tuple[str, ...] = (),
     ) -> Routed:
         """Route, and hold the chosen slot for the session (re-routing if another request took it first)."""
+        routed = await self._decide(features, session, excluded, overflowed)
+        moved = outgrown(routed)
+        if moved is not None and session is not None:
+            log.info("session.outgrew_window", session=session_label(session.key), **moved)
+        return routed
+
+    async def _decide(
+        self,
+        features: RequestFeatures,
+        session: SessionView | None,
+        excluded: frozenset[str],
+        overflowed: tuple[str, ...],
+    ) -> Routed:
         for _ in range(CLAIM_ATTEMPTS):
             snapshots, context = await self._context(session, excluded, features.chain)
             decision = route(features, snapshots, self.profile, time.time(), context)
             chosen = decision.chosen_candidate
             if chosen is None or chosen.estimate is None or chosen.estimate.slot is None or session is None:
-                return Routed(decision, features, session)
+                return Routed(decision, features, session, overflowed)
             claimed = await self.store.claim_slot(
                 chosen.deployment.backend_id,
                 chosen.estimate.slot,
@@ -173,8 +235,8 @@ class Router:
             if claimed:
                 if chosen.estimate.evicts is not None:
                     log.info("slot.evicted", backend=chosen.deployment.backend_id, slot=chosen.estimate.slot)
-                return Routed(decision, features, session)
-        return Routed(decision, features, session)
+                return Routed(decision, features, session, overflowed)
+        return Routed(decision, features, session, overflowed)
 
     async def complete(self, routed: Routed, outcome: Outcome, record: dict[str, Any]) -> None:
         """Learn from a finished request, move its session on, and log the decision."""
@@ -247,7 +309,12 @@ def decision_entry(routed: Routed, request_id: str, outcome: Outcome | None, sta
         ],
         "rejected": [
             {"backend": r.backend_id, "reason": r.reason.value, "detail": r.detail} for r in decision.rejected
+        ]
+        + [
+            {"backend": b, "reason": "context-too-long", "detail": "the engine refused it as too long"}
+            for b in routed.overflowed
         ],
+        "moved": outgrown(routed),
         "outcome": None
         if outcome is None
         else {

@@ -81,6 +81,11 @@ class ModelConfig(_Strict):
     """Parameters active per token (MoE), in billions."""
     chars_per_token: float = Field(3.6, gt=0)
     """Prior for estimating prompt tokens from characters."""
+    max_output_tokens: int | None = Field(None, gt=0)
+    """The longest reply agents should ask for (Anthropic's ``max_tokens`` in ``/v1/models``, the
+    output limit ``turnout agents`` writes); unset: a quarter of the window, at most 32,000."""
+    display_name: str | None = None
+    """A human-readable name for model pickers (Anthropic's ``display_name``); unset: ``name``."""
     deployments: tuple[DeploymentConfig, ...] = Field(min_length=1)
 
 

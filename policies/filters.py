@@ -56,7 +56,7 @@ def context_fits(features: RequestFeatures, candidates: Sequence[Candidate]) -> 
             detail = (
                 f"prompt of ~{features.prompt_tokens} tokens exceeds the context window of {window} tokens"
             )
-            dropped.append(Rejection(snapshot.backend_id, Reason.CONTEXT_TOO_LONG, detail))
+            dropped.append(Rejection(snapshot.backend_id, Reason.CONTEXT_TOO_LONG, detail, window))
     if not fits_all:
         return fits_prompt, dropped
     for deployment, snapshot in fits_prompt:

@@ -231,11 +231,12 @@ class PrefixMatch:
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A candidate a filter dropped, and why."""
+    """A candidate a filter dropped, and why (``window``: the context window it was measured against)."""
 
     backend_id: str
     reason: Reason
     detail: str
+    window: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,3 +221,20 @@ def test_vllm_context_error_is_recognised() -> None:
     assert not parse_error_body(
         "vllm", 400, b'{"error":{"message":"m","param":"max_tokens"}}'
     ).context_exceeded
+
+
+def test_context_sizes_from_either_engine() -> None:
+    llama = (
+        b'{"error":{"code":400,"message":"m","type":"exceed_context_size_error",'
+        b'"n_prompt_tokens":9,"n_ctx":8}}'
+    )
+    assert parse_error_body("b", 400, llama).context_sizes() == (9, 8)
+    vllm = parse_error_body("b", 400, fixture("vllm_error_context.json").encode())
+    assert vllm.context_sizes()[1] == 2048
+    newer = (
+        b'{"error":{"message":"This model\'s maximum context length is 4096 tokens. However, your prompt '
+        b'contains at least 4097 input tokens, which exceeds this limit even without any output tokens.",'
+        b'"type":"BadRequestError","param":"input_tokens","code":400}}'
+    )
+    assert parse_error_body("b", 400, newer).context_sizes() == (4097, 4096)
+    assert parse_error_body("b", 400, b'{"error":{"message":"m"}}').context_sizes() == (None, None)

@@ -38,7 +38,7 @@ def create_faulty_app(fault: Fault, model: str = "up-faulty") -> Litestar:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model, "object": "model"}]}
 
-    @post("/v1/chat/completions")
+    @post(["/v1/chat/completions", "/v1/messages", "/v1/responses"])
     async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
         fault.calls.append(await request.body())
         if fault.events_before_break is None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from backends.sim import SimConfig
@@ -78,12 +80,32 @@ def test_unknown_path_and_method(stack: Stack) -> None:
 
 
 def test_context_too_long_for_every_backend(stack: Stack) -> None:
+    """Refused on the engine's count (not the estimate), in each API's words: what agents match on
+    to compact and retry."""
     long_prompt = [{"role": "user", "content": "word " * 200_000}]
+    counted = httpx.post(
+        stack.sims["vllm"].url + "/tokenize", json={"model": "up-vllm", "messages": long_prompt}
+    ).json()["count"]
     error = assert_openai_error(
         post(stack, {"model": "m-both", "messages": long_prompt}), 400, "invalid_request_error"
     )
-    assert error["code"] == "context_length_exceeded"
-    assert "32768" in error["message"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+    assert error["message"].startswith(
+        f"This model's maximum context length is 32768 tokens. However, your messages resulted in "
+        f"{counted} tokens."
+    )
+    with stack.client() as client:
+        anthropic = client.post(
+            "/v1/messages", json={"model": "m-both", "max_tokens": 10, "messages": long_prompt}
+        )
+        responses = client.post("/v1/responses", json={"model": "m-both", "input": "word " * 200_000})
+    assert anthropic.status_code == 400
+    assert anthropic.json()["error"]["type"] == "invalid_request_error"
+    assert re.fullmatch(
+        r"prompt is too long: \d+ tokens > 32768 maximum", anthropic.json()["error"]["message"]
+    )
+    response_error = assert_openai_error(responses, 400, "invalid_request_error")
+    assert (response_error["code"], response_error["param"]) == ("context_length_exceeded", "input")
 
 
 @pytest.fixture(scope="module")

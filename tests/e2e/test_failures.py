@@ -53,14 +53,54 @@ def test_vllm_style_unauthorized_becomes_502(faulty: tuple[Stack, Fault]) -> Non
     assert error["message"] == "backend faulty answered 401: Unauthorized"
 
 
-def test_llama_context_error_keeps_status_and_says_so(faulty: tuple[Stack, Fault]) -> None:
+def test_engine_context_error_is_the_apis_overflow_error(faulty: tuple[Stack, Fault]) -> None:
+    """An engine that refuses the prompt as too long, with no other backend for the model: the
+    client gets OpenAI's ``context_length_exceeded`` (Anthropic's "prompt is too long" on
+    ``/v1/messages``) with the engine's own count and window."""
     stack, fault = faulty
     message = "request (9000 tokens) exceeds the available context size (8192 tokens), try increasing it"
-    set_fault(fault, 400, {"error": {"code": 400, "message": message, "type": "exceed_context_size_error"}})
-    error = assert_openai_error(
+    error = {"code": 400, "message": message, "type": "exceed_context_size_error"}
+    set_fault(fault, 400, {"error": {**error, "n_prompt_tokens": 9000, "n_ctx": 8192}})
+    body = assert_openai_error(
         post(stack, {"model": "m-faulty", "messages": MSG}), 400, "invalid_request_error"
     )
-    assert (error["message"], error["code"]) == (message, "context_length_exceeded")
+    assert body["code"] == "context_length_exceeded"
+    assert body["message"].startswith(
+        "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
+    )
+    assert message in body["message"]
+    with stack.client() as client:
+        anthropic = client.post("/v1/messages", json={"model": "m-faulty", "max_tokens": 5, "messages": MSG})
+    assert anthropic.status_code == 400
+    assert anthropic.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "prompt is too long: 9000 tokens > 8192 maximum",
+        },
+    }
+    set_fault(fault, 400, {"error": error})  # no numbers: the engine's words, with the same code
+    body = assert_openai_error(
+        post(stack, {"model": "m-faulty", "messages": MSG}), 400, "invalid_request_error"
+    )
+    assert (body["code"], message in body["message"]) == ("context_length_exceeded", True)
+
+
+def test_prompt_an_engine_refuses_as_too_long_goes_to_a_larger_window(faulty: tuple[Stack, Fault]) -> None:
+    """Nothing reached the client yet: the engine's refusal re-routes to the model's other backend,
+    and the decision log names the backend that was too small."""
+    stack, fault = faulty
+    message = "request (9000 tokens) exceeds the available context size (8192 tokens), try increasing it"
+    error = {"code": 400, "message": message, "type": "exceed_context_size_error"}
+    set_fault(fault, 400, {"error": {**error, "n_prompt_tokens": 12, "n_ctx": 8}})
+    response = post(stack, {"model": "m-fallback", "messages": MSG, "max_tokens": 3})
+    assert response.status_code == 200
+    assert response.headers["x-turnout-backend"] == "llama"
+    with stack.client() as client:
+        entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+    assert entry["chosen"] == "llama"
+    assert entry["prompt_tokens_estimate"] == 12  # the engine's count replaced the estimate
+    assert {"backend": "faulty", "reason": "context-too-long"}.items() <= entry["rejected"][-1].items()
 
 
 def test_server_error_is_retried_on_another_backend(faulty: tuple[Stack, Fault]) -> None:
