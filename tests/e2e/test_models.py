@@ -73,6 +73,24 @@ def test_openai_listing_gives_each_models_largest_live_window(stack: Stack) -> N
     assert data["m-vllm"]["object"] == "model"
 
 
+CODEX_REQUIRED = {
+    "slug", "display_name", "supported_reasoning_levels", "shell_type", "visibility", "supported_in_api",
+    "priority", "support_verbosity", "truncation_policy", "experimental_supported_tools", "base_instructions",
+}  # fmt: skip
+"""What Codex 0.171.0's catalog decoder requires of an entry (found field by field, docs/agents.md)."""
+
+
+def test_codex_gets_its_catalog_beside_openais_list(stack: Stack) -> None:
+    assert "models" not in httpx.get(stack.url + "/v1/models").json()
+    body = httpx.get(stack.url + "/v1/models", params={"client_version": "0.171.0"}).json()
+    assert [m["id"] for m in body["data"]] == [m["slug"] for m in body["models"]]
+    qwen = body["models"][-1]
+    assert qwen.keys() >= CODEX_REQUIRED
+    assert (qwen["slug"], qwen["display_name"]) == ("Qwen/Qwen3.5-27B", "Qwen 3.5 27B")
+    assert qwen["context_window"] == qwen["max_context_window"] == 40_000
+    assert qwen["base_instructions"].startswith("You are a coding agent running in the Codex CLI")
+
+
 def test_anthropic_clients_get_anthropic_model_objects(stack: Stack) -> None:
     body = httpx.get(stack.url + "/v1/models", headers=ANTHROPIC).json()
     assert set(body) == {"data", "first_id", "last_id", "has_more"}
@@ -134,3 +152,43 @@ def test_unknown_model_is_a_404_in_each_apis_shape(stack: Stack) -> None:
     assert anthropic.status_code == 404
     assert anthropic.json()["type"] == "error"
     assert anthropic.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_conversation_that_outgrows_llamas_window_moves_to_vllm_and_says_what_it_cost() -> None:
+    running = start_stack(
+        vllm=SimConfig(
+            kind="vllm",
+            model="up-vllm",
+            time_scale=0.002,
+            architecture=Architecture.HYBRID,
+            context_window=40_000,
+        ),
+        llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2, context_window=4096),
+        profile="prefer-llamacpp",
+    )
+    try:
+        _wait_probed(running)
+        history = [{"role": "user", "content": "word " * 1500}]
+        headers = {"x-session-id": "grows"}
+        with running.client(headers=headers) as client:
+            first = client.post(
+                "/v1/chat/completions", json={"model": "m-both", "messages": history, "max_tokens": 4}
+            )
+            assert first.headers["x-turnout-backend"] == "llama"
+            history += [
+                {"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "word " * 6000},
+            ]
+            second = client.post(
+                "/v1/chat/completions", json={"model": "m-both", "messages": history, "max_tokens": 4}
+            )
+            assert second.status_code == 200
+            assert second.headers["x-turnout-backend"] == "vllm"
+            entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+        moved = entry["moved"]
+        assert (moved["from"], moved["to"]) == ("llama", "vllm")
+        assert moved["reprefill_tokens"] == moved["prompt_tokens"] > 4096  # vLLM has none of it
+        assert moved["prefill_s"] > 0
+        assert any(r["backend"] == "llama" and r["reason"] == "context-too-long" for r in entry["rejected"])
+    finally:
+        stop_stack(running)
