@@ -1,4 +1,4 @@
-"""The ``turnout`` command: serve, demo, sim, config check."""
+"""The ``turnout`` command: serve, demo, sim, config check, agents, trace, replay."""
 
 from __future__ import annotations
 
@@ -44,6 +44,44 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return asyncio.run(check_backends(settings))
 
 
+def cmd_agents(args: argparse.Namespace) -> int:
+    from gateway.agents.configs import (
+        AGENTS,
+        PLACEHOLDER_KEY,
+        AgentConfigError,
+        Target,
+        from_gateway,
+        from_settings,
+        pick,
+    )
+
+    try:
+        if args.config is not None:
+            settings = load_settings(Path(args.config))
+            url = args.url or f"http://{settings.host}:{settings.port}"
+            models = from_settings(settings)
+        else:
+            url = args.url or "http://127.0.0.1:8484"
+            models = from_gateway(url)
+        target = Target(
+            url=url.rstrip("/"),
+            api_key=args.api_key or os.environ.get("TURNOUT_API_KEY") or PLACEHOLDER_KEY,
+            model=pick(models, args.model),
+            small_model=pick(models, args.small_model or args.model),
+        )
+    except AgentConfigError as exc:
+        print(f"turnout agents: {exc}", file=sys.stderr)
+        return 1
+    setups = {name: AGENTS[name](target) for name in args.agent or list(AGENTS)}
+    if args.out is None:
+        print("\n".join(setup.text() for setup in setups.values()), end="")
+        return 0
+    for name, setup in setups.items():
+        for path in setup.write(Path(args.out) / name):
+            print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turnout", description="Routing inference gateway for local LLM engines."
@@ -67,6 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.add_argument("--no-probe", action="store_true", help="validate only; do not contact the backends")
     check.set_defaults(func=cmd_config_check)
+
+    from gateway.agents.configs import AGENTS
+
+    agents = commands.add_parser(
+        "agents",
+        help="print each coding agent's settings for this gateway (window, output limit, base URL)",
+        description="Settings for Claude Code, Codex, OpenCode and aider, with the windows of the running "
+        "gateway (--url) or of a config file (--config). See docs/agents.md.",
+    )
+    agents.add_argument("--url", help="the running gateway (default http://127.0.0.1:8484)")
+    agents.add_argument("--config", help="read the windows from this config file instead of a gateway")
+    agents.add_argument("--model", help="the model the agents use (default: the first one)")
+    agents.add_argument("--small-model", help="for background chores (titles, summaries); default --model")
+    agents.add_argument("--agent", action="append", choices=list(AGENTS), help="only this agent (repeatable)")
+    agents.add_argument(
+        "--api-key", help="the token agents send (default $TURNOUT_API_KEY, else a placeholder)"
+    )
+    agents.add_argument("--out", help="write each agent's files under OUT/<agent>/ instead of printing them")
+    agents.set_defaults(func=cmd_agents)
 
     add_trace_parser(commands)
     add_replay_parser(commands)

@@ -100,6 +100,21 @@ def too_long_error(
     )
 
 
+OUTPUT_LIMIT_FIELDS = {
+    Endpoint.CHAT: ("max_tokens", "max_completion_tokens"),
+    Endpoint.COMPLETIONS: ("max_tokens",),
+    Endpoint.RESPONSES: ("max_output_tokens",),
+}
+
+
+def cap_output(body: dict[str, Any], endpoint: Endpoint, limit: int | None) -> None:
+    """A request that sets no output limit gets the model's configured ``max_output_tokens`` (Codex
+    never sends one; llama.cpp would otherwise generate until the window is full)."""
+    fields = OUTPUT_LIMIT_FIELDS.get(endpoint)
+    if limit is not None and fields and all(body.get(f) is None for f in fields):
+        body[fields[0]] = limit
+
+
 def in_flight(decision: Decision) -> Sent:
     """The fleet's note of a request sent along ``decision``, with what was predicted for it."""
     chosen = decision.chosen_candidate
@@ -189,6 +204,7 @@ class Relay:
     async def route(self, body: dict[str, Any], endpoint: Endpoint, headers: Mapping[str, str]) -> Routed:
         """Resolve the model and the session, then decide."""
         model = self.catalog.resolve(body["model"])
+        cap_output(body, endpoint, model.max_output_tokens)
         chars_per_token = self.router.learned.for_model(
             model.name, model.chars_per_token
         ).chars_per_token.value

@@ -3,7 +3,8 @@
 Priority (first match wins; ``features.session_source`` records which):
 
 1. ``x-session-id`` header
-2. an agent's own session header: ``x-claude-code-session-id``, ``session_id`` (Codex), ``x-session-affinity``
+2. an agent's own session header: ``x-claude-code-session-id``, ``session-id`` (Codex 0.171;
+   ``session_id`` before), ``x-session-affinity``
 3. OpenAI ``prompt_cache_key``
 4. OpenAI ``user``
 5. Anthropic ``metadata.user_id``
@@ -19,7 +20,7 @@ from typing import Any
 from policies.prefix import part_text
 from policies.types import SessionSource
 
-AGENT_HEADERS = ("x-claude-code-session-id", "session_id", "x-session-affinity")
+AGENT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-affinity")
 MAX_KEY_LENGTH = 256
 
 

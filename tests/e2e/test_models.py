@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
@@ -192,3 +193,19 @@ def test_a_conversation_that_outgrows_llamas_window_moves_to_vllm_and_says_what_
         assert any(r["backend"] == "llama" and r["reason"] == "context-too-long" for r in entry["rejected"])
     finally:
         stop_stack(running)
+
+
+def test_the_configured_output_limit_caps_requests_that_set_none(stack: Stack) -> None:
+    tap = stack.taps["vllm"]
+    messages = [{"role": "user", "content": "hi"}]
+    with stack.client() as client:
+        client.post("/v1/chat/completions", json={"model": "Qwen/Qwen3.5-27B", "messages": messages})
+        assert json.loads(tap.requests[-1])["max_tokens"] == 8192
+        client.post(
+            "/v1/chat/completions", json={"model": "Qwen/Qwen3.5-27B", "messages": messages, "max_tokens": 3}
+        )
+        assert json.loads(tap.requests[-1])["max_tokens"] == 3
+        client.post("/v1/responses", json={"model": "Qwen/Qwen3.5-27B", "input": "hi"})
+        assert json.loads(tap.requests[-1])["max_output_tokens"] == 8192
+        client.post("/v1/chat/completions", json={"model": "m-vllm", "messages": messages})  # none configured
+        assert "max_tokens" not in json.loads(tap.requests[-1])

@@ -17,6 +17,7 @@ from policies.types import SessionSource
             ("h:s1", SessionSource.HEADER),
         ),
         ({"x-claude-code-session-id": "c"}, {"user": "u"}, ("a:c", SessionSource.AGENT_HEADER)),
+        ({"session-id": "x"}, {"prompt_cache_key": "k"}, ("a:x", SessionSource.AGENT_HEADER)),  # Codex 0.171
         ({}, {"prompt_cache_key": "k", "user": "u"}, ("k:k", SessionSource.PROMPT_CACHE_KEY)),
         ({}, {"user": "u"}, ("u:u", SessionSource.USER)),
         ({}, {"metadata": {"user_id": "m"}}, ("m:m", SessionSource.METADATA)),
