@@ -225,6 +225,7 @@ class Relay:
     async def handle(self, request: Request[Any, Any, Any], endpoint: Endpoint) -> Response[Any]:
         record = RequestRecord(endpoint=endpoint.value)
         watch: DisconnectWatch | None = None
+        routed: Routed | None = None
         try:
             body = parse_body(await read_body(request, self.max_body), endpoint)
             record.stream = bool(body.get("stream"))
@@ -260,6 +261,9 @@ class Relay:
         except GatewayError as exc:
             record.status, record.error = exc.status, exc.message
             record.emit()
+            if routed is not None:  # routed, then refused or failed before any byte: log the decision too
+                entry = decision_entry(routed, record.request_id, None, exc.status, exc.message)
+                await self.router.store.record_decision(entry)
             raise
         finally:
             if watch is not None:
@@ -324,7 +328,7 @@ class Relay:
                 contended=chosen.estimate.contended if chosen.estimate else False,
                 predicted=chosen.estimate,
             )
-        entry = decision_entry(opened.routed, record.request_id, outcome, record.status)
+        entry = decision_entry(opened.routed, record.request_id, outcome, record.status, record.error)
         if outcome is not None:
             await self.router.complete(opened.routed, outcome, entry)
         else:

@@ -264,8 +264,11 @@ class Router:
         await self.store.record_decision(record)
 
 
-def decision_entry(routed: Routed, request_id: str, outcome: Outcome | None, status: int) -> dict[str, Any]:
-    """One decision log entry: the choice, every candidate's prediction, and what really happened."""
+def decision_entry(
+    routed: Routed, request_id: str, outcome: Outcome | None, status: int, error: str | None = None
+) -> dict[str, Any]:
+    """One decision log entry: the choice, every candidate's prediction, and what really happened
+    (``status``/``error``: how the request ended, also when no outcome was measured)."""
     decision, features = routed.decision, routed.features
     return {
         "at": time.time(),
@@ -315,6 +318,8 @@ def decision_entry(routed: Routed, request_id: str, outcome: Outcome | None, sta
             for b in routed.overflowed
         ],
         "moved": outgrown(routed),
+        "status": status,
+        "error": error,
         "outcome": None
         if outcome is None
         else {

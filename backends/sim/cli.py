@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--load-seconds", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--tool-calls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="call the first offered tool after a user message (off: answer in text)",
+    )
+    parser.add_argument(
         "--cache-ram", type=int, default=8192, help="llama.cpp RAM prompt cache in MiB (0 off, -1 no limit)"
     )
     parser.add_argument(
@@ -74,6 +80,7 @@ def parse_args(argv: list[str]) -> ServeOptions:
         api_key=ns.api_key,
         load_seconds=ns.load_seconds,
         seed=ns.seed,
+        tool_calls=ns.tool_calls,
         cache_ram_mib=ns.cache_ram,
         cache_idle_slots=ns.cache_idle_slots,
     )

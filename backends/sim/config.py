@@ -50,6 +50,10 @@ class SimConfig:
     enable_prompt_tokens_details: bool = True
     """vLLM ``--enable-prompt-tokens-details``."""
     seed: int = 0
+    tool_calls: bool = True
+    """The simulated model calls the first offered tool when the last message is the user's; off, it
+    answers in text unless ``tool_choice`` names a tool (a coding agent's turn is then one request,
+    and its compaction request gets the summary it asks for)."""
     reasoning_tokens: int = 0
     """A thinking model: this many reasoning tokens before each answer (llama.cpp streams them as
     ``reasoning_content``, vLLM 0.32 as ``reasoning``)."""

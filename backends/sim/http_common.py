@@ -80,7 +80,7 @@ def new_task(engine: BatchEngine, req: GenRequest, number: int, cap: int) -> Sim
     plan = plan_output(
         engine.config.seed,
         req.prompt,
-        req.tool,
+        req.tool if engine.config.tool_calls or req.named_tool else None,
         ignore_eos_until=budget if req.ignore_eos else None,
         reasoning_tokens=engine.config.reasoning_tokens,
     )

@@ -106,6 +106,11 @@ def test_context_too_long_for_every_backend(stack: Stack) -> None:
     )
     response_error = assert_openai_error(responses, 400, "invalid_request_error")
     assert (response_error["code"], response_error["param"]) == ("context_length_exceeded", "input")
+    with stack.client() as client:
+        logged = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+    assert (logged["endpoint"], logged["chosen"], logged["status"]) == ("responses", None, 400)
+    assert logged["error"].startswith("This model's maximum context length is 32768 tokens.")
+    assert {r["reason"] for r in logged["rejected"]} == {"context-too-long"}
 
 
 @pytest.fixture(scope="module")

@@ -248,3 +248,13 @@ class TestEngine:
             message = body["choices"][0]["message"]
             assert message["content"] is None
             assert message["tool_calls"][0]["function"]["name"] == "get_weather"
+
+    def test_without_tool_calls_the_model_answers_in_text_unless_a_tool_is_named(self) -> None:
+        with running("vllm", tool_calls=False) as (client, _):
+            payload = {"messages": [user("weather?")], "tools": [WEATHER_TOOL]}
+            message = client.post("/v1/chat/completions", json=payload).json()["choices"][0]["message"]
+            assert message["content"]
+            assert not message.get("tool_calls")
+            named = {**payload, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+            forced = client.post("/v1/chat/completions", json=named).json()["choices"][0]["message"]
+            assert forced["tool_calls"][0]["function"]["name"] == "get_weather"

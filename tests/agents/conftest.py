@@ -1,0 +1,130 @@
+"""Real coding agents (the pinned Claude Code and Codex CLI from npm) driven through turnout.
+
+* ``codex`` / ``claude`` (session): the agent's executable, installed on first use into
+  ``$TURNOUT_CACHE/agents`` by ``tests/real/agents.py``; skipped, with the reason printed, on a machine
+  without Node.js >= 18.
+* ``AgentStack``: a gateway over the two simulators serving ``MODEL``; ``decisions()`` reads its log.
+* ``agent_home``: an empty home for one agent run, outside /tmp (Codex refuses to put its helper
+  binaries under a temporary directory and says so on every run).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.sim import SimConfig
+from gateway.agents.configs import AGENTS, Target, from_gateway, pick
+from policies import Architecture
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.real.agents import CLAUDE_CODE, CODEX, Agent, cache_root, cannot_install_reason, ensure
+
+MODEL = "local-coder"
+
+
+def _installed(agent: Agent) -> Path:
+    reason = cannot_install_reason()
+    if reason is not None:
+        print(f"\nskipping {agent.name} tests: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    return ensure(agent)  # an install that fails is an error, not a skip
+
+
+@pytest.fixture(scope="session")
+def codex() -> Path:
+    return _installed(CODEX)
+
+
+@pytest.fixture(scope="session")
+def claude() -> Path:
+    return _installed(CLAUDE_CODE)
+
+
+@pytest.fixture
+def agent_home() -> Iterator[Path]:
+    home = cache_root() / "agent-homes" / uuid.uuid4().hex[:12]
+    (home / "work").mkdir(parents=True)
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@dataclass
+class AgentStack:
+    stack: Stack
+
+    @property
+    def url(self) -> str:
+        return self.stack.url
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """The decision log, oldest first."""
+        entries = httpx.get(self.url + "/admin/api/decisions", params={"limit": 1000}).json()["data"]
+        return list(reversed(entries))
+
+    def setup(self, agent: str, directory: Path) -> Path:
+        """``turnout agents`` for this gateway, written under ``directory``."""
+        models = from_gateway(self.url)
+        target = Target(self.url, "test-key", pick(models, MODEL), pick(models, MODEL))
+        AGENTS[agent](target).write(directory)
+        return directory
+
+
+def agent_stack(vllm_window: int, llama_window: int, **over: Any) -> Stack:
+    """A gateway over a vLLM simulator and a 2-slot llama.cpp simulator, both serving ``MODEL``; the
+    simulated model answers in text (it would call a tool with random arguments, and answer Codex's
+    compaction request with a tool call instead of the summary asked for)."""
+    return start_stack(
+        vllm=SimConfig(
+            kind="vllm", model="up-vllm", time_scale=0.002, architecture=Architecture.HYBRID,
+            context_window=vllm_window, tool_calls=False,
+        ),
+        llama=SimConfig(
+            kind="llamacpp", model="up-llama", time_scale=0.002, slots=2, context_window=llama_window,
+            tool_calls=False,
+        ),
+        extra_models=[
+            {
+                "name": MODEL,
+                "architecture": "hybrid",
+                "deployments": [
+                    {"backend": "vllm", "upstream_name": "up-vllm"},
+                    {"backend": "llama", "upstream_name": "up-llama"},
+                ],
+            }
+        ],
+        **over,
+    )  # fmt: skip
+
+
+def wait_windows(stack: Stack) -> None:
+    """Until the probes reported both engines' windows."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        models = {m["id"]: m for m in httpx.get(stack.url + "/v1/models").json()["data"]}
+        if all(b["context_window"] for b in models[MODEL]["backends"]):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the probes never reported the windows")
+
+
+@pytest.fixture(scope="module")
+def roomy() -> Iterator[AgentStack]:
+    """Windows large enough for any agent's whole conversation: 94k on vLLM, 64k per llama.cpp slot."""
+    stack = agent_stack(94_000, 65_536)
+    try:
+        wait_windows(stack)
+        yield AgentStack(stack)
+    finally:
+        stop_stack(stack)
