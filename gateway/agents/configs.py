@@ -132,6 +132,41 @@ def pick(models: Sequence[ModelLimits], name: str | None) -> ModelLimits:
     raise AgentConfigError(f"no model `{name}`; known: {', '.join(m.name for m in models)}")
 
 
+def claude_code(target: Target) -> AgentSetup:
+    """Claude Code 2.1.332: the ``env`` block of ``~/.claude/settings.json``.
+
+    Claude Code does not ask the gateway for a window (it reads no ``max_input_tokens``): a model id it
+    does not know gets ``CLAUDE_CODE_MAX_CONTEXT_TOKENS``, else an assumed 1M (with a warning). It
+    compacts at window - min(output, 20,000) - 13,000; ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` cannot
+    describe a window under 100k. On "prompt is too long: N tokens > M maximum" it compacts and resends
+    the turn. Background chores (titles, summaries) use the haiku / small-fast model.
+    """
+    model, small = target.model, target.small_model
+    env = {
+        "ANTHROPIC_BASE_URL": target.url,
+        "ANTHROPIC_AUTH_TOKEN": target.api_key,
+        "ANTHROPIC_MODEL": model.name,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model.name,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model.name,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": small.name,
+        "ANTHROPIC_SMALL_FAST_MODEL": small.name,
+        "CLAUDE_CODE_SUBAGENT_MODEL": model.name,
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(model.context_window),
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(model.max_output_tokens),
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # a workstation may be offline
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+    }
+    return AgentSetup(
+        "Claude Code",
+        "2.1.332",
+        (AgentFile("~/.claude/settings.json", json.dumps({"env": env}, indent=2) + "\n"),),
+        (),
+        "claude",
+    )
+
+
 def codex(target: Target) -> AgentSetup:
     """Codex CLI 0.171.0: ``$CODEX_HOME/config.toml`` (default ``~/.codex``).
 
@@ -231,4 +266,9 @@ def aider(target: Target) -> AgentSetup:
     )
 
 
-AGENTS: dict[str, Callable[[Target], AgentSetup]] = {"codex": codex, "opencode": opencode, "aider": aider}
+AGENTS: dict[str, Callable[[Target], AgentSetup]] = {
+    "claude-code": claude_code,
+    "codex": codex,
+    "opencode": opencode,
+    "aider": aider,
+}

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,28 +23,21 @@ import pytest
 from backends.sim import SimConfig
 from gateway.agents.configs import AGENTS, Target, from_gateway, pick
 from policies import Architecture
+from tests.agents.harness import installed
 from tests.e2e.conftest import Stack, start_stack, stop_stack
-from tests.real.agents import CLAUDE_CODE, CODEX, Agent, cache_root, cannot_install_reason, ensure
+from tests.real.agents import CLAUDE_CODE, CODEX, cache_root
 
 MODEL = "local-coder"
 
 
-def _installed(agent: Agent) -> Path:
-    reason = cannot_install_reason()
-    if reason is not None:
-        print(f"\nskipping {agent.name} tests: {reason}", file=sys.stderr)
-        pytest.skip(reason)
-    return ensure(agent)  # an install that fails is an error, not a skip
-
-
 @pytest.fixture(scope="session")
 def codex() -> Path:
-    return _installed(CODEX)
+    return installed(CODEX)
 
 
 @pytest.fixture(scope="session")
 def claude() -> Path:
-    return _installed(CLAUDE_CODE)
+    return installed(CLAUDE_CODE)
 
 
 @pytest.fixture

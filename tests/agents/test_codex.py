@@ -5,9 +5,6 @@ Codex sends ``Accept-Encoding: zstd,gzip`` on every request; turnout answers unc
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,33 +12,10 @@ from typing import Any
 import pytest
 
 from tests.agents.conftest import MODEL, AgentStack, agent_stack, wait_windows
+from tests.agents.harness import paste, run_codex
 from tests.e2e.conftest import stop_stack
 
 FALLBACK_WARNING = "Defaulting to fallback metadata"
-
-
-def run_codex(
-    codex: Path, home: Path, *args: str, timeout: float = 180, check: bool = True
-) -> list[dict[str, Any]]:
-    """One ``codex exec`` (non-interactive, read-only sandbox) in ``home``; its JSONL events."""
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(home),
-        "CODEX_HOME": str(home / "codex"),
-        "TURNOUT_API_KEY": "test-key",
-        "NO_COLOR": "1",
-    }
-    *options, prompt = args  # a long prompt goes through stdin ("-"): one argv string holds 128 KiB
-    command = [str(codex), "exec", "--skip-git-repo-check", "--json", "-s", "read-only", *options, "-"]
-    done = subprocess.run(
-        command, cwd=home / "work", env=env, capture_output=True, text=True, timeout=timeout,
-        input=prompt, check=False,
-    )  # fmt: skip
-    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 or not check, (
-        f"codex failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    )
-    return events
 
 
 def turn_completed(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -96,10 +70,6 @@ def small() -> Iterator[AgentStack]:
         yield AgentStack(stack)
     finally:
         stop_stack(stack)
-
-
-def paste(lines: int) -> str:
-    return "\n".join(f"line {i}: the function returns a value from the cache" for i in range(lines))
 
 
 def prompts(stack: AgentStack) -> list[int]:
