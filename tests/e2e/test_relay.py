@@ -186,3 +186,26 @@ class TestOpenAISDK:
         assert [b["id"] for b in both["backends"]] == ["vllm", "llama"]
         assert both["context_window"] == 32768
         assert both["aliases"] == ["both"]
+
+
+@pytest.mark.parametrize(("model", "backend"), [("m-vllm", "vllm"), ("m-llama", "llama")])
+def test_a_client_accepting_zstd_gets_the_stream_as_the_engine_sent_it(
+    stack: Stack, model: str, backend: str
+) -> None:
+    """Codex sends ``Accept-Encoding: zstd,gzip`` on every request: the stream stays plain SSE,
+    event by event, with no ``Content-Encoding``."""
+    body = {"model": model, "input": "Write a haiku about routers.", "stream": True, "max_output_tokens": 24}
+    headers = {"accept-encoding": "zstd,gzip"}
+    with (
+        stack.client() as client,
+        client.stream("POST", "/v1/responses", json=body, headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        assert "content-encoding" not in response.headers
+        received = b"".join(response.iter_raw())
+    events = events_of(received)
+    assert events[0].startswith(b"event: response.created")
+    assert events[-1].startswith(b"event: response.completed")
+    path, sent = stack.taps[backend].bodies[-1]
+    assert path == "/v1/responses"
+    assert len(events) == len(events_of(sent))

@@ -41,26 +41,34 @@ def llama_binary() -> Path:
     return ensure_llama_server()  # a failing build raises: the test errors
 
 
-def qwen35_cache_path(seed: int = QWEN35_SEED, n_layer: int = QWEN35_LAYERS) -> Path:
+def qwen35_cache_path(
+    seed: int = QWEN35_SEED, n_layer: int = QWEN35_LAYERS, context: int = QWEN35_CONTEXT
+) -> Path:
     from tests.real.gguf_qwen35 import GENERATOR_VERSION
 
-    name = f"tiny-qwen35-v{GENERATOR_VERSION}-seed{seed}-l{n_layer}-ctx{QWEN35_CONTEXT}.gguf"
+    name = f"tiny-qwen35-v{GENERATOR_VERSION}-seed{seed}-l{n_layer}-ctx{context}.gguf"
     return cache_root() / "models" / name
 
 
-@pytest.fixture(scope="session")
-def qwen35_gguf() -> Path:
+def qwen35_model(context: int = QWEN35_CONTEXT) -> Path:
+    """The tiny model trained (by its metadata) for ``context`` tokens: llama-server caps a slot's
+    window at the training context."""
     from tests.real.gguf_qwen35 import write_qwen35_gguf
 
-    path = qwen35_cache_path()
+    path = qwen35_cache_path(context=context)
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be writing it
         if not path.is_file():
-            write_qwen35_gguf(path, seed=QWEN35_SEED, n_layer=QWEN35_LAYERS, context_length=QWEN35_CONTEXT)
+            write_qwen35_gguf(path, seed=QWEN35_SEED, n_layer=QWEN35_LAYERS, context_length=context)
     return path
+
+
+@pytest.fixture(scope="session")
+def qwen35_gguf() -> Path:
+    return qwen35_model()
 
 
 @pytest.fixture
