@@ -89,3 +89,12 @@ def test_profile_with_unknown_scorer_names_it(tmp_path: Path) -> None:
     text = 'profile = "p"\n[[profiles]]\nname = "p"\nscorers = { nope = 1.0 }\n' + GOOD
     with pytest.raises(ConfigError, match=r"profiles\.0: profile 'p': unknown scorer 'nope'"):
         load_settings(write(tmp_path, text))
+
+
+def test_the_readme_configuration_is_valid(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in readme.split("```toml\n")[1:]]
+    example = next(b for b in blocks if "[[models]]" in b and "[state]" in b)
+    settings = load_settings(write(tmp_path, example))
+    assert settings.models[0].max_output_tokens == 16384
+    assert settings.models[0].display_name == "Qwen3.8 27B"
