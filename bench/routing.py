@@ -270,6 +270,12 @@ NOTES = """\
 - **The 10x agent target needs small turns.** A warm hybrid slot still re-prefills the turn's growth
   plus the 516 tokens after its last checkpoint: with ~1.9k tokens of growth per turn that is ~0.8 s at
   3000 tok/s, against ~8-9 s for vLLM re-prefilling 30-60k: ~10x at best, before any overhead.
+- **Contention rows are medians of 3 runs**, each number separately (errors: the most any run had):
+  one run of the same trace swings 20-40% with machine load (`cost` on contention-8 measured 2.9-4.9 s
+  mean TTFT on one day). **With 8 agents, session ids make `cost` worse, not better** (4.5 s against
+  2.8 s without them): told that every first turn starts a conversation, it pins new sessions to the
+  2 slots, where sessions without ids start on vLLM and only the proven ones move; the value of a
+  pinned slot over the next turns assumes the session keeps it, which 8 sessions on 2 slots rarely do.
 - **Chat and Mooncake are bursts of one-shot requests.** Everything (clients, gateway, simulators)
   shares one Python process on 2 busy cores, and per-request gateway CPU turns into queueing that the
   time scale (0.05) magnifies 20x; the oracle sends straight to the engines. Numbers vary by run with
