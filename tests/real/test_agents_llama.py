@@ -1,7 +1,8 @@
 """The pinned Claude Code and Codex CLI through turnout in front of a real llama-server.
 
 The tiny random model is held to one short answer by a server-wide grammar (``ANSWER_GRAMMAR``):
-what is checked is the plumbing. Each agent completes its turns on one slot, and llama-server's own ``cache_n`` grows.
+what is checked is the plumbing. Each agent completes its turns on one slot, and llama-server's own
+``cache_n`` grows.
 """
 
 from __future__ import annotations
