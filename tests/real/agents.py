@@ -1,4 +1,4 @@
-"""Install (or reuse) the pinned coding agents the agent tests run: Claude Code and Codex CLI.
+"""Install (or reuse) the pinned coding agents the agent tests run: Claude Code, Codex CLI, OpenCode.
 
 Each lives outside the repository, under ``$TURNOUT_CACHE`` (default ``~/.cache/turnout``), as
 ``agents/<name>-<version>``, installed there by ``npm install --prefix``. A file lock keeps two runs
@@ -47,7 +47,8 @@ class Agent:
 
 CLAUDE_CODE = Agent("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude")
 CODEX = Agent("codex", "@openai/codex", "0.171.0", "codex")
-AGENTS = (CLAUDE_CODE, CODEX)
+OPENCODE = Agent("opencode", "opencode-ai", "1.18.33", "opencode")
+AGENTS = (CLAUDE_CODE, CODEX, OPENCODE)
 
 
 def cache_root() -> Path:
