@@ -56,8 +56,9 @@ def openai_model(
 def anthropic_model(
     catalog: Catalog, model: CatalogModel, snapshots: Sequence[BackendSnapshot], name: str | None = None
 ) -> dict[str, Any]:
-    """Anthropic's ``ModelInfo``: ``type``, ``id``, ``display_name``, ``created_at`` (RFC 3339),
-    ``max_input_tokens`` and ``max_tokens``."""
+    """Anthropic's ``ModelInfo`` (anthropic SDK 2.14): ``type``, ``id``, ``display_name``, ``created_at``
+    (RFC 3339), ``lifecycle``, ``max_input_tokens`` and ``max_tokens``; the optional ``capabilities``,
+    ``line``, ``deprecated_at`` and ``retires_at`` are null (turnout cannot vouch for them)."""
     window = catalog.window(model, snapshots)
     created = dt.datetime.fromtimestamp(catalog.created, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
@@ -65,8 +66,13 @@ def anthropic_model(
         "id": name or model.name,
         "display_name": model.display_name or model.name,
         "created_at": created,
+        "lifecycle": "active",
         "max_input_tokens": window,
         "max_tokens": max_output_tokens(model, window),
+        "capabilities": None,
+        "line": None,
+        "deprecated_at": None,
+        "retires_at": None,
     }
 
 

@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Iterator
 
+import anthropic
 import httpx
 import pytest
 
@@ -14,8 +15,11 @@ from policies import Architecture
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 
 ANTHROPIC = {"anthropic-version": "2023-06-01", "x-api-key": "k"}
-MODEL_INFO_FIELDS = {"type", "id", "display_name", "created_at", "max_input_tokens", "max_tokens"}
-"""The anthropic SDK's ``ModelInfo`` (anthropic/types/model_info.py)."""
+MODEL_INFO_FIELDS = {
+    "type", "id", "display_name", "created_at", "lifecycle", "max_input_tokens", "max_tokens",
+    "capabilities", "line", "deprecated_at", "retires_at",
+}  # fmt: skip
+"""The anthropic SDK's ``ModelInfo`` (anthropic/types/model_info.py, 2.14.0)."""
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +112,17 @@ def test_anthropic_clients_get_anthropic_model_objects(stack: Stack) -> None:
         40_000,
         8192,
     )
+
+
+def test_the_anthropic_sdk_reads_them(stack: Stack) -> None:
+    client = anthropic.Anthropic(base_url=stack.url, api_key="k")
+    models = {m.id: m for m in client.models.list(limit=10)}
+    assert models["m-both"].max_input_tokens == 40_000
+    assert models["m-both"].lifecycle == "active"
+    one = client.models.retrieve("Qwen/Qwen3.5-27B")
+    assert (one.display_name, one.max_input_tokens, one.max_tokens) == ("Qwen 3.5 27B", 40_000, 8192)
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("nope")
 
 
 def test_anthropic_listing_pages(stack: Stack) -> None:
