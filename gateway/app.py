@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,14 +10,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
+import structlog
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
-from litestar.params import PathParameter, QueryParameter
+from litestar.params import PathParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from backends.base import BackendSpec
 from backends.fleet import Fleet
+from gateway.admin.auth import AdminAuth
+from gateway.admin.service import AdminService
+from gateway.admin.views import admin_router
 from gateway.catalog import Catalog
 from gateway.errors import GatewayError, anthropic_error_body, openai_error_body
 from gateway.middleware import request_id_middleware
@@ -108,15 +113,6 @@ async def get_model(
     return Response(shape(relay.catalog, model, relay.fleet.snapshots(), name), media_type=JSON)
 
 
-@get("/admin/api/decisions")
-async def decisions(
-    state: State, limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 100
-) -> Response[Any]:
-    """The newest routing decisions, newest first: every candidate's prediction and the outcome."""
-    entries = await _relay(state).router.store.decisions(limit)
-    return Response({"object": "list", "data": entries}, media_type=JSON)
-
-
 @get("/health")
 async def health(state: State) -> Response[Any]:
     """200 while at least one backend is ready (or not yet probed); 503 otherwise."""
@@ -159,6 +155,18 @@ def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response
     return Response(body, status_code=HTTP_500_INTERNAL_SERVER_ERROR, media_type=JSON)
 
 
+def admin_token(settings: Settings) -> str:
+    """The configured admin token, or (on loopback only: settings refuse otherwise) one made now and
+    logged once, so the dashboard is never open to whoever can reach the port."""
+    if settings.admin.token is not None:
+        return settings.admin.token.get_secret_value()
+    token = secrets.token_urlsafe(18)
+    structlog.get_logger(__name__).warning(
+        "admin.token_generated", token=token, note="no admin.token configured; log in to /admin with this"
+    )
+    return token
+
+
 def create_app(settings: Settings) -> Litestar:
     """Build the gateway for ``settings``; engines are probed when the app starts."""
     catalog = Catalog(settings.models, created=int(time.time()))
@@ -183,6 +191,7 @@ def create_app(settings: Settings) -> Litestar:
                 retries=settings.limits.retries,
                 max_body=settings.limits.max_body_bytes,
             )
+            app.state.admin = AdminService(app.state.relay, settings, AdminAuth(admin_token(settings)))
             await fleet.start()
             try:
                 yield
@@ -198,8 +207,8 @@ def create_app(settings: Settings) -> Litestar:
             responses,
             list_models,
             get_model,
-            decisions,
             health,
+            *([admin_router] if settings.admin.enabled else []),
         ],
         lifespan=[lifespan],
         middleware=[request_id_middleware],

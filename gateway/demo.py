@@ -7,6 +7,7 @@ gateway runs in this process on ``TURNOUT_PORT`` (8484). Ctrl-C or SIGTERM stops
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 import httpx
+from pydantic import SecretStr
 
 from gateway.serving import run_gateway
 from gateway.settings import BackendConfig, Settings, load_settings
@@ -84,7 +86,9 @@ def run_demo() -> int:
     base = demo_settings()
     ports = {b.id: _free_port() for b in base.backends}
     backends = [b.model_copy(update={"url": f"http://127.0.0.1:{ports[b.id]}"}) for b in base.backends]
-    settings = base.model_copy(update={"backends": tuple(backends)})
+    token = base.admin.token.get_secret_value() if base.admin.token else secrets.token_urlsafe(12)
+    admin = base.admin.model_copy(update={"token": SecretStr(token)})
+    settings = base.model_copy(update={"backends": tuple(backends), "admin": admin})
     children: list[subprocess.Popen[bytes]] = []
     try:
         for backend in settings.backends:
@@ -98,7 +102,9 @@ def run_demo() -> int:
             + "\nTry:\n"
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n"
             '    -d \'{"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "Hello!"}]}\'\n'
-            f"  curl -s {url}/v1/models\n\nCtrl-C stops the gateway and the simulators.\n",
+            f"  curl -s {url}/v1/models\n\n"
+            f"Dashboard: {url}/admin  (admin token: {token})\n\n"
+            "Ctrl-C stops the gateway and the simulators.\n",
             flush=True,
         )
         run_gateway(settings)

@@ -107,6 +107,8 @@ class Router:
         self.profile = profile
         self.lease_idle_s = lease_idle_s
         self.learned = LearnedState()
+        self.drained: frozenset[str] = frozenset()
+        """Backends an admin drained: routing sends them no new requests (in-flight ones finish)."""
         self._sequence = itertools.count()
 
     async def resolve_session(self, features: RequestFeatures) -> tuple[RequestFeatures, SessionView | None]:
@@ -194,6 +196,7 @@ class Router:
             sequence=next(self._sequence),
             matches=matches,
             lease_idle_s=self.lease_idle_s,
+            drained=self.drained,
         )
         return snapshots, context
 

@@ -8,11 +8,12 @@ then the config file, then the defaults below. Settings are read once by the CLI
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from policies import BUILTIN_PROFILES, Architecture, EngineKind, Profile, ProfileError, build_profile
@@ -113,6 +114,16 @@ class StateConfig(_Strict):
     """Prompt tokens the prefix index tracks per backend (about 0.3 bytes each; oldest prompts out first)."""
 
 
+class AdminConfig(_Strict):
+    """The admin dashboard at ``/admin`` and its JSON API under ``/admin/api/``."""
+
+    token: SecretStr | None = None
+    """Logs in to the dashboard (a form that sets an HttpOnly session cookie) and authorises scripts
+    (``Authorization: Bearer <token>``). Unset: a random token is made at start-up and logged, which
+    is allowed only when the gateway listens on loopback."""
+    enabled: bool = True
+
+
 class Limits(_Strict):
     """Request limits enforced by the gateway."""
 
@@ -138,6 +149,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     limits: Limits = Limits()
     state: StateConfig = StateConfig()
+    admin: AdminConfig = AdminConfig()
     profiles: tuple[ProfileConfig, ...] = ()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
@@ -175,6 +187,16 @@ class Settings(BaseSettings):
         return BUILTIN_PROFILES[name]
 
     @model_validator(mode="after")
+    def _admin_token_off_loopback(self) -> Settings:
+        if self.admin.enabled and self.admin.token is None and not is_loopback(self.host):
+            raise ValueError(
+                f"admin.token: required when the gateway listens on {self.host!r} (not loopback): the "
+                "admin pages would be open to the network; set one (TURNOUT_ADMIN__TOKEN) or "
+                "admin.enabled = false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _cross_references(self) -> Settings:
         backend_ids = [b.id for b in self.backends]
         duplicates = {b for b in backend_ids if backend_ids.count(b) > 1}
@@ -196,6 +218,15 @@ class Settings(BaseSettings):
 
     def backend(self, backend_id: str) -> BackendConfig:
         return next(b for b in self.backends if b.id == backend_id)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _describe(error: ValidationError) -> str:

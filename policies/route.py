@@ -40,6 +40,7 @@ class RoutingContext:
     sequence: int = 0  # a request counter, for round-robin
     matches: Mapping[str, PrefixMatch] = field(default_factory=lambda: MappingProxyType({}))
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S
+    drained: frozenset[str] = frozenset()  # backends an admin drained: no new requests
 
 
 def _clamp(value: float) -> float:
@@ -65,7 +66,12 @@ def route(
     if not candidates:
         return Decision(profile=profile.name, chosen=None, reason=Reason.NOT_SERVED)
 
-    rejected: list[Rejection] = []
+    rejected: list[Rejection] = [
+        Rejection(s.backend_id, Reason.DRAINED, "drained by an admin")
+        for _, s in candidates
+        if s.backend_id in context.drained
+    ]
+    candidates = [(d, s) for d, s in candidates if s.backend_id not in context.drained]
     for filter_name in profile.filters:
         candidates, dropped = FILTERS[filter_name](features, candidates)
         rejected.extend(dropped)

@@ -57,6 +57,7 @@ class Reason(StrEnum):
     NOT_SERVED = "model-not-served"
     UNHEALTHY = "backend-unhealthy"
     CONTEXT_TOO_LONG = "context-too-long"
+    DRAINED = "drained"
     OUTPUT_WOULD_BE_CUT = "output-would-be-cut"
     UNSUPPORTED = "unsupported-by-engine"
     ONLY_CANDIDATE = "only-candidate"

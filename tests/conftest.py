@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import structlog
+
+from tests.servers import ADMIN_TOKEN
+
+os.environ.setdefault("TURNOUT_ADMIN__TOKEN", ADMIN_TOKEN)  # every gateway's settings read it
 
 
 def pytest_configure() -> None:

@@ -12,7 +12,11 @@ from typing import Any
 
 from gateway.serving import ServerThread
 
-__all__ = ["ServerThread", "serve"]
+__all__ = ["ADMIN", "ADMIN_TOKEN", "ServerThread", "serve"]
+
+ADMIN_TOKEN = "test-admin-token"
+"""Every gateway the tests start has this admin token (``tests/conftest.py`` sets TURNOUT_ADMIN__TOKEN)."""
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from policies import Architecture
 from tests.agents.harness import installed
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.real.agents import CLAUDE_CODE, CODEX, cache_root
+from tests.servers import ADMIN
 
 MODEL = "local-coder"
 
@@ -60,7 +61,9 @@ class AgentStack:
 
     def decisions(self) -> list[dict[str, Any]]:
         """The decision log, oldest first."""
-        entries = httpx.get(self.url + "/admin/api/decisions", params={"limit": 1000}).json()["data"]
+        entries = httpx.get(self.url + "/admin/api/decisions", headers=ADMIN, params={"limit": 1000}).json()[
+            "data"
+        ]
         return list(reversed(entries))
 
     def setup(self, agent: str, directory: Path) -> Path:

@@ -14,6 +14,7 @@ from backends.sim import SimConfig
 from policies import Architecture
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.e2e.test_routing import text
+from tests.servers import ADMIN
 
 
 @pytest.fixture
@@ -47,9 +48,9 @@ def send(stack: Stack, messages: list[dict[str, Any]], session: str | None = Non
 
 def decisions(stack: Stack, limit: int) -> list[dict[str, Any]]:
     with stack.client() as client:
-        data: list[dict[str, Any]] = client.get("/admin/api/decisions", params={"limit": limit}).json()[
-            "data"
-        ]
+        data: list[dict[str, Any]] = client.get(
+            "/admin/api/decisions", headers=ADMIN, params={"limit": limit}
+        ).json()["data"]
     return data
 
 

@@ -34,6 +34,7 @@ def refused(url: str) -> bool:
 def demo() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
     port = free_port()
     env = {**os.environ, "TURNOUT_PORT": str(port), "TURNOUT_LOG_FORMAT": "json"}
+    env.pop("TURNOUT_ADMIN__TOKEN", None)  # the demo makes its own and prints it
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo"],
         env=env,
@@ -49,6 +50,7 @@ def demo() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
         if line.startswith("Ctrl-C"):
             break
     sims = re.findall(r"simulator on (http://127\.0\.0\.1:\d+)", "".join(banner))
+    sims += re.findall(r"admin token: (\S+)\)", "".join(banner))  # last: the dashboard's token
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -70,7 +72,8 @@ def demo() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
 
 
 def test_demo_serves_both_models(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
-    _, url, sims = demo
+    _, url, found = demo
+    sims = found[:-1]
     assert len(sims) == 3
     models = httpx.get(url + "/v1/models").json()["data"]
     assert {m["id"] for m in models} == {"qwen3.8-27b", "qwen3.8-flash-next"}
@@ -84,8 +87,17 @@ def test_demo_serves_both_models(demo: tuple[subprocess.Popen[str], str, list[st
         assert response.headers["x-turnout-backend"] in backends
 
 
+def test_demo_prints_the_dashboard_and_its_token(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
+    _, url, found = demo
+    token = found[-1]
+    assert httpx.get(url + "/admin/api/overview").status_code == 401
+    overview = httpx.get(url + "/admin/api/overview", headers={"authorization": f"Bearer {token}"})
+    assert [b["id"] for b in overview.json()["backends"]] == ["vllm", "llama-moe", "llama-27b"]
+
+
 def test_demo_stops_everything_on_sigterm(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
-    process, url, sims = demo
+    process, url, found = demo
+    sims = found[:-1]
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=15) in (0, 143, -signal.SIGTERM)
     assert refused(url)

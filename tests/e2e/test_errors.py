@@ -11,6 +11,7 @@ import pytest
 
 from backends.sim import SimConfig
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.servers import ADMIN
 
 
 def assert_openai_error(response: Any, status: int, type_: str, code: str | None = None) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def test_context_too_long_for_every_backend(stack: Stack) -> None:
     response_error = assert_openai_error(responses, 400, "invalid_request_error")
     assert (response_error["code"], response_error["param"]) == ("context_length_exceeded", "input")
     with stack.client() as client:
-        logged = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+        logged = client.get("/admin/api/decisions", headers=ADMIN, params={"limit": 1}).json()["data"][0]
     assert (logged["endpoint"], logged["chosen"], logged["status"]) == ("responses", None, 400)
     assert logged["error"].startswith("This model's maximum context length is 32768 tokens.")
     assert {r["reason"] for r in logged["rejected"]} == {"context-too-long"}

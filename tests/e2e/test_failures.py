@@ -10,7 +10,7 @@ import pytest
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.e2e.faulty import Fault, create_faulty_app
 from tests.e2e.test_errors import assert_openai_error, post
-from tests.servers import ServerThread
+from tests.servers import ADMIN, ServerThread
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -97,7 +97,7 @@ def test_prompt_an_engine_refuses_as_too_long_goes_to_a_larger_window(faulty: tu
     assert response.status_code == 200
     assert response.headers["x-turnout-backend"] == "llama"
     with stack.client() as client:
-        entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+        entry = client.get("/admin/api/decisions", headers=ADMIN, params={"limit": 1}).json()["data"][0]
     assert entry["chosen"] == "llama"
     assert entry["prompt_tokens_estimate"] == 12  # the engine's count replaced the estimate
     assert {"backend": "faulty", "reason": "context-too-long"}.items() <= entry["rejected"][-1].items()

@@ -13,6 +13,7 @@ import pytest
 from backends.sim import SimConfig
 from policies import Architecture
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.servers import ADMIN
 
 ANTHROPIC = {"anthropic-version": "2023-06-01", "x-api-key": "k"}
 MODEL_INFO_FIELDS = {
@@ -200,7 +201,7 @@ def test_a_conversation_that_outgrows_llamas_window_moves_to_vllm_and_says_what_
             )
             assert second.status_code == 200
             assert second.headers["x-turnout-backend"] == "vllm"
-            entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+            entry = client.get("/admin/api/decisions", headers=ADMIN, params={"limit": 1}).json()["data"][0]
         moved = entry["moved"]
         assert (moved["from"], moved["to"]) == ("llama", "vllm")
         assert moved["reprefill_tokens"] == moved["prompt_tokens"] > 4096  # vLLM has none of it

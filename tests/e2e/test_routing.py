@@ -13,6 +13,7 @@ import pytest
 from backends.sim import SimConfig
 from policies import Architecture
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.servers import ADMIN
 
 WORDS = [
     "the",
@@ -128,7 +129,7 @@ def test_two_sessions_two_slots_and_a_third_evicts_the_least_recent(routing: Sta
     ]
     back = chat(routing, again, **{"x-session-id": "A"})
     with routing.client() as client:
-        entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+        entry = client.get("/admin/api/decisions", headers=ADMIN, params={"limit": 1}).json()["data"][0]
     llama = next(c for c in entry["candidates"] if c["backend"] == "llama")
     assert "session's slot was lost" in llama["note"]
     assert back.headers["x-turnout-backend"] == "llama"
@@ -164,8 +165,8 @@ def test_concurrent_one_shot_load_goes_to_vllm(routing: Stack) -> None:
 def test_decision_log(routing: Stack) -> None:
     chat(routing, [{"role": "user", "content": "hello"}], **{"x-session-id": "log"})
     with routing.client() as client:
-        data = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"]
-        bad = client.get("/admin/api/decisions", params={"limit": 0})
+        data = client.get("/admin/api/decisions", headers=ADMIN, params={"limit": 1}).json()["data"]
+        bad = client.get("/admin/api/decisions", headers=ADMIN, params={"limit": 0})
     entry = data[0]
     assert entry["profile"] == "cost"
     assert entry["session_source"] == "header"
@@ -185,7 +186,7 @@ def test_estimate_near_a_window_is_replaced_by_the_engines_count(routing: Stack)
     words = " ".join(["abcd"] * 6500)  # ~6.5k simulator tokens, but ~9k by characters
     response = chat(routing, [{"role": "user", "content": words}])
     with routing.client() as client:
-        entry = client.get("/admin/api/decisions", params={"limit": 1}).json()["data"][0]
+        entry = client.get("/admin/api/decisions", headers=ADMIN, params={"limit": 1}).json()["data"][0]
     assert entry["prompt_tokens_exact"] is True
     assert entry["prompt_tokens_estimate"] == response.json()["usage"]["prompt_tokens"]
     assert {c["backend"] for c in entry["candidates"]} == {"vllm", "llama"}

@@ -98,3 +98,13 @@ def test_the_readme_configuration_is_valid(tmp_path: Path) -> None:
     settings = load_settings(write(tmp_path, example))
     assert settings.models[0].max_output_tokens == 16384
     assert settings.models[0].display_name == "Qwen3.8 27B"
+
+
+def test_an_admin_token_is_required_off_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TURNOUT_ADMIN__TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="admin.token: required when the gateway listens on '0.0.0.0'"):
+        load_settings(None, host="0.0.0.0")
+    assert load_settings(None, host="127.0.0.1").admin.token is None  # a token is made at start-up
+    assert load_settings(None, host="::1").admin.token is None
+    assert load_settings(None, host="0.0.0.0", admin={"token": "t"}).admin.token is not None
+    assert not load_settings(None, host="0.0.0.0", admin={"enabled": False}).admin.enabled

@@ -21,7 +21,7 @@ from tests.agents.harness import installed, run_claude, run_codex
 from tests.real.agents import CLAUDE_CODE, CODEX, cache_root
 from tests.real.conftest import qwen35_model
 from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer
-from tests.servers import ServerThread
+from tests.servers import ADMIN, ServerThread
 
 pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(600)]
 
@@ -103,7 +103,7 @@ def _setup(url: str, agent: str, directory: Path) -> None:
 
 
 def _turns(url: str, endpoint: str, since: int) -> list[dict[str, Any]]:
-    entries = httpx.get(url + "/admin/api/decisions", params={"limit": 1000}).json()["data"]
+    entries = httpx.get(url + "/admin/api/decisions", headers=ADMIN, params={"limit": 1000}).json()["data"]
     return [e for e in reversed(entries) if e["endpoint"] == endpoint][since:]
 
 

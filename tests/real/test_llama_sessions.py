@@ -17,7 +17,7 @@ from gateway.app import create_app
 from gateway.routing import session_label
 from gateway.settings import load_settings
 from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory
-from tests.servers import ServerThread
+from tests.servers import ADMIN, ServerThread
 
 pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(300)]
 
@@ -89,7 +89,7 @@ class Conversation:
 
 def latest_decisions(gateway: ServerThread, count: int) -> list[dict[str, Any]]:
     data: list[dict[str, Any]] = httpx.get(
-        gateway.url + "/admin/api/decisions", params={"limit": count}
+        gateway.url + "/admin/api/decisions", headers=ADMIN, params={"limit": count}
     ).json()["data"]
     return list(reversed(data))
 

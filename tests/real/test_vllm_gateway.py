@@ -29,7 +29,7 @@ from gateway.settings import load_settings
 from policies import Deployment, EngineKind, Health
 from policies.learning import DeploymentStats
 from tests.real.vllm_server import VllmServer, VllmServerFactory
-from tests.servers import ServerThread
+from tests.servers import ADMIN, ServerThread
 
 # The first run prepares the vLLM venv (minutes) inside the first test's timeout.
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1200)]
@@ -199,7 +199,9 @@ def test_learned_cache_stats_follow_the_engine(gateway: Gateway, real: VllmServe
             cached = usage["prompt_tokens_details"]["cached_tokens"]
             series.append((response.headers["x-request-id"], usage["prompt_tokens"], cached))
             messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
-        entries = {e["request_id"]: e for e in client.get("/admin/api/decisions").json()["data"]}
+        entries = {
+            e["request_id"]: e for e in client.get("/admin/api/decisions", headers=ADMIN).json()["data"]
+        }
 
     rows = []
     for request_id, prompt, cached in series:

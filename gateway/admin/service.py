@@ -1,0 +1,192 @@
+"""What the admin pages show and do: read-only views of the fleet, the router and the decision log,
+and the few actions (switch profile, drain and undrain a backend), each written to an audit log."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import structlog
+
+from gateway.admin.auth import AdminAuth, Identity
+from gateway.relay import Relay
+from gateway.settings import Settings
+from policies import BUILTIN_PROFILES
+from policies.learning import DeploymentStats
+from policies.types import EngineKind
+
+log = structlog.get_logger(__name__)
+
+AUDIT_SIZE = 500
+WINDOWS_S = (300, 3600)
+DECISION_FILTERS = ("model", "backend", "session", "status")
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    at: float
+    who: str
+    client: str
+    action: str
+    detail: str
+
+
+class AdminError(ValueError):
+    """An action that cannot be done as asked (unknown profile or backend); the message says why."""
+
+
+class AdminService:
+    def __init__(self, relay: Relay, settings: Settings, auth: AdminAuth) -> None:
+        self.relay = relay
+        self.settings = settings
+        self.auth = auth
+        self.audit: deque[AuditEvent] = deque(maxlen=AUDIT_SIZE)
+
+    @property
+    def profiles(self) -> list[str]:
+        return sorted({*BUILTIN_PROFILES, *(p.name for p in self.settings.profiles)})
+
+    def _record(self, identity: Identity, action: str, detail: str) -> None:
+        event = AuditEvent(time.time(), identity.who, identity.client, action, detail)
+        self.audit.appendleft(event)
+        log.info("admin.action", who=event.who, client=event.client, action=action, detail=detail)
+
+    # actions
+
+    def switch_profile(self, name: str, identity: Identity) -> None:
+        if name not in self.profiles:
+            raise AdminError(f"unknown profile {name!r}; known: {', '.join(self.profiles)}")
+        router = self.relay.router
+        before = router.profile.name
+        router.profile = self.settings.routing_profile(name)
+        self._record(identity, "switch-profile", f"{before} -> {name}")
+
+    def drain(self, backend_id: str, drained: bool, identity: Identity) -> None:
+        known = [b.id for b in self.settings.backends]
+        if backend_id not in known:
+            raise AdminError(f"unknown backend {backend_id!r}; known: {', '.join(known)}")
+        router = self.relay.router
+        router.drained = router.drained | {backend_id} if drained else router.drained - {backend_id}
+        self._record(identity, "drain" if drained else "undrain", backend_id)
+
+    # views
+
+    async def decisions(self, limit: int, filters: Mapping[str, str]) -> list[dict[str, Any]]:
+        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        wanted = {k: v for k, v in filters.items() if k in DECISION_FILTERS and v}
+        out = [e for e in entries if _matches(e, wanted)]
+        return out[:limit]
+
+    async def decision(self, request_id: str) -> dict[str, Any] | None:
+        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        return next((e for e in entries if e["request_id"] == request_id), None)
+
+    async def overview(self) -> dict[str, Any]:
+        router, fleet = self.relay.router, self.relay.fleet
+        entries = await router.store.decisions(self.settings.state.decision_log_size)
+        now = time.time()
+        backends = []
+        for snapshot in fleet.snapshots():
+            leases = {lease.slot: lease for lease in await router.store.leases(snapshot.backend_id)}
+            slots = [
+                {
+                    "id": slot.id,
+                    "n_ctx": slot.n_ctx,
+                    "busy": slot.is_processing,
+                    "session": _label(leases[slot.id].session_key) if slot.id in leases else None,
+                    "tokens": leases[slot.id].tokens if slot.id in leases else 0,
+                    "idle_s": round(now - leases[slot.id].last_used, 1) if slot.id in leases else None,
+                }
+                for slot in snapshot.slots
+            ]
+            backends.append(
+                {
+                    "id": snapshot.backend_id,
+                    "kind": snapshot.kind.value,
+                    "health": snapshot.health.value,
+                    "error": snapshot.error,
+                    "drained": snapshot.backend_id in router.drained,
+                    "models": [d.model for d in snapshot.deployments],
+                    "running": snapshot.running,
+                    "queued": snapshot.queued,
+                    "kv_usage": snapshot.kv_usage,
+                    "slots": slots,
+                    "learned": [
+                        _learned(d.model, router.learned.for_deployment(d, snapshot.kind), snapshot.kind)
+                        for d in snapshot.deployments
+                    ],
+                    "activity": {
+                        f"{window // 60}m": _activity(entries, snapshot.backend_id, now - window, window)
+                        for window in WINDOWS_S
+                    },
+                }
+            )
+        return {"profile": router.profile.name, "backends": backends, "at": now}
+
+    def policy(self) -> dict[str, Any]:
+        router = self.relay.router
+        profile = router.profile
+        return {
+            "profile": profile.name,
+            "filters": list(profile.filters),
+            "scorers": dict(profile.scorers),
+            "profiles": self.profiles,
+            "backends": [{"id": b.id, "drained": b.id in router.drained} for b in self.settings.backends],
+            "audit": [asdict(e) for e in self.audit],
+        }
+
+
+def _label(key: str) -> str:
+    from gateway.routing import session_label
+
+    return session_label(key)
+
+
+def _matches(entry: Mapping[str, Any], wanted: Mapping[str, str]) -> bool:
+    for key, value in wanted.items():
+        field = "chosen" if key == "backend" else key
+        if str(entry.get(field)) != value:
+            return False
+    return True
+
+
+def _learned(model: str, stats: DeploymentStats, kind: EngineKind) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prefill_tok_s": round(stats.prefill_tok_s.value, 1),
+        "prefill_prior": round(stats.prefill_tok_s.prior, 1),
+        "decode_tok_s": round(stats.decode_tok_s.value, 1),
+        "decode_prior": round(stats.decode_tok_s.prior, 1),
+        "samples": stats.prefill_tok_s.samples,
+        "reuse": round(stats.reuse.value, 3),
+    }
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest rank, as the replay reports use it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(max(math.ceil(q * len(ordered)), 1), len(ordered)) - 1]
+
+
+def _activity(
+    entries: Iterable[Mapping[str, Any]], backend: str, since: float, window: int
+) -> dict[str, Any]:
+    """Requests per minute, TTFT p50/p90 and cache-hit ratio of ``backend`` since ``since``, from the
+    decision log (which keeps the newest ``state.decision_log_size`` decisions)."""
+    done = [e["outcome"] for e in entries if e["chosen"] == backend and e["at"] >= since and e.get("outcome")]
+    ttfts: Sequence[float] = [o["ttft_s"] for o in done if o.get("ttft_s") is not None]
+    prompt = sum(o["prompt_tokens"] or 0 for o in done)
+    cached = sum(o["cached_tokens"] or 0 for o in done)
+    p50, p90 = _percentile(ttfts, 0.5), _percentile(ttfts, 0.9)
+    return {
+        "requests_per_min": round(len(done) / (window / 60), 2),
+        "ttft_p50_s": None if p50 is None else round(p50, 3),
+        "ttft_p90_s": None if p90 is None else round(p90, 3),
+        "cache_hit": round(cached / prompt, 3) if prompt else None,
+    }

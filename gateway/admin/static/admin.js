@@ -1,0 +1,133 @@
+// turnout admin: live parts of the server-rendered pages. No framework, no build step; every value
+// from the API is put into the page with textContent, never parsed as HTML.
+"use strict";
+
+const csrf = document.querySelector('meta[name="csrf-token"]').content;
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { credentials: "same-origin", ...options });
+  if (response.status === 401) { window.location = "/admin/login"; throw new Error("logged out"); }
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error ? body.error.message : response.statusText);
+  return body;
+}
+
+function post(path, payload) {
+  return api(path, {
+    method: "POST",
+    headers: { "content-type": "application/json", "x-csrf-token": csrf },
+    body: JSON.stringify(payload || {}),
+  });
+}
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+function row(cells) {
+  const tr = document.createElement("tr");
+  for (const cell of cells) tr.appendChild(cell instanceof Node ? cell : el("td", cell ?? "–"));
+  return tr;
+}
+
+function clock(at) { return new Date(at * 1000).toLocaleTimeString([], { hour12: false }); }
+function fixed(x) { return x === null || x === undefined ? "–" : Number(x).toFixed(3); }
+
+// Decisions: newest first, refreshed every second with the filters in the form.
+function decisionRow(d) {
+  const chosen = (d.candidates || []).find((c) => c.backend === d.chosen) || {};
+  const link = el("td");
+  const a = el("a", clock(d.at));
+  a.href = "/admin/decisions/" + encodeURIComponent(d.request_id);
+  link.appendChild(a);
+  const status = el("td", d.status);
+  if (d.error) status.appendChild(el("span", " " + d.error, "error"));
+  const tr = row([
+    link, d.model, d.session || "–", d.endpoint,
+    (d.chosen || "–") + (d.slot !== null && d.slot !== undefined ? "/" + d.slot : ""),
+    d.reason, fixed(chosen.predicted_ttft_s), fixed(d.outcome && d.outcome.ttft_s),
+    (chosen.expected_cached_tokens ?? "–") + " / " + (d.outcome ? d.outcome.cached_tokens : "–"), status,
+  ]);
+  tr.dataset.id = d.request_id;
+  return tr;
+}
+
+async function refreshDecisions() {
+  const params = new URLSearchParams(new FormData(document.getElementById("filters")));
+  for (const [key, value] of [...params]) if (!value) params.delete(key);
+  params.set("limit", "100");
+  const body = await api("/admin/api/decisions?" + params);
+  const tbody = document.querySelector("#decisions tbody");
+  tbody.replaceChildren(...body.data.map(decisionRow));
+}
+
+// Overview: each backend's live numbers.
+function backendSection(b) {
+  const section = el("section", null, "backend");
+  section.dataset.backend = b.id;
+  const h2 = el("h2", b.id + " ");
+  h2.appendChild(el("small", b.kind));
+  h2.appendChild(el("span", b.health, "health " + b.health));
+  if (b.drained) h2.appendChild(el("span", "drained", "health drained"));
+  section.appendChild(h2);
+  let line = "models: " + b.models.join(", ") + " · running " + b.running + " · waiting " + b.queued;
+  if (b.kv_usage !== null) line += " · KV " + Math.round(b.kv_usage * 100) + "%";
+  section.appendChild(el("p", line));
+  const table = (head, rows, className) => {
+    const t = el("table", null, className);
+    const thead = el("thead");
+    thead.appendChild(row(head.map((h) => el("th", h))));
+    const tbody = el("tbody");
+    rows.forEach((r) => tbody.appendChild(row(r)));
+    t.append(thead, tbody);
+    return t;
+  };
+  if (b.slots.length) {
+    section.appendChild(table(["slot", "state", "session", "tokens", "idle"],
+      b.slots.map((s) => [s.id, s.busy ? "busy" : "idle", s.session || "–", s.tokens, s.idle_s ?? "–"]), "slots"));
+  }
+  section.appendChild(table(["model", "prefill tok/s (prior)", "decode tok/s (prior)", "samples"],
+    b.learned.map((l) => [l.model, `${l.prefill_tok_s} (${l.prefill_prior})`, `${l.decode_tok_s} (${l.decode_prior})`, l.samples]), "learned"));
+  section.appendChild(table(["window", "req/min", "TTFT p50", "TTFT p90", "cache hit"],
+    Object.entries(b.activity).map(([w, a]) => [w, a.requests_per_min, a.ttft_p50_s ?? "–", a.ttft_p90_s ?? "–", a.cache_hit ?? "–"]), "activity"));
+  return section;
+}
+
+async function refreshOverview() {
+  const body = await api("/admin/api/overview");
+  document.getElementById("backends").replaceChildren(...body.backends.map(backendSection));
+  document.getElementById("profile").textContent = body.profile;
+}
+
+// Policy: switch profile, drain and undrain.
+function policyActions() {
+  const message = document.getElementById("message");
+  const act = async (path, payload) => {
+    try { await post(path, payload); window.location.reload(); } catch (error) { message.textContent = error.message; }
+  };
+  document.getElementById("switch-profile").addEventListener("click", () =>
+    act("/admin/api/policy/profile", { profile: document.getElementById("profile-select").value }));
+  for (const button of document.querySelectorAll("button.drain")) {
+    button.addEventListener("click", () => act(
+      "/admin/api/backends/" + encodeURIComponent(button.dataset.backend) + (button.dataset.drained === "1" ? "/undrain" : "/drain")));
+  }
+}
+
+function every(ms, refresh) {
+  const run = () => refresh().catch((error) => console.warn(error));
+  run();
+  setInterval(run, ms);
+}
+
+const page = document.body.dataset.page;
+if (page === "decisions") {
+  document.getElementById("filters").addEventListener("submit", (event) => { event.preventDefault(); refreshDecisions(); });
+  every(1000, refreshDecisions);
+} else if (page === "overview") {
+  every(2000, refreshOverview);
+} else if (page === "policy") {
+  policyActions();
+}

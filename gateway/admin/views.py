@@ -1,0 +1,239 @@
+"""The admin dashboard's HTTP handlers: server-rendered pages under ``/admin`` and their JSON under
+``/admin/api/``. Pages render with Jinja2 (autoescaped); ``static/admin.js`` refreshes their live
+parts from the JSON. Every handler but the login form and the static files needs an identity
+(``gateway.admin.auth``); every action needs a CSRF token from a browser.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from importlib.resources import files
+from typing import Annotated, Any
+
+import msgspec
+from jinja2 import Environment, PackageLoader
+from litestar import Request, Response, Router, get, post
+from litestar.datastructures import State
+from litestar.enums import RequestEncodingType
+from litestar.params import Body, PathParameter, QueryParameter
+from litestar.response import Redirect
+
+from gateway.admin.auth import COOKIE, Identity
+from gateway.admin.service import DECISION_FILTERS, AdminError, AdminService
+
+HTML = "text/html; charset=utf-8"
+JSON = "application/json"
+STATIC = {"admin.js": "text/javascript; charset=utf-8", "admin.css": "text/css; charset=utf-8"}
+SECURITY_HEADERS = {
+    # no inline script can run, nothing loads from anywhere but the gateway itself
+    "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+templates = Environment(loader=PackageLoader("gateway.admin", "templates"), autoescape=True)
+templates.filters["clock"] = lambda at: dt.datetime.fromtimestamp(at).strftime("%H:%M:%S")
+
+
+def _service(state: State) -> AdminService:
+    service: AdminService = state.admin
+    return service
+
+
+def _page(name: str, status: int = 200, **context: Any) -> Response[str]:
+    return Response(templates.get_template(name).render(**context), media_type=HTML, status_code=status,
+                    headers=SECURITY_HEADERS)  # fmt: skip
+
+
+def _json(body: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(body), media_type=JSON, status_code=status, headers=SECURITY_HEADERS)
+
+
+def _api_error(status: int, message: str) -> Response[bytes]:
+    return _json({"error": {"message": message, "type": "admin_error"}}, status)
+
+
+def _identity(request: Request[Any, Any, Any], state: State) -> Identity | None:
+    return _service(state).auth.identify(request)
+
+
+async def _render(
+    request: Request[Any, Any, Any], state: State, name: str, page: str, **context: Any
+) -> Response[Any]:
+    identity = _identity(request, state)
+    if identity is None:
+        return Redirect("/admin/login")
+    service = _service(state)
+    csrf = service.auth.csrf_token(identity.nonce) if identity.nonce else ""
+    return _page(name, page=page, who=identity.who, csrf=csrf, profile=service.relay.router.profile.name,
+                 title=page, **context)  # fmt: skip
+
+
+@get("/login", sync_to_thread=False)
+def login_form() -> Response[str]:
+    return _page("login.html")
+
+
+@post("/login", status_code=303)
+async def login(
+    state: State, data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
+) -> Response[Any]:
+    auth = _service(state).auth
+    if not auth.token_ok(data.get("token", "")):
+        return _page("login.html", status=401, error="That is not the admin token.")
+    response: Response[Any] = Redirect("/admin")
+    response.set_cookie(COOKIE, auth.new_session(), path="/admin", httponly=True, samesite="strict",
+                        secure=False, max_age=12 * 3600)  # fmt: skip
+    return response
+
+
+@post("/logout", status_code=303)
+async def logout(
+    request: Request[Any, Any, Any],
+    state: State,
+    data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
+) -> Response[Any]:
+    identity = _identity(request, state)
+    auth = _service(state).auth
+    if identity is not None and identity.nonce and data.get("csrf") == auth.csrf_token(identity.nonce):
+        response: Response[Any] = Redirect("/admin/login")
+        response.delete_cookie(COOKIE, path="/admin")
+        return response
+    return Redirect("/admin")
+
+
+@get("/static/{name:str}", sync_to_thread=False)
+def static(name: Annotated[str, PathParameter()]) -> Response[bytes]:
+    if name not in STATIC:
+        return Response(b"not found", status_code=404)
+    body = files("gateway.admin").joinpath("static").joinpath(name).read_bytes()
+    return Response(body, media_type=STATIC[name], headers={"x-content-type-options": "nosniff"})
+
+
+@get("/")
+async def overview_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    return await _render(request, state, "overview.html", "overview", data=await _service(state).overview())
+
+
+@get("/decisions")
+async def decisions_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    values = {k: v for k, v in request.query_params.items() if k in DECISION_FILTERS}
+    decisions = await _service(state).decisions(100, values)
+    return await _render(request, state, "decisions.html", "decisions", decisions=decisions,
+                         filters=DECISION_FILTERS, values=values)  # fmt: skip
+
+
+@get("/decisions/{request_id:str}")
+async def decision_page(
+    request: Request[Any, Any, Any], state: State, request_id: Annotated[str, PathParameter()]
+) -> Response[Any]:
+    entry = await _service(state).decision(request_id)
+    if entry is None:
+        return _page("login.html", status=404, error=f"No decision {request_id} in the log.")
+    return await _render(request, state, "decision.html", "decision", d=entry)
+
+
+@get("/policy")
+async def policy_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    return await _render(request, state, "policy.html", "policy", p=_service(state).policy())
+
+
+# JSON: the same data, for the pages' live parts and for scripts (Authorization: Bearer <token>).
+
+
+@get("/api/overview")
+async def api_overview(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """Every backend: health, load, slots and who holds them, learned rates beside their priors, and
+    requests per minute, TTFT p50/p90 and cache-hit ratio over the last 5 and 60 minutes."""
+    if _identity(request, state) is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    return _json(await _service(state).overview())
+
+
+@get("/api/decisions")
+async def api_decisions(
+    request: Request[Any, Any, Any],
+    state: State,
+    limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 100,
+) -> Response[bytes]:
+    """The newest routing decisions, newest first: every candidate's prediction and the outcome;
+    ``model``, ``backend``, ``session`` and ``status`` filter them."""
+    if _identity(request, state) is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    values = {k: v for k, v in request.query_params.items() if k in DECISION_FILTERS}
+    return _json({"object": "list", "data": await _service(state).decisions(limit, values)})
+
+
+@get("/api/decisions/{request_id:str}")
+async def api_decision(
+    request: Request[Any, Any, Any], state: State, request_id: Annotated[str, PathParameter()]
+) -> Response[bytes]:
+    if _identity(request, state) is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    entry = await _service(state).decision(request_id)
+    return _json(entry) if entry is not None else _api_error(404, f"no decision {request_id} in the log")
+
+
+@get("/api/policy")
+async def api_policy(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """The active profile, its filters and scorer weights, the profiles to switch to, which backends
+    are drained, and every change made (who, from where, when)."""
+    if _identity(request, state) is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    return _json(_service(state).policy())
+
+
+def _actor(request: Request[Any, Any, Any], state: State) -> Identity | Response[bytes]:
+    identity = _identity(request, state)
+    if identity is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    if not _service(state).auth.csrf_ok(identity, request):
+        return _api_error(403, "missing or wrong x-csrf-token")
+    return identity
+
+
+@post("/api/policy/profile", status_code=200)
+async def api_switch_profile(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """Switch the routing profile for every new request: ``{"profile": "<name>"}``."""
+    actor = _actor(request, state)
+    if isinstance(actor, Response):
+        return actor
+    try:
+        body = msgspec.json.decode(await request.body())
+        _service(state).switch_profile(str(body["profile"]), actor)
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return _api_error(400, 'send {"profile": "<name>"}')
+    except AdminError as exc:
+        return _api_error(400, str(exc))
+    return _json(_service(state).policy())
+
+
+@post("/api/backends/{backend_id:str}/{action:str}", status_code=200)
+async def api_drain(
+    request: Request[Any, Any, Any],
+    state: State,
+    backend_id: Annotated[str, PathParameter()],
+    action: Annotated[str, PathParameter()],
+) -> Response[bytes]:
+    """``drain``: no new requests go to the backend (those in flight finish); ``undrain``: back."""
+    actor = _actor(request, state)
+    if isinstance(actor, Response):
+        return actor
+    if action not in ("drain", "undrain"):
+        return _api_error(404, "actions: drain, undrain")
+    try:
+        _service(state).drain(backend_id, action == "drain", actor)
+    except AdminError as exc:
+        return _api_error(404, str(exc))
+    return _json(_service(state).policy())
+
+
+admin_router = Router(
+    path="/admin",
+    route_handlers=[
+        login_form, login, logout, static, overview_page, decisions_page, decision_page, policy_page,
+        api_overview, api_decisions, api_decision, api_policy, api_switch_profile, api_drain,
+    ],
+)  # fmt: skip

@@ -1,0 +1,78 @@
+"""The admin dashboard in a real headless Chromium: Debian's ``chromium``, driven by Playwright through
+``executable_path`` (Playwright's own browser download cannot run here). Skipped, with the reason
+printed, where that browser is missing; ``make test`` installs it (``make browser``).
+
+Screenshots of every page go to ``tests/artifacts/`` on each run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+HOSTILE = '<img src=x onerror="window.xss=1">'
+"""A model name with markup in it: every page must show it as text."""
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if shutil.which(CHROMIUM) is None:
+        reason = f"the dashboard tests need Debian's chromium at {CHROMIUM} (make browser installs it)"
+        print(f"\nskipping dashboard tests: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            ],
+        )  # fmt: skip
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("dialog", lambda dialog: errors.append(f"dialog: {dialog.message}"))
+    page.errors = errors
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    running = start_stack(
+        extra_models=[
+            {"name": HOSTILE, "deployments": [{"backend": "vllm", "upstream_name": "up-vllm"}]},
+        ]
+    )
+    try:
+        yield running
+    finally:
+        stop_stack(running)
+
+
+def screenshot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)

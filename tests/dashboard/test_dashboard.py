@@ -1,0 +1,117 @@
+"""The dashboard, as an operator uses it: log in, watch decisions arrive, steer the router."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+
+from tests.dashboard.conftest import HOSTILE, screenshot
+from tests.e2e.conftest import Stack
+from tests.servers import ADMIN, ADMIN_TOKEN
+
+
+def log_in(page: Any, stack: Stack) -> None:
+    page.goto(stack.url + "/admin")
+    assert page.url.endswith("/admin/login")
+    page.fill("input[name=token]", ADMIN_TOKEN)
+    page.click("button")
+    page.wait_for_url(stack.url + "/admin")
+
+
+def ask(stack: Stack, model: str = "m-both", **headers: str) -> str:
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0)
+    response = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=4, extra_headers=headers
+    )
+    return response.headers["x-request-id"]
+
+
+def test_login_refuses_a_wrong_token_then_shows_both_backends(page: Any, stack: Stack) -> None:
+    page.goto(stack.url + "/admin/login")
+    screenshot(page, "login")
+    page.fill("input[name=token]", "wrong")
+    page.click("button")
+    assert "That is not the admin token." in page.content()
+    log_in(page, stack)
+    page.wait_for_selector('section.backend[data-backend="llama"] .health.ready')
+    ids = page.eval_on_selector_all("section.backend", "nodes => nodes.map(n => n.dataset.backend)")
+    assert ids == ["vllm", "llama"]
+    assert page.locator('section.backend[data-backend="llama"] table.slots tbody tr').count() == 2
+    screenshot(page, "overview")
+    assert page.errors == []
+
+
+def test_a_request_appears_on_the_live_decisions_page(page: Any, stack: Stack) -> None:
+    log_in(page, stack)
+    page.goto(stack.url + "/admin/decisions")
+    request_id = ask(stack, **{"x-session-id": "live-1"})
+    row = page.wait_for_selector(f'tr[data-id="{request_id}"]', timeout=2000)  # no reload
+    assert "m-both" in row.inner_text()
+    screenshot(page, "decisions")
+    row.query_selector("a").click()
+    page.wait_for_url(f"**/admin/decisions/{request_id}")
+    assert "Candidates" in page.content()
+    screenshot(page, "decision")
+    assert page.errors == []
+
+
+def test_switch_profile_and_drain_and_the_next_decision_follows(page: Any, stack: Stack) -> None:
+    log_in(page, stack)
+    page.goto(stack.url + "/admin/policy")
+    page.select_option("#profile-select", "prefer-llamacpp")
+    page.click("#switch-profile")
+    page.wait_for_selector("#active-profile:text('prefer-llamacpp')")
+    decision = httpx.get(stack.url + "/admin/api/decisions/" + ask(stack), headers=ADMIN).json()
+    assert (decision["profile"], decision["chosen"]) == ("prefer-llamacpp", "llama")
+
+    page.click('button.drain[data-backend="llama"]')
+    page.wait_for_selector('tr[data-backend="llama"] td.state:text("drained")')
+    decision = httpx.get(stack.url + "/admin/api/decisions/" + ask(stack), headers=ADMIN).json()
+    assert decision["chosen"] == "vllm"
+    assert {"backend": "llama", "reason": "drained"}.items() <= decision["rejected"][0].items()
+    audit = page.inner_text("#audit")
+    assert "switch-profile" in audit
+    assert "drain" in audit
+    assert "browser" in audit
+    screenshot(page, "policy")
+
+    page.click('button.drain[data-backend="llama"]')  # undrain, and the default profile back
+    page.wait_for_selector('tr[data-backend="llama"] td.state:text("taking requests")')
+    page.select_option("#profile-select", "cost")
+    page.click("#switch-profile")
+    page.wait_for_selector("#active-profile:text('cost')")
+    assert page.errors == []
+
+
+def test_actions_need_the_csrf_token_and_the_api_a_login(stack: Stack) -> None:
+    assert httpx.get(stack.url + "/admin/api/decisions").status_code == 401
+    assert (
+        httpx.get(stack.url + "/admin/decisions", follow_redirects=False).headers["location"]
+        == "/admin/login"
+    )
+    with httpx.Client(base_url=stack.url, follow_redirects=False) as browserish:
+        login = browserish.post("/admin/login", data={"token": ADMIN_TOKEN})
+        cookie = login.headers["set-cookie"].lower()
+        assert "httponly" in cookie
+        assert "samesite=strict" in cookie
+        refused = browserish.post("/admin/api/backends/llama/drain")  # the cookie, but no CSRF token
+        assert refused.status_code == 403
+    drained = httpx.post(stack.url + "/admin/api/backends/nope/drain", headers=ADMIN)
+    assert drained.status_code == 404
+    assert "unknown backend 'nope'" in drained.json()["error"]["message"]
+
+
+def test_markup_a_client_sent_is_shown_as_text(page: Any, stack: Stack) -> None:
+    """A model name, a session id and a request id with markup in them: nothing executes."""
+    ask(stack, HOSTILE, **{"x-session-id": "<script>window.xss=2</script>", "x-request-id": "<b>x</b>"})
+    log_in(page, stack)
+    for path in ("/admin", "/admin/decisions", f"/admin/decisions?model={HOSTILE}", "/admin/policy"):
+        page.goto(stack.url + path)
+        page.wait_for_timeout(300)  # a live refresh too
+        assert page.evaluate("window.xss") is None, path
+    page.goto(stack.url + "/admin/decisions")
+    page.wait_for_selector("#decisions tbody tr")
+    assert HOSTILE in page.inner_text("#decisions")  # shown, as text
+    assert page.errors == []
