@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,9 @@ def test_the_readme_configuration_is_valid(tmp_path: Path) -> None:
 
 def test_an_admin_token_is_required_off_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TURNOUT_ADMIN__TOKEN", raising=False)
-    with pytest.raises(ConfigError, match="admin.token: required when the gateway listens on '0.0.0.0'"):
+    with pytest.raises(
+        ConfigError, match=re.escape("admin.token: required when the gateway listens on '0.0.0.0'")
+    ):
         load_settings(None, host="0.0.0.0")
     assert load_settings(None, host="127.0.0.1").admin.token is None  # a token is made at start-up
     assert load_settings(None, host="::1").admin.token is None
