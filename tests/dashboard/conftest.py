@@ -23,8 +23,10 @@ HOSTILE = '<img src=x onerror="window.xss=1">'
 """A model name with markup in it: every page must show it as text."""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Module-scoped: Playwright's sync API keeps an event loop running in this thread while it is
+    open, and later tests call ``asyncio.run``."""
     if shutil.which(CHROMIUM) is None:
         reason = f"the dashboard tests need Debian's chromium at {CHROMIUM} (make browser installs it)"
         print(f"\nskipping dashboard tests: {reason}", file=sys.stderr)
