@@ -37,6 +37,7 @@ from gateway.errors import (
 from gateway.record import RequestRecord
 from gateway.requests import parse_body, read_body
 from gateway.routing import Routed, Router, decision_entry, engine_counted
+from gateway.timeline import turn_record
 from policies import Decision, Endpoint, Reason, RequestFeatures, extract
 from policies.types import Outcome, Rejection
 
@@ -330,7 +331,12 @@ class Relay:
             )
         entry = decision_entry(opened.routed, record.request_id, outcome, record.status, record.error)
         if outcome is not None:
-            await self.router.complete(opened.routed, outcome, entry)
+            routed = opened.routed
+            if routed.session is not None and chosen is not None:
+                rate = self.router.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
+                turn = turn_record(routed, outcome, record.request_id, rate)
+                await self.router.store.record_turn(routed.session.key, turn)
+            await self.router.complete(routed, outcome, entry)
         else:
             await self.router.store.record_decision(entry)
         record.emit()

@@ -253,15 +253,23 @@ class Router:
             tokens = outcome.usage.prompt_tokens
             await self.store.record_prompt(outcome.backend_id, decision.slot, chain, tokens, key)
         if session is not None and chosen is not None:
+            now, cached = time.time(), outcome.usage.cached_tokens or 0
+            rate = self.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
             updated = SessionView(
                 key=session.key,
                 backend_id=outcome.backend_id,
                 slot=decision.slot,
                 prompt_tokens=outcome.usage.prompt_tokens,
-                cached_tokens=outcome.usage.cached_tokens or 0,
+                cached_tokens=cached,
                 turns=session.turns + 1,
-                last_seen=time.time(),
+                last_seen=now,
                 prompt=chain.mark if chain.length else None,
+                shape=routed.features.shape,
+                source=routed.features.session_source.value,
+                first_seen=session.first_seen or now,
+                total_prompt_tokens=session.total_prompt_tokens + outcome.usage.prompt_tokens,
+                total_cached_tokens=session.total_cached_tokens + cached,
+                saved_s=session.saved_s + (cached / rate if rate > 0 else 0.0),
             )
             await self.store.save_session(updated)
         await self.store.record_decision(record)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.prefix import chain_of, message_text, render, render_completion
+from policies.shape import shape_of
 from policies.sessions import explicit_session, responses_messages
 from policies.types import Endpoint, RequestFeatures
 
@@ -114,6 +115,7 @@ def extract(
             if endpoint is Endpoint.COMPLETIONS
             else render(messages, body.get("tools"))
         ),
+        shape=None if endpoint is Endpoint.COMPLETIONS else shape_of(messages, body.get("tools")),
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,
     )

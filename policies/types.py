@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from policies.prefix import EMPTY_CHAIN, PromptChain, PromptMark
+from policies.shape import PromptShape
 
 
 class EngineKind(StrEnum):
@@ -157,6 +158,7 @@ class RequestFeatures:
     session_key: str | None = None
     session_source: SessionSource = SessionSource.NONE
     chain: PromptChain = EMPTY_CHAIN
+    shape: PromptShape | None = None  # per-message digests (chat, messages, responses)
     prompt_chars: int = 0
     prompt_exact: bool = False  # prompt_tokens was counted by an engine's tokenizer
     prompt_counted: str = "estimate"  # "estimate", "counted" (whole prompt) or "added" (previous + new part)
@@ -180,6 +182,12 @@ class SessionView:
     turns: int = 0
     last_seen: float = 0.0
     prompt: PromptMark | None = None
+    shape: PromptShape | None = None  # the last prompt's per-message digests (dashboard diagnostics)
+    source: str = ""  # how it was recognised (SessionSource value)
+    first_seen: float = 0.0
+    total_prompt_tokens: int = 0
+    total_cached_tokens: int = 0
+    saved_s: float = 0.0  # prefill seconds its cached tokens saved, at the learned rates
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from gateway.relay import Relay
 from gateway.settings import Settings
 from policies import BUILTIN_PROFILES
 from policies.learning import DeploymentStats
-from policies.types import EngineKind
+from policies.types import EngineKind, SessionView
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +73,32 @@ class AdminService:
         router.drained = router.drained | {backend_id} if drained else router.drained - {backend_id}
         self._record(identity, "drain" if drained else "undrain", backend_id)
 
+    async def release(self, label: str, identity: Identity) -> list[tuple[str, int]]:
+        session = await self._session_by_label(label)
+        if session is None:
+            raise AdminError(f"no live session {label}")
+        released = await self.relay.router.store.release_slots(session.key)
+        slots = ", ".join(f"{b} slot {s}" for b, s in released) or "none held"
+        self._record(identity, "release-slot", f"session {label}: {slots}")
+        return released
+
     # views
+
+    async def _session_by_label(self, label: str) -> SessionView | None:
+        for session in await self.relay.router.store.sessions(self.settings.state.max_sessions):
+            if _label(session.key) == label:
+                return session
+        return None
+
+    async def sessions(self, limit: int) -> list[dict[str, Any]]:
+        return [_session_row(s) for s in await self.relay.router.store.sessions(limit)]
+
+    async def session(self, label: str) -> dict[str, Any] | None:
+        session = await self._session_by_label(label)
+        if session is None:
+            return None
+        turns = await self.relay.router.store.turns(session.key)
+        return {**_session_row(session), "timeline": turns}
 
     async def decisions(self, limit: int, filters: Mapping[str, str]) -> list[dict[str, Any]]:
         entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
@@ -144,6 +169,22 @@ def _label(key: str) -> str:
     from gateway.routing import session_label
 
     return session_label(key)
+
+
+def _session_row(session: SessionView) -> dict[str, Any]:
+    return {
+        "session": _label(session.key),
+        "source": session.source,
+        "turns": session.turns,
+        "backend": session.backend_id,
+        "slot": session.slot,
+        "last_prompt_tokens": session.prompt_tokens,
+        "total_prompt_tokens": session.total_prompt_tokens,
+        "total_cached_tokens": session.total_cached_tokens,
+        "saved_s": round(session.saved_s, 2),
+        "first_seen": session.first_seen,
+        "last_seen": session.last_seen,
+    }
 
 
 def _matches(entry: Mapping[str, Any], wanted: Mapping[str, str]) -> bool:

@@ -23,6 +23,7 @@ from gateway.admin.service import DECISION_FILTERS, AdminError, AdminService
 
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
+SESSIONS_SHOWN = 200
 STATIC = {"admin.js": "text/javascript; charset=utf-8", "admin.css": "text/css; charset=utf-8"}
 SECURITY_HEADERS = {
     # no inline script can run, nothing loads from anywhere but the gateway itself
@@ -135,6 +136,22 @@ async def decision_page(
     return await _render(request, state, "decision.html", "decision", d=entry)
 
 
+@get("/sessions")
+async def sessions_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    sessions = await _service(state).sessions(SESSIONS_SHOWN)
+    return await _render(request, state, "sessions.html", "sessions", sessions=sessions)
+
+
+@get("/sessions/{label:str}")
+async def session_page(
+    request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
+) -> Response[Any]:
+    session = await _service(state).session(label)
+    if session is None:
+        return _page("login.html", status=404, error=f"No live session {label}.")
+    return await _render(request, state, "session.html", "session", s=session)
+
+
 @get("/policy")
 async def policy_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     return await _render(request, state, "policy.html", "policy", p=_service(state).policy())
@@ -194,6 +211,44 @@ def _actor(request: Request[Any, Any, Any], state: State) -> Identity | Response
     return identity
 
 
+@get("/api/sessions")
+async def api_sessions(
+    request: Request[Any, Any, Any],
+    state: State,
+    limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = SESSIONS_SHOWN,
+) -> Response[bytes]:
+    """Live sessions, most recent first: source, turns, backend and slot, tokens, time saved by reuse."""
+    if _identity(request, state) is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    return _json({"object": "list", "data": await _service(state).sessions(limit)})
+
+
+@get("/api/sessions/{label:str}")
+async def api_session(
+    request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
+) -> Response[bytes]:
+    """One session and its timeline: every turn, and where a turn's prefix broke and what it cost."""
+    if _identity(request, state) is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    session = await _service(state).session(label)
+    return _json(session) if session is not None else _api_error(404, f"no live session {label}")
+
+
+@post("/api/sessions/{label:str}/release", status_code=200)
+async def api_release(
+    request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
+) -> Response[bytes]:
+    """Drop the slot leases the session holds: its next turn is placed afresh."""
+    actor = _actor(request, state)
+    if isinstance(actor, Response):
+        return actor
+    try:
+        released = await _service(state).release(label, actor)
+    except AdminError as exc:
+        return _api_error(404, str(exc))
+    return _json({"released": [{"backend": b, "slot": s} for b, s in released]})
+
+
 @post("/api/policy/profile", status_code=200)
 async def api_switch_profile(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Switch the routing profile for every new request: ``{"profile": "<name>"}``."""
@@ -233,7 +288,8 @@ async def api_drain(
 admin_router = Router(
     path="/admin",
     route_handlers=[
-        login_form, login, logout, static, overview_page, decisions_page, decision_page, policy_page,
-        api_overview, api_decisions, api_decision, api_policy, api_switch_profile, api_drain,
+        login_form, login, logout, static, overview_page, decisions_page, decision_page, sessions_page,
+        session_page, policy_page, api_overview, api_decisions, api_decision, api_sessions, api_session,
+        api_release, api_policy, api_switch_profile, api_drain,
     ],
 )  # fmt: skip

@@ -57,6 +57,22 @@ class StateStore(ABC):
         """
 
     @abstractmethod
+    async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
+        """Drop every slot lease the session holds (its next turn is placed afresh); (backend, slot) each."""
+
+    @abstractmethod
+    async def sessions(self, limit: int) -> list[SessionView]:
+        """The live sessions, most recently seen first."""
+
+    @abstractmethod
+    async def record_turn(self, key: str, turn: dict[str, Any]) -> None:
+        """Append one turn to the session's timeline (bounded; forgotten with the session)."""
+
+    @abstractmethod
+    async def turns(self, key: str) -> list[dict[str, Any]]:
+        """The session's timeline, oldest turn first."""
+
+    @abstractmethod
     async def record_decision(self, entry: dict[str, Any]) -> None:
         """Append to the decision log (the oldest entries fall off)."""
 

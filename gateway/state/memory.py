@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -11,6 +12,9 @@ from gateway.state.base import StateStore
 from gateway.state.prefix_index import PrefixIndex
 from policies.prefix import PromptChain
 from policies.types import PrefixMatch, SessionView, SlotLease
+
+MAX_TURNS = 500
+"""Turns kept per session timeline (the newest)."""
 
 
 class MemoryStore(StateStore):
@@ -29,6 +33,7 @@ class MemoryStore(StateStore):
         self._index = PrefixIndex(max_tokens_per_backend=prefix_tokens_per_backend, max_tips=4 * max_sessions)
         self._leases: dict[str, dict[int, SlotLease]] = {}
         self._decisions: deque[dict[str, Any]] = deque(maxlen=max_decisions)
+        self._turns: dict[str, deque[dict[str, Any]]] = {}
         self._max_sessions = max_sessions
         self._ttl = session_ttl_s
         self._clock = clock
@@ -39,6 +44,7 @@ class MemoryStore(StateStore):
             return None
         if self._clock() - session.last_seen > self._ttl:
             del self._sessions[key]
+            self._turns.pop(key, None)
             return None
         self._sessions.move_to_end(key)
         return session
@@ -51,7 +57,8 @@ class MemoryStore(StateStore):
         self._sessions[session.key] = session
         self._sessions.move_to_end(session.key)
         while len(self._sessions) > self._max_sessions:
-            self._sessions.popitem(last=False)
+            dropped, _ = self._sessions.popitem(last=False)
+            self._turns.pop(dropped, None)
 
     async def record_prompt(
         self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
@@ -82,6 +89,26 @@ class MemoryStore(StateStore):
                 del slots[other]
         slots[slot] = SlotLease(slot, session_key, now, tokens)
         return True
+
+    async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
+        released = []
+        for backend_id, slots in self._leases.items():
+            for slot, lease in list(slots.items()):
+                if lease.session_key == session_key:
+                    del slots[slot]
+                    released.append((backend_id, slot))
+        return released
+
+    async def sessions(self, limit: int) -> list[SessionView]:
+        now = self._clock()
+        live = (s for s in reversed(self._sessions.values()) if now - s.last_seen <= self._ttl)
+        return list(itertools.islice(live, limit))
+
+    async def record_turn(self, key: str, turn: dict[str, Any]) -> None:
+        self._turns.setdefault(key, deque(maxlen=MAX_TURNS)).append(turn)
+
+    async def turns(self, key: str) -> list[dict[str, Any]]:
+        return list(self._turns.get(key, ()))
 
     async def record_decision(self, entry: dict[str, Any]) -> None:
         self._decisions.append(entry)

@@ -7,6 +7,8 @@ from typing import Any
 import httpx
 import openai
 
+from gateway.routing import session_label
+from policies.shape import PIECE_CHARS
 from tests.dashboard.conftest import HOSTILE, screenshot
 from tests.e2e.conftest import Stack
 from tests.servers import ADMIN, ADMIN_TOKEN
@@ -114,4 +116,44 @@ def test_markup_a_client_sent_is_shown_as_text(page: Any, stack: Stack) -> None:
     page.goto(stack.url + "/admin/decisions")
     page.wait_for_selector("#decisions tbody tr")
     assert HOSTILE in page.inner_text("#decisions")  # shown, as text
+    assert page.errors == []
+
+
+def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page: Any, stack: Stack) -> None:
+    """Four turns; the third edits the first user message: the timeline reports the break there."""
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0)
+    system = {"role": "system", "content": "You are a careful coding agent. " * 200}
+    first = "Here is the file:\n" + "def f(x):\n    return x + 1\n" * 300
+    history: list[dict[str, str]] = [system, {"role": "user", "content": first}]
+    edit_at = 4000
+    for turn in range(4):
+        if turn == 2:  # the agent rewrote the file it pasted in turn one
+            history[1] = {"role": "user", "content": first[:edit_at] + "# EDITED\n" + first[edit_at:]}
+        answer = client.chat.completions.create(
+            model="m-both",
+            messages=history,
+            max_tokens=8,
+            extra_headers={"x-session-id": "edit-me"},  # type: ignore[arg-type]
+        )
+        history += [
+            {"role": "assistant", "content": answer.choices[0].message.content or ""},
+            {"role": "user", "content": f"Now step {turn + 2}: " + "explain the change. " * 40},
+        ]
+    label = session_label("h:edit-me")
+    log_in(page, stack)
+    page.goto(stack.url + "/admin/sessions")
+    page.click(f'tr[data-session="{label}"] a')
+    page.wait_for_url(f"**/admin/sessions/{label}")
+    rows = page.locator("#timeline tbody tr")
+    assert rows.count() == 4
+    third = page.inner_text('#timeline tr[data-turn="3"] td.prefix')
+    expected_offset = edit_at // PIECE_CHARS * PIECE_CHARS
+    assert f"message 1 (user) was edited at character ~{expected_offset}" in third
+    assert "re-prefilled" in third
+    for turn in ("1", "2", "4"):
+        assert page.inner_text(f'#timeline tr[data-turn="{turn}"] td.prefix') == "reused"
+    screenshot(page, "session")
+    page.click("#release")
+    page.wait_for_load_state()
+    assert "release-slot" in httpx.get(stack.url + "/admin/api/policy", headers=ADMIN).text
     assert page.errors == []

@@ -122,6 +122,17 @@ function every(ms, refresh) {
   setInterval(run, ms);
 }
 
+// Session: release its slot.
+function sessionActions() {
+  const button = document.getElementById("release");
+  button.addEventListener("click", async () => {
+    try {
+      await post("/admin/api/sessions/" + encodeURIComponent(button.dataset.session) + "/release");
+      window.location.reload();
+    } catch (error) { document.getElementById("message").textContent = error.message; }
+  });
+}
+
 const page = document.body.dataset.page;
 if (page === "decisions") {
   document.getElementById("filters").addEventListener("submit", (event) => { event.preventDefault(); refreshDecisions(); });
@@ -130,4 +141,6 @@ if (page === "decisions") {
   every(2000, refreshOverview);
 } else if (page === "policy") {
   policyActions();
+} else if (page === "session") {
+  sessionActions();
 }

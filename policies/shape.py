@@ -1,0 +1,122 @@
+"""A conversation's shape: per-message digests, to say where a prompt stopped extending the last one.
+
+When a turn reuses less of an engine's cache than its previous prompt, the first question is whether
+the prompt itself changed: an earlier message edited or dropped, the tool list changed, an
+assistant turn's reasoning stripped (a chat template that drops ``reasoning_content`` from history
+re-renders every later token). :func:`shape_of` keeps, per message, its role, length, a digest and
+the chained digests of its ``PIECE_CHARS``-character pieces (no text); :func:`where_it_breaks`
+compares two shapes and names the first message that differs and the character offset inside it,
+to within one piece.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.prefix import message_text, render
+
+PIECE_CHARS = 256
+
+
+def _digest(data: bytes, previous: int = 0) -> int:
+    seed = previous.to_bytes(8, "big")
+    return int.from_bytes(hashlib.blake2b(seed + data, digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageMark:
+    role: str
+    chars: int
+    digest: int
+    pieces: tuple[int, ...]  # chained digests of each PIECE_CHARS-character piece
+    reasoning: bool = False  # the message carried reasoning (``reasoning_content``, thinking blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptShape:
+    tools: int
+    messages: tuple[MessageMark, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Break:
+    """Where a prompt stopped extending the previous one.
+
+    ``kind``: ``tools-changed``, ``edited``, ``dropped`` (a message of the previous prompt is gone),
+    ``reasoning-stripped`` (an assistant message lost its reasoning). ``message``: index in the
+    previous prompt; ``offset``: the first character that differs, to within ``PIECE_CHARS``.
+    """
+
+    kind: str
+    message: int | None
+    role: str | None
+    offset: int
+
+
+def _reasoning(message: Mapping[str, Any]) -> str:
+    """The reasoning a message carries: ``reasoning_content``/``reasoning``, or thinking blocks."""
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(message.get(key), str) and message[key]:
+            return str(message[key])
+    content = message.get("content")
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(
+        str(part.get("thinking") or part.get("text") or "")
+        for part in content
+        if isinstance(part, Mapping) and part.get("type") in ("thinking", "reasoning")
+    )
+
+
+def _mark(message: Mapping[str, Any]) -> MessageMark:
+    reasoning = _reasoning(message)
+    text = render([message]) + reasoning.encode("utf-8", "replace")  # what the engine may render of it
+    decoded = message_text(message.get("content"))
+    pieces: list[int] = []
+    digest = 0
+    for start in range(0, len(decoded), PIECE_CHARS):
+        digest = _digest(decoded[start : start + PIECE_CHARS].encode("utf-8", "replace"), digest)
+        pieces.append(digest)
+    return MessageMark(
+        role=str(message.get("role", "")),
+        chars=len(decoded),
+        digest=_digest(text),
+        pieces=tuple(pieces),
+        reasoning=bool(reasoning),
+    )
+
+
+def shape_of(messages: Iterable[Any], tools: Any = None) -> PromptShape:
+    return PromptShape(
+        tools=_digest(render([], tools)),
+        messages=tuple(_mark(m) for m in messages if isinstance(m, Mapping)),
+    )
+
+
+def _offset(before: MessageMark, after: MessageMark) -> int:
+    for index, (a, b) in enumerate(zip(before.pieces, after.pieces, strict=False)):
+        if a != b:
+            return index * PIECE_CHARS
+    return min(before.chars, after.chars)
+
+
+def where_it_breaks(previous: PromptShape, current: PromptShape) -> Break | None:
+    """The first place ``current`` stops extending ``previous``; None when it extends it whole."""
+    if previous.tools != current.tools:
+        return Break("tools-changed", None, None, 0)
+    now = current.messages
+    for index, before in enumerate(previous.messages):
+        if index >= len(now):
+            return Break("dropped", index, before.role, 0)
+        after = now[index]
+        if before.digest == after.digest:
+            continue
+        if index + 1 < len(previous.messages) and previous.messages[index + 1].digest == after.digest:
+            return Break("dropped", index, before.role, 0)
+        if before.role == after.role == "assistant" and before.reasoning and not after.reasoning:
+            return Break("reasoning-stripped", index, before.role, _offset(before, after))
+        return Break("edited", index, before.role, _offset(before, after))
+    return None
