@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.prefix import chain_of, message_text, render, render_completion
-from policies.shape import shape_of
 from policies.sessions import explicit_session, responses_messages
+from policies.shape import shape_of
 from policies.types import Endpoint, RequestFeatures
 
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators a chat template adds per message
