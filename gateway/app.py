@@ -6,6 +6,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,8 @@ import structlog
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.params import PathParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
@@ -218,7 +221,15 @@ def create_app(settings: Settings) -> Litestar:
             Exception: _internal_error,
         },
         request_max_body_size=None,
-        openapi_config=None,
+        openapi_config=OpenAPIConfig(
+            title="turnout",
+            version=version("turnout"),
+            description="Routing inference gateway: the agents' APIs under /v1, the admin API under "
+            "/admin/api (Authorization: Bearer <admin token>; see docs/dashboard.md).",
+            path="/admin/api/schema",
+            use_handler_docstrings=True,
+            render_plugins=[JsonRenderPlugin(path="/openapi.json")],
+        ),
         logging_config=None,  # structlog is configured by the CLI; no stdlib handlers of litestar's
         debug=False,
     )

@@ -31,7 +31,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
-    return run_demo()
+    return run_demo(traffic=args.traffic)
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     demo = commands.add_parser("demo", help="run the gateway on simulated vLLM and llama.cpp backends")
+    demo.add_argument(
+        "--traffic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send a little background traffic so the dashboard is alive (default: on)",
+    )
     demo.set_defaults(func=cmd_demo)
 
     commands.add_parser(

@@ -6,15 +6,18 @@ gateway runs in this process on ``TURNOUT_PORT`` (8484). Ctrl-C or SIGTERM stops
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import SecretStr
@@ -81,7 +84,43 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def run_demo() -> int:
+TRAFFIC_EVERY_S = 4.0
+TRAFFIC_TURNS = 12
+
+
+def background_traffic(url: str, stop: threading.Event, every_s: float = TRAFFIC_EVERY_S) -> None:
+    """A little traffic so the dashboard is alive on first open: two agents' conversations growing
+    turn by turn on the 27B (each starts over after ``TRAFFIC_TURNS`` turns), and now and then a
+    one-shot question to the MoE. Bounded: one request every ``every_s`` seconds, until ``stop``."""
+    conversations: dict[str, list[dict[str, str]]] = {"demo-agent-1": [], "demo-agent-2": []}
+    paste = "def handler(request):\n    return route(request)\n" * 40
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for tick in itertools.count():
+            if stop.wait(every_s):
+                return
+            if tick % 5 == 4:
+                question = [{"role": "user", "content": f"One question, number {tick}."}]
+                body: dict[str, Any] = {"model": "qwen3.8-flash-next", "max_tokens": 32, "messages": question}
+                headers: dict[str, str] = {}
+            else:
+                session = f"demo-agent-{tick % 2 + 1}"
+                history = conversations[session]
+                if len(history) >= 2 * TRAFFIC_TURNS:
+                    history.clear()
+                turn = len(history) // 2 + 1
+                history.append({"role": "user", "content": f"Turn {turn}: review this.\n{paste}"})
+                body = {"model": "qwen3.8-27b", "max_tokens": 48, "messages": history}
+                headers = {"x-session-id": session}
+            try:
+                answer = client.post("/v1/chat/completions", json=body, headers=headers).json()
+                text = answer["choices"][0]["message"]["content"] or ""
+            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
+                continue  # the gateway is starting or stopping: try again next tick
+            if headers:
+                conversations[headers["x-session-id"]].append({"role": "assistant", "content": text})
+
+
+def run_demo(traffic: bool = True) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so `finally` stops the simulators
     base = demo_settings()
     ports = {b.id: _free_port() for b in base.backends}
@@ -90,6 +129,7 @@ def run_demo() -> int:
     admin = base.admin.model_copy(update={"token": SecretStr(token)})
     settings = base.model_copy(update={"backends": tuple(backends), "admin": admin})
     children: list[subprocess.Popen[bytes]] = []
+    stop = threading.Event()
     try:
         for backend in settings.backends:
             children.append(subprocess.Popen(_sim_command(backend, settings, ports[backend.id])))
@@ -103,13 +143,18 @@ def run_demo() -> int:
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n"
             '    -d \'{"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "Hello!"}]}\'\n'
             f"  curl -s {url}/v1/models\n\n"
-            f"Dashboard: {url}/admin  (admin token: {token})\n\n"
+            f"Dashboard: {url}/admin  (admin token: {token})"
+            + ("; a little background traffic keeps it alive (--no-traffic stops it)" if traffic else "")
+            + "\n\n"
             "Ctrl-C stops the gateway and the simulators.\n",
             flush=True,
         )
+        if traffic:
+            threading.Thread(target=background_traffic, args=(url, stop), daemon=True).start()
         run_gateway(settings)
         return 0
     finally:
+        stop.set()
         for child in children:
             child.terminate()
         for child in children:

@@ -152,6 +152,30 @@ class AdminService:
             )
         return {"profile": router.profile.name, "backends": backends, "at": now}
 
+    async def series(self, minutes: int) -> dict[str, Any]:
+        """Per backend: each request's predicted and actual TTFT, and the cache-hit ratio per minute."""
+        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        since = time.time() - minutes * 60
+        out: dict[str, Any] = {}
+        for entry in reversed(entries):  # oldest first
+            outcome, backend = entry.get("outcome"), entry.get("chosen")
+            if not outcome or backend is None or entry["at"] < since:
+                continue
+            chosen: dict[str, Any] = next((c for c in entry["candidates"] if c["backend"] == backend), {})
+            line = out.setdefault(backend, {"ttft": [], "cache": {}})
+            line["ttft"].append(
+                [round(entry["at"], 3), chosen.get("predicted_ttft_s"), outcome.get("ttft_s")]
+            )
+            minute = int(entry["at"] // 60 * 60)
+            hit = line["cache"].setdefault(minute, [0, 0])
+            hit[0] += outcome.get("cached_tokens") or 0
+            hit[1] += outcome.get("prompt_tokens") or 0
+        for line in out.values():
+            line["cache"] = [
+                [m, round(c / p, 4) if p else None] for m, (c, p) in sorted(line["cache"].items())
+            ]
+        return {"minutes": minutes, "backends": out}
+
     def policy(self) -> dict[str, Any]:
         router = self.relay.router
         profile = router.profile

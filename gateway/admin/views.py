@@ -72,12 +72,12 @@ async def _render(
                  title=page, **context)  # fmt: skip
 
 
-@get("/login", sync_to_thread=False)
+@get("/login", sync_to_thread=False, include_in_schema=False)
 def login_form() -> Response[str]:
     return _page("login.html")
 
 
-@post("/login", status_code=303)
+@post("/login", status_code=303, include_in_schema=False)
 async def login(
     state: State, data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
 ) -> Response[Any]:
@@ -90,7 +90,7 @@ async def login(
     return response
 
 
-@post("/logout", status_code=303)
+@post("/logout", status_code=303, include_in_schema=False)
 async def logout(
     request: Request[Any, Any, Any],
     state: State,
@@ -105,7 +105,7 @@ async def logout(
     return Redirect("/admin")
 
 
-@get("/static/{name:str}", sync_to_thread=False)
+@get("/static/{name:str}", sync_to_thread=False, include_in_schema=False)
 def static(name: Annotated[str, PathParameter()]) -> Response[bytes]:
     if name not in STATIC:
         return Response(b"not found", status_code=404)
@@ -113,12 +113,12 @@ def static(name: Annotated[str, PathParameter()]) -> Response[bytes]:
     return Response(body, media_type=STATIC[name], headers={"x-content-type-options": "nosniff"})
 
 
-@get("/")
+@get("/", include_in_schema=False)
 async def overview_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     return await _render(request, state, "overview.html", "overview", data=await _service(state).overview())
 
 
-@get("/decisions")
+@get("/decisions", include_in_schema=False)
 async def decisions_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     values = {k: v for k, v in request.query_params.items() if k in DECISION_FILTERS}
     decisions = await _service(state).decisions(100, values)
@@ -126,7 +126,7 @@ async def decisions_page(request: Request[Any, Any, Any], state: State) -> Respo
                          filters=DECISION_FILTERS, values=values)  # fmt: skip
 
 
-@get("/decisions/{request_id:str}")
+@get("/decisions/{request_id:str}", include_in_schema=False)
 async def decision_page(
     request: Request[Any, Any, Any], state: State, request_id: Annotated[str, PathParameter()]
 ) -> Response[Any]:
@@ -136,13 +136,13 @@ async def decision_page(
     return await _render(request, state, "decision.html", "decision", d=entry)
 
 
-@get("/sessions")
+@get("/sessions", include_in_schema=False)
 async def sessions_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     sessions = await _service(state).sessions(SESSIONS_SHOWN)
     return await _render(request, state, "sessions.html", "sessions", sessions=sessions)
 
 
-@get("/sessions/{label:str}")
+@get("/sessions/{label:str}", include_in_schema=False)
 async def session_page(
     request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
 ) -> Response[Any]:
@@ -152,7 +152,7 @@ async def session_page(
     return await _render(request, state, "session.html", "session", s=session)
 
 
-@get("/policy")
+@get("/policy", include_in_schema=False)
 async def policy_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     return await _render(request, state, "policy.html", "policy", p=_service(state).policy())
 
@@ -209,6 +209,19 @@ def _actor(request: Request[Any, Any, Any], state: State) -> Identity | Response
     if not _service(state).auth.csrf_ok(identity, request):
         return _api_error(403, "missing or wrong x-csrf-token")
     return identity
+
+
+@get("/api/series")
+async def api_series(
+    request: Request[Any, Any, Any],
+    state: State,
+    minutes: Annotated[int, QueryParameter(ge=1, le=24 * 60)] = 60,
+) -> Response[bytes]:
+    """For the charts: per backend, each request's predicted and actual TTFT ``[at, predicted,
+    actual]``, and the cache-hit ratio per minute ``[minute, ratio]``."""
+    if _identity(request, state) is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    return _json(await _service(state).series(minutes))
 
 
 @get("/api/sessions")
@@ -290,6 +303,6 @@ admin_router = Router(
     route_handlers=[
         login_form, login, logout, static, overview_page, decisions_page, decision_page, sessions_page,
         session_page, policy_page, api_overview, api_decisions, api_decision, api_sessions, api_session,
-        api_release, api_policy, api_switch_profile, api_drain,
+        api_release, api_series, api_policy, api_switch_profile, api_drain,
     ],
 )  # fmt: skip

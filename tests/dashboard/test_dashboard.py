@@ -51,11 +51,18 @@ def test_a_request_appears_on_the_live_decisions_page(page: Any, stack: Stack) -
     request_id = ask(stack, **{"x-session-id": "live-1"})
     row = page.wait_for_selector(f'tr[data-id="{request_id}"]', timeout=2000)  # no reload
     assert "m-both" in row.inner_text()
+    assert "vllm" in row.inner_text()
+    assert "llama" in row.inner_text()
     screenshot(page, "decisions")
     row.query_selector("a").click()
     page.wait_for_url(f"**/admin/decisions/{request_id}")
     assert "Candidates" in page.content()
     screenshot(page, "decision")
+    page.goto(stack.url + "/admin")
+    chart = page.wait_for_selector(".chart polyline.actual", state="attached")
+    assert chart.get_attribute("points")  # predicted vs actual TTFT, drawn
+    assert page.locator(".chart circle.actual").count() >= 1
+    screenshot(page, "overview")
     assert page.errors == []
 
 
@@ -156,7 +163,20 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     # its prompt did not break
     assert "message" not in page.inner_text('#timeline tr[data-turn="4"] td.prefix')
     screenshot(page, "session")
+    page.goto(stack.url + "/admin")  # the overview again, with every test's traffic in its charts
+    page.wait_for_selector(".chart circle.actual", state="attached")
+    screenshot(page, "overview")
+    page.goto(stack.url + f"/admin/sessions/{label}")
     page.click("#release")
     page.wait_for_load_state()
     assert "release-slot" in httpx.get(stack.url + "/admin/api/policy", headers=ADMIN).text
     assert page.errors == []
+
+
+def test_the_admin_api_is_in_the_openapi_schema(stack: Stack) -> None:
+    schema = httpx.get(stack.url + "/admin/api/schema/openapi.json").json()
+    paths = set(schema["paths"])
+    assert {"/admin/api/overview", "/admin/api/decisions", "/admin/api/sessions/{label}", "/admin/api/policy",
+            "/admin/api/policy/profile", "/admin/api/series", "/v1/chat/completions"} <= paths  # fmt: skip
+    assert not {p for p in paths if p.startswith("/admin/") and not p.startswith("/admin/api/")}  # no pages
+    assert "cache-hit ratio" in schema["paths"]["/admin/api/overview"]["get"]["description"]

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from gateway.routing import session_label
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -93,6 +95,20 @@ def test_demo_prints_the_dashboard_and_its_token(demo: tuple[subprocess.Popen[st
     assert httpx.get(url + "/admin/api/overview").status_code == 401
     overview = httpx.get(url + "/admin/api/overview", headers={"authorization": f"Bearer {token}"})
     assert [b["id"] for b in overview.json()["backends"]] == ["vllm", "llama-moe", "llama-27b"]
+
+
+def test_demo_sends_background_traffic(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
+    """Without anyone asking, the demo's two agents show up in the decision log (one request / 4 s)."""
+    _, url, found = demo
+    headers = {"authorization": f"Bearer {found[-1]}"}
+    agents = {session_label("h:demo-agent-1"), session_label("h:demo-agent-2")}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        entries = httpx.get(url + "/admin/api/decisions", headers=headers).json()["data"]
+        if {e["session"] for e in entries if e["status"] == 200} >= agents:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no background traffic from both demo agents: {entries}")
 
 
 def test_demo_stops_everything_on_sigterm(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:

@@ -49,7 +49,9 @@ function decisionRow(d) {
     link, d.model, d.session || "–", d.endpoint,
     (d.chosen || "–") + (d.slot !== null && d.slot !== undefined ? "/" + d.slot : ""),
     d.reason, fixed(chosen.predicted_ttft_s), fixed(d.outcome && d.outcome.ttft_s),
-    (chosen.expected_cached_tokens ?? "–") + " / " + (d.outcome ? d.outcome.cached_tokens : "–"), status,
+    (chosen.expected_cached_tokens ?? "–") + " / " + (d.outcome ? d.outcome.cached_tokens : "–"),
+    (d.candidates || []).map((c) => `${c.backend} ${fixed(c.predicted_ttft_s)}s/${c.expected_cached_tokens ?? "–"}`).join(" · "),
+    status,
   ]);
   tr.dataset.id = d.request_id;
   return tr;
@@ -102,6 +104,65 @@ async function refreshOverview() {
   document.getElementById("profile").textContent = body.profile;
 }
 
+// Charts: predicted vs actual TTFT per request, cache-hit ratio per minute; plain SVG.
+const SVG = "http://www.w3.org/2000/svg";
+
+function polyline(points, className, width, height, xRange, yMax) {
+  const line = document.createElementNS(SVG, "polyline");
+  const [x0, x1] = xRange;
+  const span = Math.max(x1 - x0, 1);
+  line.setAttribute("points", points
+    .filter(([, y]) => y !== null && y !== undefined)
+    .map(([x, y]) => `${((x - x0) / span) * width},${height - (y / yMax) * (height - 8) - 4}`).join(" "));
+  line.setAttribute("class", className);
+  return line;
+}
+
+function chart(title, series, legend) {
+  const box = el("div", null, "chart");
+  box.appendChild(el("h2", title));
+  const svg = document.createElementNS(SVG, "svg");
+  const width = 400, height = 160;
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  const xs = series.flatMap((s) => s.points.map(([x]) => x));
+  const ys = series.flatMap((s) => s.points.map(([, y]) => y)).filter((y) => y !== null && y !== undefined);
+  const yMax = Math.max(...ys, series.yMax || 0, 1e-9);
+  const axis = document.createElementNS(SVG, "line");
+  axis.setAttribute("x1", 0); axis.setAttribute("x2", width); axis.setAttribute("y1", height - 4); axis.setAttribute("y2", height - 4);
+  axis.setAttribute("class", "axis");
+  svg.appendChild(axis);
+  const xRange = [Math.min(...xs), Math.max(...xs)];
+  for (const s of series) {
+    const line = polyline(s.points, s.className, width, height, xRange, yMax);
+    svg.appendChild(line);
+    for (const point of line.getAttribute("points").split(" ").filter(Boolean)) {  // one dot per value
+      const [cx, cy] = point.split(",");
+      const dot = document.createElementNS(SVG, "circle");
+      dot.setAttribute("cx", cx); dot.setAttribute("cy", cy); dot.setAttribute("r", 2.5);
+      dot.setAttribute("class", s.className + " dot");
+      svg.appendChild(dot);
+    }
+  }
+  box.appendChild(svg);
+  box.appendChild(el("p", legend + " · max " + yMax.toFixed(3), "legend"));
+  return box;
+}
+
+async function refreshCharts() {
+  const body = await api("/admin/api/series?minutes=60");
+  const boxes = [];
+  for (const [backend, line] of Object.entries(body.backends)) {
+    boxes.push(chart(backend + ": TTFT (s)", [
+      { className: "predicted", points: line.ttft.map(([at, predicted]) => [at, predicted]) },
+      { className: "actual", points: line.ttft.map(([at, , actual]) => [at, actual]) },
+    ], "dashed: predicted, solid: actual, per request"));
+    const cache = chart(backend + ": cache-hit ratio", [{ className: "cache", points: line.cache }], "per minute");
+    boxes.push(cache);
+  }
+  if (boxes.length) document.getElementById("charts").replaceChildren(...boxes);
+}
+
 // Policy: switch profile, drain and undrain.
 function policyActions() {
   const message = document.getElementById("message");
@@ -139,6 +200,7 @@ if (page === "decisions") {
   every(1000, refreshDecisions);
 } else if (page === "overview") {
   every(2000, refreshOverview);
+  every(5000, refreshCharts);
 } else if (page === "policy") {
   policyActions();
 } else if (page === "session") {
