@@ -1,0 +1,70 @@
+"""A turn's timeline record: where its prefix broke, the likely cause, and what it cost."""
+
+from __future__ import annotations
+
+from gateway.routing import Routed
+from gateway.timeline import turn_record
+from policies import Deployment, EngineKind, Reason, RequestFeatures
+from policies.shape import shape_of
+from policies.types import Decision, Endpoint, Estimate, Outcome, ScoredCandidate, SessionView, Usage
+
+SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 100}
+FIRST = [SYSTEM, {"role": "user", "content": "fix it " * 500}]
+SECOND = [*FIRST, {"role": "assistant", "content": "done"}, {"role": "user", "content": "and now?"}]
+PREVIOUS_TOKENS = 4000
+
+
+def routed(messages: list[dict[str, str]], *, backend: str = "llama", previous_backend: str = "llama",
+           source: str = "slot", note: str = "warm slot 0") -> Routed:  # fmt: skip
+    deployment = Deployment("m", backend, "up")
+    estimate = Estimate(expected_cached_tokens=3900, queue_s=0.0, ttft_s=0.3, total_s=2.0, slot=0,
+                        source=source, note=note)  # fmt: skip
+    decision = Decision(
+        "cost", deployment, Reason.LOWEST_TTFT, (ScoredCandidate(deployment, 1.0, (), estimate),)
+    )
+    session = SessionView(key="h:s", backend_id=previous_backend, slot=0, prompt_tokens=PREVIOUS_TOKENS,
+                          turns=1, shape=shape_of(FIRST))  # fmt: skip
+    features = RequestFeatures("m", Endpoint.CHAT, 4100, None, False, shape=shape_of(messages))
+    return Routed(decision, features, session)
+
+
+def outcome(cached: int, backend: str = "llama") -> Outcome:
+    kind = EngineKind.LLAMACPP if backend == "llama" else EngineKind.VLLM
+    return Outcome(backend, "m", kind, Usage(4100, 50, cached), 0.5, 2.0, 16_000, 3900, True)
+
+
+def test_a_turn_that_reused_its_previous_prompt_has_no_break() -> None:
+    record = turn_record(routed(SECOND), outcome(3600), "r1", prefill_tok_s=3000.0)
+    assert record["break"] is None  # 400 short: the checkpoint gap, not a break
+    assert (record["prompt_tokens"], record["cached_tokens"], record["expected_cached_tokens"]) == (
+        4100,
+        3600,
+        3900,
+    )
+
+
+def test_an_edited_message_names_the_message_and_the_cost() -> None:
+    edited = [SYSTEM, {"role": "user", "content": "fix it " * 100 + "CHANGED" + "fix it " * 400}, *SECOND[2:]]
+    record = turn_record(routed(edited), outcome(1000), "r1", prefill_tok_s=3000.0)
+    broke = record["break"]
+    assert broke["kind"] == "edited"
+    assert (broke["message"], broke["role"], broke["offset"]) == (1, "user", 512)
+    assert broke["cause"] == "message 1 (user) was edited at character ~512"
+    assert (broke["lost_tokens"], broke["lost_s"]) == (3000, 1.0)
+
+
+def test_with_the_prompt_intact_the_cause_is_the_routing_or_the_engine() -> None:
+    moved = turn_record(routed(SECOND, backend="vllm"), outcome(0, "vllm"), "r", 6600.0)["break"]
+    assert moved["cause"] == "moved from llama to vllm"
+    lost = turn_record(
+        routed(SECOND, note="session's slot was lost: full re-prefill"), outcome(0), "r", 3000.0
+    )
+    assert lost["break"]["cause"] == "its slot was evicted"
+    ram = turn_record(
+        routed(SECOND, source="ram", note="restore from the RAM cache"), outcome(0), "r", 3000.0
+    )
+    assert ram["break"]["cause"].startswith("RAM cache miss")
+    vllm = turn_record(
+        routed(SECOND, backend="vllm", previous_backend="vllm"), outcome(0, "vllm"), "r", 6600.0
+    )
+    assert vllm["break"]["cause"].startswith("vLLM kept no prefix")
