@@ -27,6 +27,7 @@ from gateway.admin.service import AdminService
 from gateway.admin.views import admin_router
 from gateway.catalog import Catalog
 from gateway.errors import GatewayError, anthropic_error_body, openai_error_body
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.middleware import request_id_middleware
 from gateway.model_api import (
     anthropic_listing,
@@ -114,6 +115,30 @@ async def get_model(
     model = relay.catalog.resolve(name)
     shape = anthropic_model if speaks_anthropic(request.headers) else openai_model
     return Response(shape(relay.catalog, model, relay.fleet.snapshots(), name), media_type=JSON)
+
+
+@get("/metrics")
+async def metrics(state: State) -> Response[bytes]:
+    """Prometheus metrics (docs/metrics.md): requests, TTFT, tokens, prediction error, fleet gauges."""
+    relay = _relay(state)
+    router = relay.router
+    fleet = []
+    for snapshot in relay.fleet.snapshots():
+        leases = await router.store.leases(snapshot.backend_id) if snapshot.slots else ()
+        fleet.append(
+            {
+                "backend": snapshot.backend_id,
+                "kind": snapshot.kind.value,
+                "health": snapshot.health.value,
+                "running": snapshot.running,
+                "waiting": snapshot.queued,
+                "kv_usage": snapshot.kv_usage,
+                "drained": snapshot.backend_id in router.drained,
+                "slots": len(snapshot.slots),
+                "leases": len(leases),
+            }
+        )
+    return Response(relay.metrics.exposition(fleet), media_type=METRICS_CONTENT_TYPE)
 
 
 @get("/health")
@@ -211,6 +236,7 @@ def create_app(settings: Settings) -> Litestar:
             list_models,
             get_model,
             health,
+            metrics,
             *([admin_router] if settings.admin.enabled else []),
         ],
         lifespan=[lifespan],

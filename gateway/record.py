@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -30,6 +31,8 @@ class RequestRecord:
     usage: Usage | None = None
     retries: int = 0
     error: str | None = None
+    predicted_ttft: float | None = None  # the chosen candidate's, in seconds
+    observer: Callable[[RequestRecord, float], None] | None = None  # the metrics, given the duration
     emitted: bool = False
 
     def emit(self) -> None:
@@ -37,6 +40,8 @@ class RequestRecord:
             return
         self.emitted = True
         now = time.monotonic()
+        if self.observer is not None:
+            self.observer(self, now - self.started)
         usage = self.usage
         log.info(
             "request.completed",

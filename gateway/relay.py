@@ -34,6 +34,7 @@ from gateway.errors import (
     from_upstream,
     stream_error_event,
 )
+from gateway.metrics import Metrics
 from gateway.record import RequestRecord
 from gateway.requests import parse_body, read_body
 from gateway.routing import Routed, Router, decision_entry, engine_counted
@@ -142,8 +143,16 @@ class Relay:
     """Everything one request needs, built once at start-up and shared by all requests."""
 
     def __init__(
-        self, fleet: Fleet, catalog: Catalog, router: Router, *, retries: int, max_body: int
+        self,
+        fleet: Fleet,
+        catalog: Catalog,
+        router: Router,
+        *,
+        retries: int,
+        max_body: int,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics or Metrics()
         self.fleet = fleet
         self.catalog = catalog
         self.router = router
@@ -174,6 +183,8 @@ class Relay:
                             raise last_error
                         raise no_route_error(decision, routed.features)
                     record.backend, record.reason = decision.chosen.backend_id, decision.header
+                    chosen = decision.chosen_candidate
+                    record.predicted_ttft = chosen.estimate.ttft_s if chosen and chosen.estimate else None
                     adapter = self.fleet.adapter(decision.chosen.backend_id)
                     upstream = adapter.prepare(
                         endpoint, body, decision.chosen, body["model"], slot=decision.slot
@@ -224,7 +235,7 @@ class Relay:
         return routed
 
     async def handle(self, request: Request[Any, Any, Any], endpoint: Endpoint) -> Response[Any]:
-        record = RequestRecord(endpoint=endpoint.value)
+        record = RequestRecord(endpoint=endpoint.value, observer=self.metrics.observe)
         watch: DisconnectWatch | None = None
         routed: Routed | None = None
         try:
