@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.record import RequestRecord
+from policies import Endpoint
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
@@ -91,6 +92,9 @@ class Metrics:
             "turnout_client_disconnects", "Clients that left before their answer ended", ["endpoint"],
             registry=self.registry,
         )  # fmt: skip
+        for endpoint in Endpoint:  # present (at 0) from the start, so dashboards find them
+            self.retries.labels(endpoint.value)
+            self.disconnects.labels(endpoint.value)
         self.registry.register(FleetCollector(lambda: self._rows))
 
     def observe(self, record: RequestRecord, duration_s: float) -> None:
