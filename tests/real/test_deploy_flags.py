@@ -18,7 +18,7 @@ def test_llama_flags_are_understood_by_the_real_llama_server(llama_binary: Path)
     ).stdout
     known = set(re.findall(r"(?<![\w-])(--?[a-z0-9][a-z0-9-]*)", help_text))
     used = flags(SERVICES["llama"]["command"])
-    assert {"--n-gpu-layers", "--n-cpu-moe", "--parallel", "--ctx-checkpoints", "--cache-ram", "--metrics",
+    assert {"--n-gpu-layers", "--cpu-moe", "--parallel", "--ctx-checkpoints", "--cache-ram", "--metrics",
             "--slots", "--alias"} <= set(used)  # fmt: skip
     assert [f for f in used if f not in known] == []
 
