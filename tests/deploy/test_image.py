@@ -63,8 +63,9 @@ def test_the_wheel_carries_the_package_data(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("turnout-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     needed = {
-        "gateway/admin/templates/base.html", "gateway/admin/static/admin.js", "gateway/admin/static/admin.css",
-        "gateway/agents/codex_prompt.md", "gateway/agents/NOTICE", "gateway/demo.toml", "gateway/py.typed",
+        "gateway/admin/templates/base.html", "gateway/admin/static/admin.js",
+        "gateway/admin/static/admin.css", "gateway/agents/codex_prompt.md", "gateway/agents/NOTICE",
+        "gateway/demo.toml", "gateway/py.typed",
     }  # fmt: skip
     assert needed - names == set()
     assert not any(n.startswith("tests/") for n in names)
