@@ -22,11 +22,12 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from backends.base import BackendSpec
 from backends.fleet import Fleet
+from gateway.access import Access, Key
 from gateway.admin.auth import AdminAuth
 from gateway.admin.service import AdminService
 from gateway.admin.views import admin_router
 from gateway.catalog import Catalog
-from gateway.errors import GatewayError, anthropic_error_body, openai_error_body
+from gateway.errors import GatewayError, ModelNotFound, anthropic_error_body, openai_error_body
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.middleware import request_id_middleware
 from gateway.model_api import (
@@ -38,7 +39,7 @@ from gateway.model_api import (
 )
 from gateway.relay import Relay
 from gateway.routing import Router
-from gateway.settings import Settings
+from gateway.settings import Settings, is_loopback
 from gateway.state import MemoryStore
 from policies import Endpoint
 
@@ -97,11 +98,13 @@ async def responses(request: Request[Any, Any, Any], state: State) -> Response[A
 async def list_models(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Every model, in the shape of the API the client speaks (``anthropic-version``: Anthropic's)."""
     relay = _relay(state)
+    key = relay.access.authenticate(request.headers)
+    catalog = relay.catalog.visible(lambda name: relay.access.allows(key, name))
     snapshots = relay.fleet.snapshots()
     if speaks_anthropic(request.headers):
-        body = anthropic_listing(relay.catalog, snapshots, request.query_params)
+        body = anthropic_listing(catalog, snapshots, request.query_params)
     else:
-        body = openai_listing(relay.catalog, snapshots, request.query_params)
+        body = openai_listing(catalog, snapshots, request.query_params)
     return Response(body, media_type=JSON)
 
 
@@ -111,8 +114,11 @@ async def get_model(
 ) -> Response[Any]:
     """One model by name or alias (names may hold slashes, as ``Qwen/Qwen3.5-27B`` does)."""
     relay = _relay(state)
+    key = relay.access.authenticate(request.headers)
     name = str(model_id).lstrip("/")
     model = relay.catalog.resolve(name)
+    if not relay.access.allows(key, model.name):
+        raise ModelNotFound(f"The model `{name}` does not exist or this key may not use it.", param="model")
     shape = anthropic_model if speaks_anthropic(request.headers) else openai_model
     return Response(shape(relay.catalog, model, relay.fleet.snapshots(), name), media_type=JSON)
 
@@ -161,7 +167,7 @@ def _is_anthropic(request: Request[Any, Any, Any]) -> bool:
 
 def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
     body = exc.anthropic_body() if _is_anthropic(request) else exc.openai_body()
-    return Response(body, status_code=exc.status, media_type=JSON)
+    return Response(body, status_code=exc.status, media_type=JSON, headers=exc.headers)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -206,6 +212,26 @@ def create_app(settings: Settings) -> Litestar:
         prefix_tokens_per_backend=settings.state.prefix_index_tokens,
     )
 
+    access = Access(
+        [
+            Key(
+                k.name,
+                k.digest,
+                frozenset(k.models) if k.models is not None else None,
+                k.requests_per_minute,
+                k.concurrent,
+                k.tokens_per_minute,
+            )
+            for k in settings.auth.all_keys()
+        ]
+    )
+    if not access.enabled and not is_loopback(settings.host):
+        structlog.get_logger(__name__).warning(
+            "auth.open",
+            host=settings.host,
+            note="no auth.keys: anyone who reaches this port can use the engines",
+        )
+
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
@@ -218,6 +244,7 @@ def create_app(settings: Settings) -> Litestar:
                 router,
                 retries=settings.limits.retries,
                 max_body=settings.limits.max_body_bytes,
+                access=access,
             )
             app.state.admin = AdminService(app.state.relay, settings, AdminAuth(admin_token(settings)))
             await fleet.start()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.errors import ModelNotFound
@@ -62,6 +62,13 @@ class Catalog:
                 f"The model `{requested}` does not exist. Valid models: {valid}.", param="model"
             )
         return model
+
+    def visible(self, allowed: Callable[[str], bool]) -> Catalog:
+        """The catalog as a key sees it: only the models ``allowed`` (by name)."""
+        view = Catalog((), self.created)
+        view.models = tuple(m for m in self.models if allowed(m.name))
+        view._by_name = {n: m for n, m in self._by_name.items() if allowed(m.name)}
+        return view
 
     def deployments_on(self, backend_id: str) -> tuple[Deployment, ...]:
         return tuple(d for m in self.models for d in m.deployments if d.backend_id == backend_id)

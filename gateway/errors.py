@@ -33,6 +33,11 @@ class GatewayError(Exception):
         self.param = param
         self.error_code = code or self.code
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (``retry-after`` on a 429)."""
+        return {}
+
     def openai_body(self) -> bytes:
         return openai_error_body(self.message, self.type, self.param, self.error_code)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -32,6 +33,8 @@ class RequestRecord:
     retries: int = 0
     error: str | None = None
     predicted_ttft: float | None = None  # the chosen candidate's, in seconds
+    key: str | None = None  # the API key's name (never the key)
+    ticket: Any = None  # the key's admission (gateway.access.Ticket), released when the request ends
     observer: Callable[[RequestRecord, float], None] | None = None  # the metrics, given the duration
     emitted: bool = False
 
@@ -58,4 +61,5 @@ class RequestRecord:
             cached_tokens=usage.cached_tokens if usage else None,
             retries=self.retries,
             error=self.error,
+            key=self.key,
         )

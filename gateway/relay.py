@@ -22,6 +22,7 @@ from backends.errors import UpstreamError, UpstreamStatusError, UpstreamStreamEr
 from backends.fleet import Fleet
 from backends.inflight import Sent
 from backends.stream import ResponseRelay
+from gateway.access import Access
 from gateway.catalog import Catalog
 from gateway.disconnect import ClientDisconnected, DisconnectWatch
 from gateway.errors import (
@@ -151,8 +152,10 @@ class Relay:
         retries: int,
         max_body: int,
         metrics: Metrics | None = None,
+        access: Access | None = None,
     ) -> None:
         self.metrics = metrics or Metrics()
+        self.access = access or Access(())
         self.fleet = fleet
         self.catalog = catalog
         self.router = router
@@ -235,11 +238,14 @@ class Relay:
         return routed
 
     async def handle(self, request: Request[Any, Any, Any], endpoint: Endpoint) -> Response[Any]:
-        record = RequestRecord(endpoint=endpoint.value, observer=self.metrics.observe)
+        record = RequestRecord(endpoint=endpoint.value, observer=self._observe)
         watch: DisconnectWatch | None = None
         routed: Routed | None = None
         try:
+            key = self.access.authenticate(request.headers)
+            record.key = key.name if key else None
             body = parse_body(await read_body(request, self.max_body), endpoint)
+            record.ticket = self.access.admit(key, self.catalog.resolve(body["model"]).name)
             record.stream = bool(body.get("stream"))
             routed = await self.route(body, endpoint, request.headers)
             record.model = routed.features.model
@@ -280,6 +286,11 @@ class Relay:
         finally:
             if watch is not None:
                 await watch.stop()
+
+    def _observe(self, record: RequestRecord, duration_s: float) -> None:
+        """When a request's log line is written (exactly once): metrics, and its key's admission ends."""
+        self.metrics.observe(record, duration_s)
+        self.access.release(record.ticket, record.usage)
 
     @staticmethod
     def _headers(opened: Opened) -> dict[str, str]:

@@ -8,6 +8,7 @@ then the config file, then the defaults below. Settings are read once by the CLI
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import tomllib
 from pathlib import Path
@@ -124,6 +125,53 @@ class AdminConfig(_Strict):
     enabled: bool = True
 
 
+class KeyConfig(_Strict):
+    """One API key: its SHA-256 (``turnout keys hash``) or the key itself (hashed at load), its limits."""
+
+    name: str
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    key: SecretStr | None = None
+    models: tuple[str, ...] | None = None
+    """Models (names, not aliases) this key may use; unset: all."""
+    requests_per_minute: int | None = Field(None, gt=0)
+    concurrent: int | None = Field(None, gt=0)
+    tokens_per_minute: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> KeyConfig:
+        if (self.sha256 is None) == (self.key is None):
+            raise ValueError(f"key {self.name!r}: give exactly one of sha256 and key")
+        return self
+
+    @property
+    def digest(self) -> str:
+        if self.sha256 is not None:
+            return self.sha256
+        assert self.key is not None
+        return hashlib.sha256(self.key.get_secret_value().encode()).hexdigest()
+
+
+class AuthConfig(_Strict):
+    """API keys for the agents' endpoints. No key: open (with a warning off loopback)."""
+
+    keys: tuple[KeyConfig, ...] = ()
+    keys_file: Path | None = None
+    """A TOML file of ``[[keys]]`` tables, added to ``keys`` (keeps hashes out of the main config)."""
+
+    def all_keys(self) -> tuple[KeyConfig, ...]:
+        if self.keys_file is None:
+            return self.keys
+        try:
+            data = tomllib.loads(self.keys_file.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"auth.keys_file: cannot read {self.keys_file}: {exc}") from exc
+        try:
+            extra = tuple(KeyConfig.model_validate(k) for k in data.get("keys", []))
+        except ValidationError as exc:
+            raise ConfigError(f"auth.keys_file: {_describe(exc)}") from exc
+        return self.keys + extra
+
+
 class Limits(_Strict):
     """Request limits enforced by the gateway."""
 
@@ -150,6 +198,7 @@ class Settings(BaseSettings):
     limits: Limits = Limits()
     state: StateConfig = StateConfig()
     admin: AdminConfig = AdminConfig()
+    auth: AuthConfig = AuthConfig()
     profiles: tuple[ProfileConfig, ...] = ()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()

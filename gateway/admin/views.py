@@ -262,6 +262,15 @@ async def api_release(
     return _json({"released": [{"backend": b, "slot": s} for b, s in released]})
 
 
+@get("/api/keys")
+async def api_keys(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """Per API key: its limits, requests and tokens in the last minute, running requests, and usage
+    since start (requests, prompt, cached and completion tokens). Names only, never keys."""
+    if _identity(request, state) is None:
+        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    return _json({"object": "list", "data": _service(state).relay.access.usage()})
+
+
 @post("/api/policy/profile", status_code=200)
 async def api_switch_profile(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Switch the routing profile for every new request: ``{"profile": "<name>"}``."""
@@ -303,6 +312,6 @@ admin_router = Router(
     route_handlers=[
         login_form, login, logout, static, overview_page, decisions_page, decision_page, sessions_page,
         session_page, policy_page, api_overview, api_decisions, api_decision, api_sessions, api_session,
-        api_release, api_series, api_policy, api_switch_profile, api_drain,
+        api_release, api_series, api_keys, api_policy, api_switch_profile, api_drain,
     ],
 )  # fmt: skip
