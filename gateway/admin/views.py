@@ -13,8 +13,11 @@ from typing import Annotated, Any
 import msgspec
 from jinja2 import Environment, PackageLoader
 from litestar import Request, Response, Router, get, post
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.enums import RequestEncodingType
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers.base import BaseRouteHandler
 from litestar.params import Body, PathParameter, QueryParameter
 from litestar.response import Redirect
 
@@ -160,16 +163,14 @@ async def policy_page(request: Request[Any, Any, Any], state: State) -> Response
 # JSON: the same data, for the pages' live parts and for scripts (Authorization: Bearer <token>).
 
 
-@get("/api/overview")
+@get("/overview")
 async def api_overview(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Every backend: health, load, slots and who holds them, learned rates beside their priors, and
     requests per minute, TTFT p50/p90 and cache-hit ratio over the last 5 and 60 minutes."""
-    if _identity(request, state) is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
     return _json(await _service(state).overview())
 
 
-@get("/api/decisions")
+@get("/decisions")
 async def api_decisions(
     request: Request[Any, Any, Any],
     state: State,
@@ -177,41 +178,40 @@ async def api_decisions(
 ) -> Response[bytes]:
     """The newest routing decisions, newest first: every candidate's prediction and the outcome;
     ``model``, ``backend``, ``session`` and ``status`` filter them."""
-    if _identity(request, state) is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
     values = {k: v for k, v in request.query_params.items() if k in DECISION_FILTERS}
     return _json({"object": "list", "data": await _service(state).decisions(limit, values)})
 
 
-@get("/api/decisions/{request_id:str}")
+@get("/decisions/{request_id:str}")
 async def api_decision(
     request: Request[Any, Any, Any], state: State, request_id: Annotated[str, PathParameter()]
 ) -> Response[bytes]:
-    if _identity(request, state) is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
     entry = await _service(state).decision(request_id)
     return _json(entry) if entry is not None else _api_error(404, f"no decision {request_id} in the log")
 
 
-@get("/api/policy")
+@get("/policy")
 async def api_policy(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """The active profile, its filters and scorer weights, the profiles to switch to, which backends
     are drained, and every change made (who, from where, when)."""
-    if _identity(request, state) is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
     return _json(_service(state).policy())
+
+
+def logged_in(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """The API's guard: a browser's session cookie or the admin token as a bearer token."""
+    if connection.app.state.admin.auth.identify(connection) is None:
+        raise NotAuthorizedException("log in at /admin/login, or send Authorization: Bearer <admin token>")
 
 
 def _actor(request: Request[Any, Any, Any], state: State) -> Identity | Response[bytes]:
     identity = _identity(request, state)
-    if identity is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
+    assert identity is not None  # the guard let it in
     if not _service(state).auth.csrf_ok(identity, request):
         return _api_error(403, "missing or wrong x-csrf-token")
     return identity
 
 
-@get("/api/series")
+@get("/series")
 async def api_series(
     request: Request[Any, Any, Any],
     state: State,
@@ -219,35 +219,29 @@ async def api_series(
 ) -> Response[bytes]:
     """For the charts: per backend, each request's predicted and actual TTFT ``[at, predicted,
     actual]``, and the cache-hit ratio per minute ``[minute, ratio]``."""
-    if _identity(request, state) is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
     return _json(await _service(state).series(minutes))
 
 
-@get("/api/sessions")
+@get("/sessions")
 async def api_sessions(
     request: Request[Any, Any, Any],
     state: State,
     limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = SESSIONS_SHOWN,
 ) -> Response[bytes]:
     """Live sessions, most recent first: source, turns, backend and slot, tokens, time saved by reuse."""
-    if _identity(request, state) is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
     return _json({"object": "list", "data": await _service(state).sessions(limit)})
 
 
-@get("/api/sessions/{label:str}")
+@get("/sessions/{label:str}")
 async def api_session(
     request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
 ) -> Response[bytes]:
     """One session and its timeline: every turn, and where a turn's prefix broke and what it cost."""
-    if _identity(request, state) is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
     session = await _service(state).session(label)
     return _json(session) if session is not None else _api_error(404, f"no live session {label}")
 
 
-@post("/api/sessions/{label:str}/release", status_code=200)
+@post("/sessions/{label:str}/release", status_code=200)
 async def api_release(
     request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
 ) -> Response[bytes]:
@@ -262,16 +256,14 @@ async def api_release(
     return _json({"released": [{"backend": b, "slot": s} for b, s in released]})
 
 
-@get("/api/keys")
+@get("/keys")
 async def api_keys(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Per API key: its limits, requests and tokens in the last minute, running requests, and usage
     since start (requests, prompt, cached and completion tokens). Names only, never keys."""
-    if _identity(request, state) is None:
-        return _api_error(401, "log in at /admin/login, or send Authorization: Bearer <admin token>")
     return _json({"object": "list", "data": _service(state).relay.access.usage()})
 
 
-@post("/api/policy/profile", status_code=200)
+@post("/policy/profile", status_code=200)
 async def api_switch_profile(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Switch the routing profile for every new request: ``{"profile": "<name>"}``."""
     actor = _actor(request, state)
@@ -287,7 +279,7 @@ async def api_switch_profile(request: Request[Any, Any, Any], state: State) -> R
     return _json(_service(state).policy())
 
 
-@post("/api/backends/{backend_id:str}/{action:str}", status_code=200)
+@post("/backends/{backend_id:str}/{action:str}", status_code=200)
 async def api_drain(
     request: Request[Any, Any, Any],
     state: State,
@@ -307,11 +299,18 @@ async def api_drain(
     return _json(_service(state).policy())
 
 
+api_router = Router(
+    path="/api",
+    guards=[logged_in],
+    route_handlers=[
+        api_overview, api_decisions, api_decision, api_sessions, api_session, api_release, api_series,
+        api_keys, api_policy, api_switch_profile, api_drain,
+    ],
+)  # fmt: skip
 admin_router = Router(
     path="/admin",
     route_handlers=[
         login_form, login, logout, static, overview_page, decisions_page, decision_page, sessions_page,
-        session_page, policy_page, api_overview, api_decisions, api_decision, api_sessions, api_session,
-        api_release, api_series, api_keys, api_policy, api_switch_profile, api_drain,
+        session_page, policy_page, api_router,
     ],
 )  # fmt: skip
