@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test check lint typecheck fmt llama-server vllm-env agents browser clean help
+.PHONY: demo test check lint typecheck fmt llama-server vllm-env agents browser redis clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## run the gateway on two built-in simulated engines (Ctrl-C stops everything)
 	$(BIN)/turnout demo
 
-test: $(STAMP) llama-server vllm-env agents browser  ## install what the tests need (real engines and agents too), then run them all
+test: $(STAMP) llama-server vllm-env agents browser redis  ## install what the tests need (real engines and agents too), then run them all
 	$(BIN)/python -m pytest
 
 check: lint typecheck  ## ruff + mypy --strict
@@ -48,6 +48,12 @@ browser:  ## install Debian's chromium for the dashboard tests (Playwright drive
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "browser: chromium not installed (needs root and apt-get); the dashboard tests will skip"; fi
+
+redis:  ## install Debian's redis-server for the shared-state tests (needs root and apt)
+	@if command -v redis-server >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	else echo "redis: redis-server not installed (needs root and apt-get); the Redis tests will skip"; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -40,7 +40,8 @@ from gateway.model_api import (
 from gateway.relay import Relay
 from gateway.routing import Router
 from gateway.settings import Settings, is_loopback
-from gateway.state import MemoryStore
+from gateway.state import MemoryStore, StateStore
+from gateway.state.redis_store import RedisStore
 from policies import Endpoint
 
 JSON = "application/json"
@@ -201,16 +202,25 @@ def admin_token(settings: Settings) -> str:
     return token
 
 
+def state_store(settings: Settings) -> StateStore:
+    """Redis when ``state.url`` is set (shared by replicas), else this process's memory."""
+    state = settings.state
+    common: dict[str, Any] = {
+        "max_sessions": state.max_sessions,
+        "session_ttl_s": state.session_ttl_s,
+        "max_decisions": state.decision_log_size,
+        "prefix_tokens_per_backend": state.prefix_index_tokens,
+    }
+    if state.url is not None:
+        return RedisStore(state.url, prefix=state.prefix, **common)
+    return MemoryStore(**common)
+
+
 def create_app(settings: Settings) -> Litestar:
     """Build the gateway for ``settings``; engines are probed when the app starts."""
     catalog = Catalog(settings.models, created=int(time.time()))
     profile = settings.routing_profile()
-    store = MemoryStore(
-        max_sessions=settings.state.max_sessions,
-        session_ttl_s=settings.state.session_ttl_s,
-        max_decisions=settings.state.decision_log_size,
-        prefix_tokens_per_backend=settings.state.prefix_index_tokens,
-    )
+    store = state_store(settings)
 
     access = Access(
         [

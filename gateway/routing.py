@@ -25,7 +25,17 @@ from policies.learning import LearnedState, learn
 from policies.prefix import PromptChain
 from policies.route import RoutingContext
 from policies.slots import DEFAULT_LEASE_IDLE_S
-from policies.types import EngineKind, Health, Outcome, Reason, SessionSource, SessionView
+from policies.types import (
+    EngineKind,
+    Health,
+    Outcome,
+    PrefixMatch,
+    Reason,
+    SessionSource,
+    SessionView,
+    SlotLease,
+    SlotMatch,
+)
 
 MESSAGE_START = 0x1E  # policies.prefix.render puts this byte before every message
 SEPARATORS = b"\x1c\x1d\x1e\x1f"  # render's field separators: not part of what the engine counts
@@ -96,6 +106,29 @@ def added_part(features: RequestFeatures, session: SessionView) -> bytes | None:
     if previous is None or not session.prompt_tokens or not features.chain.extends(previous):
         return None
     return features.chain.stream[previous.length :]
+
+
+def remembered_slot(
+    matches: Mapping[str, PrefixMatch],
+    session: SessionView | None,
+    leases: Mapping[str, tuple[SlotLease, ...]],
+    chain: PromptChain,
+) -> Mapping[str, PrefixMatch]:
+    """What the session's own slot holds, when this replica's prefix index does not know: another
+    replica (or this one before a restart) sent the session's last prompt there, the shared store says
+    the session still holds the slot, and this prompt extends that one."""
+    if session is None or session.slot is None or session.prompt is None or session.backend_id is None:
+        return matches
+    backend, slot = session.backend_id, session.slot
+    match = matches.get(backend)
+    held_by = {lease.slot: lease.session_key for lease in leases.get(backend, ())}
+    if match is None or held_by.get(slot) != session.key:
+        return matches
+    if match.slot(slot).held or not chain.extends(session.prompt):
+        return matches
+    remembered = SlotMatch(slot, session.prompt_tokens, whole=True, held=session.prompt_tokens)
+    slots = (*(m for m in match.slots if m.slot != slot), remembered)
+    return {**matches, backend: replace(match, slots=slots)}
 
 
 class Router:
@@ -186,9 +219,10 @@ class Router:
             for s in snapshots
             if s.kind is EngineKind.LLAMACPP
         }
-        matches = (
+        indexed = (
             await self.store.match_prefix(chain, [s.backend_id for s in snapshots]) if chain.length else {}
         )
+        matches = remembered_slot(indexed, session, leases, chain)
         context = RoutingContext(
             session=session,
             leases=leases,

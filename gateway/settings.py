@@ -103,6 +103,12 @@ class ProfileConfig(_Strict):
 class StateConfig(_Strict):
     """Where sessions and slot leases live, and how long."""
 
+    url: str | None = Field(None, pattern=r"^(redis|rediss|unix)://")
+    """A Redis URL (``redis://127.0.0.1:6379/0``) to share sessions, slot leases, timelines and the
+    decision log between replicas; unset: in this process's memory."""
+    prefix: str = Field("turnout", pattern=r"^[A-Za-z0-9_.-]+$")
+    """Namespace of every Redis key (``<prefix>:v1:...``)."""
+
     max_sessions: int = Field(10_000, gt=0)
     session_ttl_s: float = Field(6 * 3600, gt=0)
     """A session unseen this long is forgotten."""

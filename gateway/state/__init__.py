@@ -1,7 +1,7 @@
 """Shared routing state behind one small async interface: sessions, slot leases, the decision log.
 
-``MemoryStore`` is the embedded default; a Redis store for several gateway replicas is to implement
-the same interface, with one contract test suite run against every implementation.
+``MemoryStore`` is the embedded default; ``RedisStore`` (``state.url``) shares the state between
+gateway replicas. One contract test suite runs against both.
 """
 
 from gateway.state.base import StateStore

@@ -1,16 +1,20 @@
-"""The state interface's contract, run against every implementation (the memory store today)."""
+"""The state interface's contract, run against every implementation: in memory, and in a real Redis."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
 
 from gateway.state import MemoryStore, StateStore
+from gateway.state.redis_store import RedisStore
 from policies.prefix import chain_of
 from policies.types import SessionView
+from tests.redis_server import RedisServer
 
 
 class Clock:
@@ -21,16 +25,38 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["memory"])
-def store_factory(request: pytest.FixtureRequest) -> Callable[..., StateStore]:
-    def make(**kwargs: Any) -> StateStore:
-        return MemoryStore(**kwargs)
+LOOP = asyncio.new_event_loop()
+"""One loop for the module: a Redis client belongs to the loop it was made in."""
 
-    return make
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., StateStore]]:
+    made: list[RedisStore] = []
+
+    def make(**kwargs: Any) -> StateStore:
+        if request.param == "memory":
+            return MemoryStore(**kwargs)
+        server: RedisServer = request.getfixturevalue("redis_server")
+        store = RedisStore(server.url, prefix=f"t{uuid.uuid4().hex[:8]}", **kwargs)  # a namespace per test
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        run(store.close())
 
 
 def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    return asyncio.run(coroutine)
+    return LOOP.run_until_complete(coroutine)
 
 
 SYSTEM = b"shared system prompt and tools " * 200  # ~6 KiB every agent starts with
@@ -111,3 +137,52 @@ def test_decision_log_is_bounded_and_newest_first(store_factory: Callable[..., S
         run(store.record_decision({"n": index}))
     assert run(store.decisions(10)) == [{"n": 4}, {"n": 3}, {"n": 2}]
     assert run(store.decisions(1)) == [{"n": 4}]
+
+
+def test_sessions_are_listed_most_recent_first_with_their_timelines(
+    store_factory: Callable[..., StateStore],
+) -> None:
+    clock = Clock()
+    store = store_factory(max_sessions=3, clock=clock)
+    for index, key in enumerate(("a", "b", "c", "d")):
+        run(store.save_session(SessionView(key, last_seen=clock.now + index)))
+        run(store.record_turn(key, {"turn": 1, "key": key}))
+    assert [s.key for s in run(store.sessions(10))] == ["d", "c", "b"]
+    assert [s.key for s in run(store.sessions(1))] == ["d"]
+    run(store.record_turn("d", {"turn": 2, "key": "d"}))
+    assert [t["turn"] for t in run(store.turns("d"))] == [1, 2]
+    assert run(store.turns("a")) == []  # forgotten with its session
+
+
+def test_a_sessions_slots_are_released(store_factory: Callable[..., StateStore]) -> None:
+    store = store_factory()
+    run(store.claim_slot("llama", 1, "a", 1.0, None))
+    run(store.claim_slot("other", 0, "a", 1.0, None))
+    run(store.claim_slot("llama", 0, "b", 1.0, None))
+    assert sorted(run(store.release_slots("a"))) == [("llama", 1), ("other", 0)]
+    assert [(lease.slot, lease.session_key) for lease in run(store.leases("llama"))] == [(0, "b")]
+    assert run(store.leases("other")) == ()
+
+
+def test_two_gateways_on_one_redis_never_pin_two_sessions_to_one_slot(redis_server: RedisServer) -> None:
+    """200 sessions, two stores (two replicas) claiming 4 slots at once, each claim racing the other's."""
+    prefix = f"race{uuid.uuid4().hex[:6]}"
+    replicas = [RedisStore(redis_server.url, prefix=prefix) for _ in range(2)]
+
+    async def claim(store: RedisStore, session: str) -> tuple[str, int] | None:
+        for slot in range(4):
+            if await store.claim_slot("llama", slot, session, time.time(), None):
+                return session, slot
+        return None
+
+    async def race() -> list[tuple[str, int] | None]:
+        jobs = [claim(replicas[i % 2], f"s{i}") for i in range(200)]
+        return list(await asyncio.gather(*jobs))
+
+    won = [w for w in run(race()) if w is not None]
+    held = run(replicas[0].leases("llama"))
+    assert len(won) == 4  # each slot went to exactly one session, whichever replica asked
+    assert sorted(slot for _, slot in won) == [0, 1, 2, 3]
+    assert {(lease.slot, lease.session_key) for lease in held} == {(slot, s) for s, slot in won}
+    for store in replicas:
+        run(store.close())

@@ -1,0 +1,183 @@
+"""Routing state in Redis, shared by every gateway replica (``state.url``).
+
+Key layout (``<prefix>`` = ``state.prefix``, ``v1`` = :data:`VERSION`: a layout change bumps it, so
+two turnout versions never read each other's values):
+
+    <prefix>:v1:session:<key>       string  msgspec JSON of a SessionView; expires after state.session_ttl_s
+    <prefix>:v1:sessions            zset    session key -> last seen (the most recent first; bounded)
+    <prefix>:v1:turns:<key>         list    the session's timeline, JSON turns (bounded; expires with it)
+    <prefix>:v1:leases:<backend>    hash    slot -> JSON {session, last_used, tokens}
+    <prefix>:v1:decisions           list    JSON decision entries, newest first (capped)
+
+Slot claims are one Lua script (compare-and-set: the slot's holder must still be the one routing saw,
+and the session's other slot on that backend is released in the same step), so two replicas never
+pin two sessions to one slot. The prefix index (what each backend, slot and RAM cache holds) stays in
+each replica's memory for now: a replica learns it from the prompts it sends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import redis.asyncio as redis
+
+from gateway.state.base import StateStore
+from gateway.state.prefix_index import PrefixIndex
+from policies.prefix import PromptChain
+from policies.types import PrefixMatch, SessionView, SlotLease
+
+VERSION = "v1"
+MAX_TURNS = 500
+
+CLAIM = """
+local holder = redis.call('HGET', KEYS[1], ARGV[1])
+if holder then
+  local owner = cjson.decode(holder)['session']
+  if owner ~= ARGV[2] and owner ~= ARGV[3] then return 0 end
+end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] and cjson.decode(all[i + 1])['session'] == ARGV[2] then
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+return 1
+"""
+"""KEYS[1] leases hash; ARGV: slot, session, expected owner ('' = free), the new lease's JSON."""
+
+
+class RedisStore(StateStore):
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "turnout",
+        max_sessions: int = 10_000,
+        session_ttl_s: float = 6 * 3600,
+        max_decisions: int = 1000,
+        prefix_tokens_per_backend: int = 1_000_000,
+        timeout_s: float = 0.25,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._redis = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=False
+        )
+        self._ns = f"{prefix}:{VERSION}"
+        self._index = PrefixIndex(max_tokens_per_backend=prefix_tokens_per_backend, max_tips=4 * max_sessions)
+        self._max_sessions = max_sessions
+        self._ttl_ms = int(session_ttl_s * 1000)
+        self._ttl = session_ttl_s
+        self._max_decisions = max_decisions
+        self._clock = clock
+        self._claim = self._redis.register_script(CLAIM)
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._ns, *parts))
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def get_session(self, key: str) -> SessionView | None:
+        raw = await self._redis.get(self._key("session", key))
+        if raw is None:
+            return None
+        session = msgspec.json.decode(raw, type=SessionView)
+        if self._clock() - session.last_seen > self._ttl:
+            return None
+        return session
+
+    async def find_session(self, chain: PromptChain) -> str | None:
+        key = self._index.find_session(chain)
+        return key if key is not None and await self.get_session(key) is not None else None
+
+    async def save_session(self, session: SessionView) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(self._key("session", session.key), msgspec.json.encode(session), px=self._ttl_ms)
+        pipe.zadd(self._key("sessions"), {session.key: session.last_seen})
+        pipe.zcard(self._key("sessions"))
+        *_, count = await pipe.execute()
+        if count > self._max_sessions:  # the least recently seen go, with their timelines
+            dropped = await self._redis.zpopmin(self._key("sessions"), count - self._max_sessions)
+            names = [self._key(kind, _text(item[0])) for item in dropped for kind in ("session", "turns")]
+            await self._redis.delete(*names)
+
+    async def record_prompt(
+        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+    ) -> None:
+        self._index.record(backend_id, slot, chain, tokens, session_key)
+
+    async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
+        return {backend: self._index.match(chain, backend) for backend in backend_ids}
+
+    async def leases(self, backend_id: str) -> tuple[SlotLease, ...]:
+        raw = await self._redis.hgetall(self._key("leases", backend_id))
+        leases = []
+        for slot, value in raw.items():
+            lease = msgspec.json.decode(value)
+            leases.append(SlotLease(int(slot), lease["session"], lease["last_used"], lease["tokens"]))
+        return tuple(sorted(leases, key=lambda lease: lease.slot))
+
+    async def claim_slot(
+        self,
+        backend_id: str,
+        slot: int,
+        session_key: str,
+        now: float,
+        expected_owner: str | None,
+        tokens: int = 0,
+    ) -> bool:
+        lease = msgspec.json.encode({"session": session_key, "last_used": now, "tokens": tokens})
+        claimed = await self._claim(
+            keys=[self._key("leases", backend_id)], args=[str(slot), session_key, expected_owner or "", lease]
+        )
+        return bool(claimed)
+
+    async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
+        released = []
+        async for name in self._redis.scan_iter(match=self._key("leases", "*")):
+            hash_key = name.decode()
+            backend = hash_key.rsplit(":", 1)[-1]
+            for slot, value in (await self._redis.hgetall(hash_key)).items():
+                if msgspec.json.decode(value)["session"] == session_key:
+                    await self._redis.hdel(hash_key, slot)
+                    released.append((backend, int(slot)))
+        return released
+
+    async def sessions(self, limit: int) -> list[SessionView]:
+        keys = await self._redis.zrevrange(self._key("sessions"), 0, limit - 1)
+        if not keys:
+            return []
+        raws = await self._redis.mget([self._key("session", _text(k)) for k in keys])
+        now = self._clock()
+        out = [msgspec.json.decode(raw, type=SessionView) for raw in raws if raw is not None]
+        return [s for s in out if now - s.last_seen <= self._ttl]
+
+    async def record_turn(self, key: str, turn: dict[str, Any]) -> None:
+        name = self._key("turns", key)
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.rpush(name, msgspec.json.encode(turn))
+        pipe.ltrim(name, -MAX_TURNS, -1)
+        pipe.pexpire(name, self._ttl_ms)
+        await pipe.execute()
+
+    async def turns(self, key: str) -> list[dict[str, Any]]:
+        return [msgspec.json.decode(raw) for raw in await self._redis.lrange(self._key("turns", key), 0, -1)]
+
+    async def record_decision(self, entry: dict[str, Any]) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.lpush(self._key("decisions"), msgspec.json.encode(entry))
+        pipe.ltrim(self._key("decisions"), 0, self._max_decisions - 1)
+        await pipe.execute()
+
+    async def decisions(self, limit: int) -> list[dict[str, Any]]:
+        raws = await self._redis.lrange(self._key("decisions"), 0, limit - 1)
+        return [msgspec.json.decode(raw) for raw in raws]
+
+
+def _text(value: Any) -> str:
+    """A key as redis-py returns it (bytes; its stubs allow more)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
