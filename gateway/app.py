@@ -42,6 +42,7 @@ from gateway.routing import Router
 from gateway.settings import Settings, is_loopback
 from gateway.state import MemoryStore, StateStore
 from gateway.state.redis_store import RedisStore
+from gateway.state.resilient import ResilientStore
 from policies import Endpoint
 
 JSON = "application/json"
@@ -151,11 +152,15 @@ async def metrics(state: State) -> Response[bytes]:
 @get("/health")
 async def health(state: State) -> Response[Any]:
     """200 while at least one backend is ready (or not yet probed); 503 otherwise."""
-    snapshots = _relay(state).fleet.snapshots()
+    relay = _relay(state)
+    snapshots = relay.fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
     ok = any(h in ("ready", "unknown") for h in backends.values())
+    store = relay.router.store
+    shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if store.degraded else "ok"
     return Response(
-        {"status": "ok" if ok else "unavailable", "backends": backends}, status_code=200 if ok else 503
+        {"status": "ok" if ok else "unavailable", "backends": backends, "state": shared},
+        status_code=200 if ok else 503,
     )
 
 
@@ -212,7 +217,7 @@ def state_store(settings: Settings) -> StateStore:
         "prefix_tokens_per_backend": state.prefix_index_tokens,
     }
     if state.url is not None:
-        return RedisStore(state.url, prefix=state.prefix, **common)
+        return ResilientStore(RedisStore(state.url, prefix=state.prefix, **common), MemoryStore(**common))
     return MemoryStore(**common)
 
 

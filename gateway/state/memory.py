@@ -90,6 +90,14 @@ class MemoryStore(StateStore):
         slots[slot] = SlotLease(slot, session_key, now, tokens)
         return True
 
+    def set_lease(self, backend_id: str, slot: int, session_key: str, now: float, tokens: int) -> None:
+        """Record a lease decided elsewhere (the shared store): the session's other slot there goes."""
+        slots = self._leases.setdefault(backend_id, {})
+        for other, lease in list(slots.items()):
+            if lease.session_key == session_key and other != slot:
+                del slots[other]
+        slots[slot] = SlotLease(slot, session_key, now, tokens)
+
     async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
         released = []
         for backend_id, slots in self._leases.items():

@@ -23,6 +23,8 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from gateway.state.base import StateStore
 from gateway.state.prefix_index import PrefixIndex
@@ -63,8 +65,8 @@ class RedisStore(StateStore):
         timeout_s: float = 0.25,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._redis = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=False
+        self._redis = redis.Redis.from_url(  # fail fast: a request must not wait on an absent Redis
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
         )
         self._ns = f"{prefix}:{VERSION}"
         self._index = PrefixIndex(max_tokens_per_backend=prefix_tokens_per_backend, max_tips=4 * max_sessions)
@@ -77,6 +79,9 @@ class RedisStore(StateStore):
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._ns, *parts))
+
+    async def ping(self) -> None:
+        await self._redis.ping()
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import structlog
 
 from gateway.app import create_app
+from gateway.state.redis_store import RedisStore
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.redis_server import RedisServer
 from tests.servers import ADMIN, ServerThread
 
+LOOP = asyncio.new_event_loop()
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 150}
 
 
@@ -82,3 +86,33 @@ def test_turns_alternating_between_two_replicas_stay_on_one_slot(stack: Stack) -
     cached = [a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
     prompts = [a.json()["usage"]["prompt_tokens"] for a in answers]
     assert all(c >= 0.9 * p for c, p in zip(cached[1:], prompts, strict=False))  # each turn reused the last
+
+
+def test_redis_going_away_fails_no_request_and_its_return_gets_the_state_back(
+    tmp_path: Path,
+) -> None:
+    server = RedisServer(tmp_path).start()
+    running = start_stack(state={"url": server.url, "prefix": "down"})
+    try:
+        history: list[dict[str, str]] = [SYSTEM]
+        turn(running.url, history, 0)
+        server.stop()  # killed mid-conversation
+        with structlog.testing.capture_logs() as logs:
+            for n in range(1, 5):
+                assert turn(running.url, history, n).headers["x-turnout-backend"] == "llama"
+            health = httpx.get(running.url + "/health").json()
+            decisions = httpx.get(running.url + "/admin/api/decisions", headers=ADMIN).json()["data"]
+        assert health["state"] == "degraded"
+        assert len(decisions) >= 4  # from the local copy
+        assert [e["event"] for e in logs].count("state.degraded") == 1  # not one per request
+        server.start()  # back, on the same port, empty
+        turn(running.url, history, 5)
+        assert httpx.get(running.url + "/health").json()["state"] == "ok"
+        shared = RedisStore(server.url, prefix="down")
+        session = LOOP.run_until_complete(shared.get_session("h:restart-me"))
+        assert session is not None
+        assert session.turns == 6  # written back, then kept up to date
+        LOOP.run_until_complete(shared.close())
+    finally:
+        stop_stack(running)
+        server.stop()

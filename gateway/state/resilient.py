@@ -1,0 +1,156 @@
+"""Redis that may go away: every write goes to a local copy too, and Redis failures never reach a client.
+
+``ResilientStore`` wraps the shared ``RedisStore`` and a local ``MemoryStore`` mirror. Writes go to
+both (Redis first; a Redis failure is noted, not raised); reads come from Redis while it answers and
+from the mirror while it does not (``degraded``). A failure logs ``state.degraded`` at most once per
+``WARN_EVERY_S``. When Redis answers again the gateway writes back what it learned meanwhile (the
+sessions it saved and the slots it claimed) and logs ``state.recovered``. The prefix index is this
+replica's own (the mirror's).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import structlog
+from redis.exceptions import RedisError
+
+from gateway.state.base import StateStore
+from gateway.state.memory import MemoryStore
+from gateway.state.redis_store import RedisStore
+from policies.prefix import PromptChain
+from policies.types import PrefixMatch, SessionView, SlotLease
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+WARN_EVERY_S = 60.0
+FAILURES = (RedisError, OSError, TimeoutError)
+
+
+class ResilientStore(StateStore):
+    def __init__(
+        self, redis: RedisStore, local: MemoryStore, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.redis = redis
+        self.local = local
+        self.degraded = False
+        self._warned_at = -WARN_EVERY_S
+        self._clock = clock
+        self._pending: dict[str, SessionView] = {}  # saved while Redis was away: written back on return
+        self._pending_claims: dict[tuple[str, int], tuple[str, float, int]] = {}
+
+    async def _shared(self, call: Callable[[], Awaitable[T]], fallback: Callable[[], Awaitable[T]]) -> T:
+        if self.degraded:
+            await self._recover()  # first: a read must see what is written back
+            if self.degraded:
+                return await fallback()
+        try:
+            return await call()
+        except FAILURES as exc:
+            self._failed(exc)
+            return await fallback()
+
+    def _failed(self, exc: BaseException) -> None:
+        self.degraded = True
+        now = self._clock()
+        if now - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = now
+            log.warning("state.degraded", error=str(exc) or type(exc).__name__, note="routing on local state")
+
+    async def _recover(self) -> None:
+        """If Redis answers again, write back the sessions saved and the slots claimed meanwhile."""
+        try:
+            await self.redis.ping()
+            for session in self._pending.values():
+                await self.redis.save_session(session)
+            for (backend, slot), (key, at, tokens) in self._pending_claims.items():
+                await self.redis.claim_slot(backend, slot, key, at, None, tokens)
+        except FAILURES as exc:
+            self._failed(exc)
+            return
+        log.info("state.recovered", sessions=len(self._pending), slots=len(self._pending_claims))
+        self._pending.clear()
+        self._pending_claims.clear()
+        self.degraded = False
+
+    async def get_session(self, key: str) -> SessionView | None:
+        return await self._shared(lambda: self.redis.get_session(key), lambda: self.local.get_session(key))
+
+    async def find_session(self, chain: PromptChain) -> str | None:
+        return await self.local.find_session(chain)  # the prefix index is this replica's
+
+    async def save_session(self, session: SessionView) -> None:
+        await self.local.save_session(session)
+
+        async def remember() -> None:
+            self._pending[session.key] = session
+
+        await self._shared(lambda: self.redis.save_session(session), remember)
+
+    async def record_prompt(
+        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+    ) -> None:
+        await self.local.record_prompt(backend_id, slot, chain, tokens, session_key)
+
+    async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
+        return await self.local.match_prefix(chain, backend_ids)
+
+    async def leases(self, backend_id: str) -> tuple[SlotLease, ...]:
+        return await self._shared(
+            lambda: self.redis.leases(backend_id), lambda: self.local.leases(backend_id)
+        )
+
+    async def claim_slot(
+        self,
+        backend_id: str,
+        slot: int,
+        session_key: str,
+        now: float,
+        expected_owner: str | None,
+        tokens: int = 0,
+    ) -> bool:
+        async def locally() -> bool:
+            claimed = await self.local.claim_slot(backend_id, slot, session_key, now, expected_owner, tokens)
+            if claimed:
+                self._pending_claims[(backend_id, slot)] = (session_key, now, tokens)
+            return claimed
+
+        claimed = await self._shared(
+            lambda: self.redis.claim_slot(backend_id, slot, session_key, now, expected_owner, tokens), locally
+        )
+        if claimed and not self.degraded:  # mirror the shared truth
+            self.local.set_lease(backend_id, slot, session_key, now, tokens)
+        return claimed
+
+    async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
+        await self.local.release_slots(session_key)
+        return await self._shared(
+            lambda: self.redis.release_slots(session_key), lambda: self.local.release_slots(session_key)
+        )
+
+    async def sessions(self, limit: int) -> list[SessionView]:
+        return await self._shared(lambda: self.redis.sessions(limit), lambda: self.local.sessions(limit))
+
+    async def record_turn(self, key: str, turn: dict[str, Any]) -> None:
+        await self.local.record_turn(key, turn)
+
+        async def nothing() -> None:
+            return None
+
+        await self._shared(lambda: self.redis.record_turn(key, turn), nothing)
+
+    async def turns(self, key: str) -> list[dict[str, Any]]:
+        return await self._shared(lambda: self.redis.turns(key), lambda: self.local.turns(key))
+
+    async def record_decision(self, entry: dict[str, Any]) -> None:
+        await self.local.record_decision(entry)
+
+        async def nothing() -> None:
+            return None
+
+        await self._shared(lambda: self.redis.record_decision(entry), nothing)
+
+    async def decisions(self, limit: int) -> list[dict[str, Any]]:
+        return await self._shared(lambda: self.redis.decisions(limit), lambda: self.local.decisions(limit))
