@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -262,10 +263,12 @@ def create_app(settings: Settings) -> Litestar:
                 access=access,
             )
             app.state.admin = AdminService(app.state.relay, settings, AdminAuth(admin_token(settings)))
+            follower = asyncio.create_task(app.state.admin.follow_policy())
             await fleet.start()
             try:
                 yield
             finally:
+                follower.cancel()
                 await fleet.stop()
 
     return Litestar(

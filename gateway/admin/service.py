@@ -3,6 +3,7 @@ and the few actions (switch profile, drain and undrain a backend), each written 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
@@ -22,6 +23,7 @@ from policies.types import EngineKind, SessionView
 log = structlog.get_logger(__name__)
 
 AUDIT_SIZE = 500
+POLICY_POLL_S = 0.5
 WINDOWS_S = (300, 3600)
 DECISION_FILTERS = ("model", "backend", "session", "status")
 
@@ -45,6 +47,7 @@ class AdminService:
         self.settings = settings
         self.auth = auth
         self.audit: deque[AuditEvent] = deque(maxlen=AUDIT_SIZE)
+        self.applied_at = 0.0  # when the live policy this replica follows was set
 
     @property
     def profiles(self) -> list[str]:
@@ -57,21 +60,54 @@ class AdminService:
 
     # actions
 
-    def switch_profile(self, name: str, identity: Identity) -> None:
+    async def switch_profile(self, name: str, identity: Identity) -> None:
         if name not in self.profiles:
             raise AdminError(f"unknown profile {name!r}; known: {', '.join(self.profiles)}")
         router = self.relay.router
         before = router.profile.name
         router.profile = self.settings.routing_profile(name)
         self._record(identity, "switch-profile", f"{before} -> {name}")
+        await self._share()
 
-    def drain(self, backend_id: str, drained: bool, identity: Identity) -> None:
+    async def drain(self, backend_id: str, drained: bool, identity: Identity) -> None:
         known = [b.id for b in self.settings.backends]
         if backend_id not in known:
             raise AdminError(f"unknown backend {backend_id!r}; known: {', '.join(known)}")
         router = self.relay.router
         router.drained = router.drained | {backend_id} if drained else router.drained - {backend_id}
         self._record(identity, "drain" if drained else "undrain", backend_id)
+        await self._share()
+
+    async def _share(self) -> None:
+        """Every replica applies it within ``POLICY_POLL_S`` (``follow_policy``)."""
+        router = self.relay.router
+        self.applied_at = time.time()
+        policy = {
+            "profile": router.profile.name,
+            "drained": sorted(router.drained),
+            "changed_at": self.applied_at,
+        }
+        await router.store.save_policy(policy)
+
+    async def follow_policy(self) -> None:
+        """Apply the live policy another replica set (polled every ``POLICY_POLL_S``)."""
+        while True:
+            await asyncio.sleep(POLICY_POLL_S)
+            try:
+                policy = await self.relay.router.store.policy()
+            except Exception as exc:  # a store hiccup must not end the loop
+                log.warning("admin.policy_poll_failed", error=str(exc))
+                continue
+            if policy is None or policy["changed_at"] <= self.applied_at:
+                continue
+            self.applied_at = policy["changed_at"]
+            router = self.relay.router
+            if policy["profile"] in self.profiles:
+                router.profile = self.settings.routing_profile(policy["profile"])
+            router.drained = frozenset(
+                b for b in policy["drained"] if b in {x.id for x in self.settings.backends}
+            )
+            log.info("admin.policy_followed", profile=policy["profile"], drained=policy["drained"])
 
     async def release(self, label: str, identity: Identity) -> list[tuple[str, int]]:
         session = await self._session_by_label(label)

@@ -271,7 +271,7 @@ async def api_switch_profile(request: Request[Any, Any, Any], state: State) -> R
         return actor
     try:
         body = msgspec.json.decode(await request.body())
-        _service(state).switch_profile(str(body["profile"]), actor)
+        await _service(state).switch_profile(str(body["profile"]), actor)
     except (msgspec.DecodeError, KeyError, TypeError):
         return _api_error(400, 'send {"profile": "<name>"}')
     except AdminError as exc:
@@ -293,7 +293,7 @@ async def api_drain(
     if action not in ("drain", "undrain"):
         return _api_error(404, "actions: drain, undrain")
     try:
-        _service(state).drain(backend_id, action == "drain", actor)
+        await _service(state).drain(backend_id, action == "drain", actor)
     except AdminError as exc:
         return _api_error(404, str(exc))
     return _json(_service(state).policy())

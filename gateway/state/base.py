@@ -73,6 +73,14 @@ class StateStore(ABC):
         """The session's timeline, oldest turn first."""
 
     @abstractmethod
+    async def save_policy(self, policy: dict[str, Any]) -> None:
+        """The live policy an admin set (profile, drained backends, when), for every replica."""
+
+    @abstractmethod
+    async def policy(self) -> dict[str, Any] | None:
+        """The live policy, if an admin ever set one."""
+
+    @abstractmethod
     async def record_decision(self, entry: dict[str, Any]) -> None:
         """Append to the decision log (the oldest entries fall off)."""
 

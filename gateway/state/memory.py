@@ -34,6 +34,7 @@ class MemoryStore(StateStore):
         self._leases: dict[str, dict[int, SlotLease]] = {}
         self._decisions: deque[dict[str, Any]] = deque(maxlen=max_decisions)
         self._turns: dict[str, deque[dict[str, Any]]] = {}
+        self._policy: dict[str, Any] | None = None
         self._max_sessions = max_sessions
         self._ttl = session_ttl_s
         self._clock = clock
@@ -117,6 +118,12 @@ class MemoryStore(StateStore):
 
     async def turns(self, key: str) -> list[dict[str, Any]]:
         return list(self._turns.get(key, ()))
+
+    async def save_policy(self, policy: dict[str, Any]) -> None:
+        self._policy = dict(policy)
+
+    async def policy(self) -> dict[str, Any] | None:
+        return None if self._policy is None else dict(self._policy)
 
     async def record_decision(self, entry: dict[str, Any]) -> None:
         self._decisions.append(entry)

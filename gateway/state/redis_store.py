@@ -8,6 +8,7 @@ two turnout versions never read each other's values):
     <prefix>:v1:turns:<key>         list    the session's timeline, JSON turns (bounded; expires with it)
     <prefix>:v1:leases:<backend>    hash    slot -> JSON {session, last_used, tokens}
     <prefix>:v1:decisions           list    JSON decision entries, newest first (capped)
+    <prefix>:v1:policy              string  JSON {profile, drained, changed_at}: an admin's live policy
 
 Slot claims are one Lua script (compare-and-set: the slot's holder must still be the one routing saw,
 and the session's other slot on that backend is released in the same step), so two replicas never
@@ -171,6 +172,13 @@ class RedisStore(StateStore):
 
     async def turns(self, key: str) -> list[dict[str, Any]]:
         return [msgspec.json.decode(raw) for raw in await self._redis.lrange(self._key("turns", key), 0, -1)]
+
+    async def save_policy(self, policy: dict[str, Any]) -> None:
+        await self._redis.set(self._key("policy"), msgspec.json.encode(policy))
+
+    async def policy(self) -> dict[str, Any] | None:
+        raw = await self._redis.get(self._key("policy"))
+        return None if raw is None else dict(msgspec.json.decode(raw))
 
     async def record_decision(self, entry: dict[str, Any]) -> None:
         pipe = self._redis.pipeline(transaction=True)

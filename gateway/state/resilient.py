@@ -152,5 +152,16 @@ class ResilientStore(StateStore):
 
         await self._shared(lambda: self.redis.record_decision(entry), nothing)
 
+    async def save_policy(self, policy: dict[str, Any]) -> None:
+        await self.local.save_policy(policy)
+
+        async def nothing() -> None:
+            return None
+
+        await self._shared(lambda: self.redis.save_policy(policy), nothing)
+
+    async def policy(self) -> dict[str, Any] | None:
+        return await self._shared(self.redis.policy, self.local.policy)
+
     async def decisions(self, limit: int) -> list[dict[str, Any]]:
         return await self._shared(lambda: self.redis.decisions(limit), lambda: self.local.decisions(limit))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +117,32 @@ def test_redis_going_away_fails_no_request_and_its_return_gets_the_state_back(
     finally:
         stop_stack(running)
         server.stop()
+
+
+def test_a_policy_change_reaches_every_replica_within_a_second(stack: Stack) -> None:
+    second = ServerThread(create_app(stack.settings)).start()
+    try:
+        switched = httpx.post(
+            stack.url + "/admin/api/policy/profile", json={"profile": "prefer-vllm"}, headers=ADMIN
+        )
+        assert switched.status_code == 200
+        drained = httpx.post(stack.url + "/admin/api/backends/llama/drain", headers=ADMIN)
+        assert drained.status_code == 200
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            policy = httpx.get(second.url + "/admin/api/policy", headers=ADMIN).json()
+            if policy["profile"] == "prefer-vllm" and [
+                b["id"] for b in policy["backends"] if b["drained"]
+            ] == ["llama"]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the second replica still follows {policy}")
+        answer = httpx.post(
+            second.url + "/v1/chat/completions",
+            json={"model": "m-both", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
+        assert answer.headers["x-turnout-backend"] == "vllm"
+        assert "llama: drained" in answer.headers["x-turnout-route-reason"]
+    finally:
+        second.stop()

@@ -186,3 +186,10 @@ def test_two_gateways_on_one_redis_never_pin_two_sessions_to_one_slot(redis_serv
     assert {(lease.slot, lease.session_key) for lease in held} == {(slot, s) for s, slot in won}
     for store in replicas:
         run(store.close())
+
+
+def test_the_live_policy_is_kept(store_factory: Callable[..., StateStore]) -> None:
+    store = store_factory()
+    assert run(store.policy()) is None
+    run(store.save_policy({"profile": "cost", "drained": ["llama"], "changed_at": 5.0}))
+    assert run(store.policy()) == {"profile": "cost", "drained": ["llama"], "changed_at": 5.0}
