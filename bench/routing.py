@@ -50,6 +50,7 @@ CONTENTION_REPEATS = 3
 PREVIOUS = {"agent": 1.00, "chat": 1.05, "mixed": 1.11}
 """The ratios the targets read, as docs/benchmarks.md recorded them on 2026-11-30 (to keep or improve)."""
 MODEL = "replay"
+OTHERS = "<!-- other benchmarks: kept when this file is regenerated -->"
 
 
 @dataclass(frozen=True)
@@ -343,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(targets(results)))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    args.out.write_text(text, encoding="utf-8")
+    kept = args.out.read_text(encoding="utf-8").partition(OTHERS)[2] if args.out.exists() else ""
+    args.out.write_text(text + ("\n" + OTHERS + kept if kept else ""), encoding="utf-8")
     return 0
 
 
