@@ -353,12 +353,11 @@ class Relay:
             )
         entry = decision_entry(opened.routed, record.request_id, outcome, record.status, record.error)
         if outcome is not None:
-            routed = opened.routed
+            routed, turn = opened.routed, None
             if routed.session is not None and chosen is not None:
                 rate = self.router.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
                 turn = turn_record(routed, outcome, record.request_id, rate)
-                await self.router.store.record_turn(routed.session.key, turn)
-            await self.router.complete(routed, outcome, entry)
+            await self.router.complete(routed, outcome, entry, turn)
         else:
             await self.router.store.record_decision(entry)
         record.emit()

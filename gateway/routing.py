@@ -275,8 +275,11 @@ class Router:
                 return Routed(decision, features, session, overflowed)
         return Routed(decision, features, session, overflowed)
 
-    async def complete(self, routed: Routed, outcome: Outcome, record: dict[str, Any]) -> None:
-        """Learn from a finished request, move its session on, and log the decision."""
+    async def complete(
+        self, routed: Routed, outcome: Outcome, record: dict[str, Any], turn: dict[str, Any] | None = None
+    ) -> None:
+        """Learn from a finished request, move its session on (``turn``: its timeline entry), and log the
+        decision: the store's writes in one batch."""
         decision, session = routed.decision, routed.session
         chosen = decision.chosen_candidate
         if chosen is not None:
@@ -286,6 +289,7 @@ class Router:
             key = session.key if session is not None else None
             tokens = outcome.usage.prompt_tokens
             await self.store.record_prompt(outcome.backend_id, decision.slot, chain, tokens, key)
+        updated = None
         if session is not None and chosen is not None:
             now, cached = time.time(), outcome.usage.cached_tokens or 0
             rate = self.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
@@ -305,8 +309,7 @@ class Router:
                 total_cached_tokens=session.total_cached_tokens + cached,
                 saved_s=session.saved_s + (cached / rate if rate > 0 else 0.0),
             )
-            await self.store.save_session(updated)
-        await self.store.record_decision(record)
+        await self.store.finish_turn(updated, turn, record)
 
 
 def decision_entry(

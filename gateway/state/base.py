@@ -72,6 +72,17 @@ class StateStore(ABC):
     async def turns(self, key: str) -> list[dict[str, Any]]:
         """The session's timeline, oldest turn first."""
 
+    async def finish_turn(
+        self, session: SessionView | None, turn: dict[str, Any] | None, decision: dict[str, Any]
+    ) -> None:
+        """A finished request's writes: the session's new state and timeline entry, and the decision
+        (one round trip where the store can batch them)."""
+        if session is not None:
+            await self.save_session(session)
+            if turn is not None:
+                await self.record_turn(session.key, turn)
+        await self.record_decision(decision)
+
     @abstractmethod
     async def save_policy(self, policy: dict[str, Any]) -> None:
         """The live policy an admin set (profile, drained backends, when), for every replica."""

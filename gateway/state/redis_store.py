@@ -102,10 +102,39 @@ class RedisStore(StateStore):
 
     async def save_session(self, session: SessionView) -> None:
         pipe = self._redis.pipeline(transaction=True)
+        self._save(pipe, session)
+        *_, count = await pipe.execute()
+        await self._bound(count)
+
+    def _save(self, pipe: Any, session: SessionView) -> None:
         pipe.set(self._key("session", session.key), msgspec.json.encode(session), px=self._ttl_ms)
         pipe.zadd(self._key("sessions"), {session.key: session.last_seen})
         pipe.zcard(self._key("sessions"))
-        *_, count = await pipe.execute()
+
+    def _turn(self, pipe: Any, key: str, turn: dict[str, Any]) -> None:
+        name = self._key("turns", key)
+        pipe.rpush(name, msgspec.json.encode(turn))
+        pipe.ltrim(name, -MAX_TURNS, -1)
+        pipe.pexpire(name, self._ttl_ms)
+
+    def _decision(self, pipe: Any, entry: dict[str, Any]) -> None:
+        pipe.lpush(self._key("decisions"), msgspec.json.encode(entry))
+        pipe.ltrim(self._key("decisions"), 0, self._max_decisions - 1)
+
+    async def finish_turn(
+        self, session: SessionView | None, turn: dict[str, Any] | None, decision: dict[str, Any]
+    ) -> None:
+        pipe = self._redis.pipeline(transaction=False)  # one round trip
+        if session is not None:
+            self._save(pipe, session)
+            if turn is not None:
+                self._turn(pipe, session.key, turn)
+        self._decision(pipe, decision)
+        results = await pipe.execute()
+        if session is not None:
+            await self._bound(results[2])
+
+    async def _bound(self, count: int) -> None:
         if count > self._max_sessions:  # the least recently seen go, with their timelines
             dropped = await self._redis.zpopmin(self._key("sessions"), count - self._max_sessions)
             names = [self._key(kind, _text(item[0])) for item in dropped for kind in ("session", "turns")]
@@ -163,11 +192,8 @@ class RedisStore(StateStore):
         return [s for s in out if now - s.last_seen <= self._ttl]
 
     async def record_turn(self, key: str, turn: dict[str, Any]) -> None:
-        name = self._key("turns", key)
         pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(name, msgspec.json.encode(turn))
-        pipe.ltrim(name, -MAX_TURNS, -1)
-        pipe.pexpire(name, self._ttl_ms)
+        self._turn(pipe, key, turn)
         await pipe.execute()
 
     async def turns(self, key: str) -> list[dict[str, Any]]:
@@ -182,8 +208,7 @@ class RedisStore(StateStore):
 
     async def record_decision(self, entry: dict[str, Any]) -> None:
         pipe = self._redis.pipeline(transaction=True)
-        pipe.lpush(self._key("decisions"), msgspec.json.encode(entry))
-        pipe.ltrim(self._key("decisions"), 0, self._max_decisions - 1)
+        self._decision(pipe, entry)
         await pipe.execute()
 
     async def decisions(self, limit: int) -> list[dict[str, Any]]:

@@ -152,6 +152,17 @@ class ResilientStore(StateStore):
 
         await self._shared(lambda: self.redis.record_decision(entry), nothing)
 
+    async def finish_turn(
+        self, session: SessionView | None, turn: dict[str, Any] | None, decision: dict[str, Any]
+    ) -> None:
+        await self.local.finish_turn(session, turn, decision)
+
+        async def remember() -> None:
+            if session is not None:
+                self._pending[session.key] = session
+
+        await self._shared(lambda: self.redis.finish_turn(session, turn, decision), remember)
+
     async def save_policy(self, policy: dict[str, Any]) -> None:
         await self.local.save_policy(policy)
 

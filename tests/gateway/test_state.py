@@ -193,3 +193,17 @@ def test_the_live_policy_is_kept(store_factory: Callable[..., StateStore]) -> No
     assert run(store.policy()) is None
     run(store.save_policy({"profile": "cost", "drained": ["llama"], "changed_at": 5.0}))
     assert run(store.policy()) == {"profile": "cost", "drained": ["llama"], "changed_at": 5.0}
+
+
+def test_a_finished_turn_is_written_in_one_batch(store_factory: Callable[..., StateStore]) -> None:
+    clock = Clock()
+    store = store_factory(max_sessions=1, clock=clock)
+    run(store.save_session(SessionView("old", last_seen=clock.now)))
+    new = SessionView("new", turns=1, last_seen=clock.now + 1)
+    run(store.finish_turn(new, {"turn": 1}, {"request_id": "r"}))
+    assert run(store.get_session("new")) == new
+    assert run(store.get_session("old")) is None  # still bounded
+    assert run(store.turns("new")) == [{"turn": 1}]
+    assert run(store.decisions(5)) == [{"request_id": "r"}]
+    run(store.finish_turn(None, None, {"request_id": "refused"}))
+    assert [d["request_id"] for d in run(store.decisions(5))] == ["refused", "r"]
