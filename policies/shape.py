@@ -18,12 +18,15 @@ from typing import Any
 
 from policies.prefix import message_text, render
 
-PIECE_CHARS = 256
+PIECE_CHARS = 1024
+"""Offsets are found to within this many characters (a smaller piece costs more memory per session)."""
 
 
 def _digest(data: bytes, previous: int = 0) -> int:
-    seed = previous.to_bytes(8, "big")
-    return int.from_bytes(hashlib.blake2b(seed + data, digest_size=8).digest(), "big")
+    """32 bits: these only compare a message with its own previous rendering (a collision would hide one
+    break from the diagnostics, never misroute), and they are kept per message of every live session."""
+    seed = previous.to_bytes(4, "big")
+    return int.from_bytes(hashlib.blake2b(seed + data, digest_size=4).digest(), "big")
 
 
 @dataclass(frozen=True, slots=True)

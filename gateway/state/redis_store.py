@@ -3,7 +3,7 @@
 Key layout (``<prefix>`` = ``state.prefix``, ``v1`` = :data:`VERSION`: a layout change bumps it, so
 two turnout versions never read each other's values):
 
-    <prefix>:v1:session:<key>       string  msgspec JSON of a SessionView; expires after state.session_ttl_s
+    <prefix>:v1:session:<key>       string  msgpack [SessionView, its shape as arrays]; expires with the TTL
     <prefix>:v1:sessions            zset    session key -> last seen (the most recent first; bounded)
     <prefix>:v1:turns:<key>         list    the session's timeline, JSON turns (bounded; expires with it)
     <prefix>:v1:leases:<backend>    hash    slot -> JSON {session, last_used, tokens}
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -30,6 +31,7 @@ from redis.backoff import NoBackoff
 from gateway.state.base import StateStore
 from gateway.state.prefix_index import PrefixIndex
 from policies.prefix import PromptChain
+from policies.shape import MessageMark, PromptShape
 from policies.types import PrefixMatch, SessionView, SlotLease
 
 VERSION = "v1"
@@ -91,7 +93,7 @@ class RedisStore(StateStore):
         raw = await self._redis.get(self._key("session", key))
         if raw is None:
             return None
-        session = msgspec.json.decode(raw, type=SessionView)
+        session = unpack(raw)
         if self._clock() - session.last_seen > self._ttl:
             return None
         return session
@@ -107,7 +109,7 @@ class RedisStore(StateStore):
         await self._bound(count)
 
     def _save(self, pipe: Any, session: SessionView) -> None:
-        pipe.set(self._key("session", session.key), msgspec.json.encode(session), px=self._ttl_ms)
+        pipe.set(self._key("session", session.key), pack(session), px=self._ttl_ms)
         pipe.zadd(self._key("sessions"), {session.key: session.last_seen})
         pipe.zcard(self._key("sessions"))
 
@@ -188,7 +190,7 @@ class RedisStore(StateStore):
             return []
         raws = await self._redis.mget([self._key("session", _text(k)) for k in keys])
         now = self._clock()
-        out = [msgspec.json.decode(raw, type=SessionView) for raw in raws if raw is not None]
+        out = [unpack(raw) for raw in raws if raw is not None]
         return [s for s in out if now - s.last_seen <= self._ttl]
 
     async def record_turn(self, key: str, turn: dict[str, Any]) -> None:
@@ -219,3 +221,29 @@ class RedisStore(StateStore):
 def _text(value: Any) -> str:
     """A key as redis-py returns it (bytes; its stubs allow more)."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+Packed = tuple[int, list[tuple[str, int, int, tuple[int, ...], bool]]]
+"""A PromptShape as msgpack arrays (field names repeated per message would double it)."""
+
+
+def pack(session: SessionView) -> bytes:
+    """A session's value: msgpack of [the session without its shape, the shape as arrays]."""
+    shape = session.shape
+    packed: Packed | None = None
+    if shape is not None:
+        packed = (shape.tools, [(m.role, m.chars, m.digest, m.pieces, m.reasoning) for m in shape.messages])
+    return msgspec.msgpack.encode((replace(session, shape=None), packed))
+
+
+def unpack(raw: Any) -> SessionView:
+    session, packed = msgspec.msgpack.decode(_bytes(raw), type=tuple[SessionView, Packed | None])
+    if packed is None:
+        return session
+    tools, messages = packed
+    return replace(session, shape=PromptShape(tools, tuple(MessageMark(*m) for m in messages)))
+
+
+def _bytes(value: Any) -> bytes:
+    """A value as redis-py returns it (bytes without ``decode_responses``; its stubs allow str)."""
+    return value if isinstance(value, bytes) else str(value).encode()

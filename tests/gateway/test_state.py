@@ -13,6 +13,7 @@ import pytest
 from gateway.state import MemoryStore, StateStore
 from gateway.state.redis_store import RedisStore
 from policies.prefix import chain_of
+from policies.shape import shape_of
 from policies.types import SessionView
 from tests.redis_server import RedisServer
 
@@ -207,3 +208,20 @@ def test_a_finished_turn_is_written_in_one_batch(store_factory: Callable[..., St
     assert run(store.decisions(5)) == [{"request_id": "r"}]
     run(store.finish_turn(None, None, {"request_id": "refused"}))
     assert [d["request_id"] for d in run(store.decisions(5))] == ["refused", "r"]
+
+
+def test_a_session_comes_back_whole(store_factory: Callable[..., StateStore]) -> None:
+    """Its last prompt's mark and per-message shape too (Redis packs the shape as arrays)."""
+    clock = Clock()
+    store = store_factory(clock=clock)
+    messages = [
+        {"role": "system", "content": "x" * 3000},
+        {"role": "user", "content": "fix", "reasoning": "r"},
+    ]
+    session = SessionView(
+        "s", backend_id="llama", slot=1, prompt_tokens=900, turns=3, last_seen=clock.now,
+        prompt=chain_of(b"y" * 5000).mark, shape=shape_of(messages), source="header", saved_s=1.5,
+    )  # fmt: skip
+    run(store.save_session(session))
+    assert run(store.get_session("s")) == session
+    assert run(store.sessions(1)) == [session]

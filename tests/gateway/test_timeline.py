@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.routing import Routed
 from gateway.timeline import turn_record
 from policies import Deployment, EngineKind, Reason, RequestFeatures
-from policies.shape import shape_of
+from policies.shape import PIECE_CHARS, shape_of
 from policies.types import Decision, Endpoint, Estimate, Outcome, ScoredCandidate, SessionView, Usage
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 100}
@@ -48,8 +48,9 @@ def test_an_edited_message_names_the_message_and_the_cost() -> None:
     record = turn_record(routed(edited), outcome(1000), "r1", prefill_tok_s=3000.0)
     broke = record["break"]
     assert broke["kind"] == "edited"
-    assert (broke["message"], broke["role"], broke["offset"]) == (1, "user", 512)
-    assert broke["cause"] == "message 1 (user) was edited at character ~512"
+    offset = 700 // PIECE_CHARS * PIECE_CHARS  # the edit is at character 700
+    assert (broke["message"], broke["role"], broke["offset"]) == (1, "user", offset)
+    assert broke["cause"] == f"message 1 (user) was edited at character ~{offset}"
     assert (broke["lost_tokens"], broke["lost_s"]) == (3000, 1.0)
 
 
