@@ -133,6 +133,8 @@ async def decisions_page(request: Request[Any, Any, Any], state: State) -> Respo
 async def decision_page(
     request: Request[Any, Any, Any], state: State, request_id: Annotated[str, PathParameter()]
 ) -> Response[Any]:
+    if _identity(request, state) is None:  # before the lookup: a stranger learns nothing from a 404
+        return Redirect("/admin/login")
     entry = await _service(state).decision(request_id)
     if entry is None:
         return _page("login.html", status=404, error=f"No decision {request_id} in the log.")
@@ -149,6 +151,8 @@ async def sessions_page(request: Request[Any, Any, Any], state: State) -> Respon
 async def session_page(
     request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
 ) -> Response[Any]:
+    if _identity(request, state) is None:
+        return Redirect("/admin/login")
     session = await _service(state).session(label)
     if session is None:
         return _page("login.html", status=404, error=f"No live session {label}.")
