@@ -15,6 +15,7 @@ import structlog
 
 from gateway.admin.auth import AdminAuth, Identity
 from gateway.relay import Relay
+from gateway.routing import session_label
 from gateway.settings import Settings
 from policies import BUILTIN_PROFILES
 from policies.learning import DeploymentStats
@@ -110,7 +111,7 @@ class AdminService:
             log.info("admin.policy_followed", profile=policy["profile"], drained=policy["drained"])
 
     async def release(self, label: str, identity: Identity) -> list[tuple[str, int]]:
-        session = await self._session_by_label(label)
+        session = await self._session_bysession_label(label)
         if session is None:
             raise AdminError(f"no live session {label}")
         released = await self.relay.router.store.release_slots(session.key)
@@ -120,9 +121,9 @@ class AdminService:
 
     # views
 
-    async def _session_by_label(self, label: str) -> SessionView | None:
+    async def _session_bysession_label(self, label: str) -> SessionView | None:
         for session in await self.relay.router.store.sessions(self.settings.state.max_sessions):
-            if _label(session.key) == label:
+            if session_label(session.key) == label:
                 return session
         return None
 
@@ -130,7 +131,7 @@ class AdminService:
         return [_session_row(s) for s in await self.relay.router.store.sessions(limit)]
 
     async def session(self, label: str) -> dict[str, Any] | None:
-        session = await self._session_by_label(label)
+        session = await self._session_bysession_label(label)
         if session is None:
             return None
         turns = await self.relay.router.store.turns(session.key)
@@ -158,7 +159,7 @@ class AdminService:
                     "id": slot.id,
                     "n_ctx": slot.n_ctx,
                     "busy": slot.is_processing,
-                    "session": _label(leases[slot.id].session_key) if slot.id in leases else None,
+                    "session": session_label(leases[slot.id].session_key) if slot.id in leases else None,
                     "tokens": leases[slot.id].tokens if slot.id in leases else 0,
                     "idle_s": round(now - leases[slot.id].last_used, 1) if slot.id in leases else None,
                 }
@@ -225,15 +226,9 @@ class AdminService:
         }
 
 
-def _label(key: str) -> str:
-    from gateway.routing import session_label
-
-    return session_label(key)
-
-
 def _session_row(session: SessionView) -> dict[str, Any]:
     return {
-        "session": _label(session.key),
+        "session": session_label(session.key),
         "source": session.source,
         "turns": session.turns,
         "backend": session.backend_id,

@@ -29,6 +29,10 @@ WARN_EVERY_S = 60.0
 FAILURES = (RedisError, OSError, TimeoutError)
 
 
+async def _skip() -> None:
+    """The fallback of a write the local mirror already has."""
+
+
 class ResilientStore(StateStore):
     def __init__(
         self, redis: RedisStore, local: MemoryStore, clock: Callable[[], float] = time.monotonic
@@ -136,10 +140,7 @@ class ResilientStore(StateStore):
     async def record_turn(self, key: str, turn: dict[str, Any]) -> None:
         await self.local.record_turn(key, turn)
 
-        async def nothing() -> None:
-            return None
-
-        await self._shared(lambda: self.redis.record_turn(key, turn), nothing)
+        await self._shared(lambda: self.redis.record_turn(key, turn), _skip)
 
     async def turns(self, key: str) -> list[dict[str, Any]]:
         return await self._shared(lambda: self.redis.turns(key), lambda: self.local.turns(key))
@@ -147,10 +148,7 @@ class ResilientStore(StateStore):
     async def record_decision(self, entry: dict[str, Any]) -> None:
         await self.local.record_decision(entry)
 
-        async def nothing() -> None:
-            return None
-
-        await self._shared(lambda: self.redis.record_decision(entry), nothing)
+        await self._shared(lambda: self.redis.record_decision(entry), _skip)
 
     async def finish_turn(
         self, session: SessionView | None, turn: dict[str, Any] | None, decision: dict[str, Any]
@@ -166,10 +164,7 @@ class ResilientStore(StateStore):
     async def save_policy(self, policy: dict[str, Any]) -> None:
         await self.local.save_policy(policy)
 
-        async def nothing() -> None:
-            return None
-
-        await self._shared(lambda: self.redis.save_policy(policy), nothing)
+        await self._shared(lambda: self.redis.save_policy(policy), _skip)
 
     async def policy(self) -> dict[str, Any] | None:
         return await self._shared(self.redis.policy, self.local.policy)
