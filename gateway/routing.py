@@ -18,13 +18,14 @@ import structlog
 
 from backends.errors import UpstreamStatusError
 from backends.fleet import Fleet
+from gateway.live import LiveSessions
 from gateway.state import StateStore
 from policies import Decision, Endpoint, Profile, RequestFeatures, route
 from policies.features import MESSAGE_OVERHEAD_TOKENS
 from policies.learning import LearnedState, learn
 from policies.prefix import PromptChain
 from policies.route import RoutingContext
-from policies.slots import DEFAULT_LEASE_IDLE_S
+from policies.slots import DEFAULT_LEASE_IDLE_S, proven
 from policies.types import (
     EngineKind,
     Health,
@@ -140,9 +141,14 @@ class Router:
         self.profile = profile
         self.lease_idle_s = lease_idle_s
         self.learned = LearnedState()
+        """What routing believes: this replica's learning merged with the others' (``gateway.replicas``)."""
+        self.own_learned = LearnedState()
+        """What this replica learned from its own outcomes (what it shares with the others)."""
         self.drained: frozenset[str] = frozenset()
         """Backends an admin drained: routing sends them no new requests (in-flight ones finish)."""
         self._sequence = itertools.count()
+        self.live = LiveSessions(lease_idle_s)
+        """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
 
     async def resolve_session(self, features: RequestFeatures) -> tuple[RequestFeatures, SessionView | None]:
         """The request's session: the named one, else the known one whose last prompt this one
@@ -231,6 +237,7 @@ class Router:
             matches=matches,
             lease_idle_s=self.lease_idle_s,
             drained=self.drained,
+            live_sessions=self.live.count(time.time()),
         )
         return snapshots, context
 
@@ -255,6 +262,8 @@ class Router:
         excluded: frozenset[str],
         overflowed: tuple[str, ...],
     ) -> Routed:
+        if session is not None and proven(features, session):
+            self.live.touch(session.key, time.time())  # it competes for slots from now on
         for _ in range(CLAIM_ATTEMPTS):
             snapshots, context = await self._context(session, excluded, features.chain)
             decision = route(features, snapshots, self.profile, time.time(), context)
@@ -284,6 +293,8 @@ class Router:
         chosen = decision.chosen_candidate
         if chosen is not None:
             self.learned = learn(self.learned, outcome, chosen.deployment)
+            if self.store.shared_by_replicas:
+                self.own_learned = learn(self.own_learned, outcome, chosen.deployment)
         chain = routed.features.chain
         if chosen is not None and chain.length:
             key = session.key if session is not None else None

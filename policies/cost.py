@@ -26,8 +26,11 @@ and each engine's semantics. Of a prefix of ``n`` tokens an engine reuses at mos
 another session, an eviction cost; the best objective wins (``policies.slots``).
 
 **Sessions look ahead**: a session expected to go on weighs its next turn's TTFT ``future_s``
-``LOOKAHEAD_TURNS`` times: a pinned llama.cpp slot will hold the whole conversation, a vLLM serving
-a hybrid model will re-prefill it.
+``LOOKAHEAD_TURNS * keep`` times: a pinned llama.cpp slot will hold the whole conversation, a vLLM
+serving a hybrid model will re-prefill it. ``keep`` (``policies.slots.keep_chance``) is the chance a
+pin lasts: 1 for a session holding a slot or while the live sessions fit in the slots, else
+``slots / live sessions``: with 8 agents on 2 slots a newcomer's pin is likely taken back before it
+pays off, so it should not outbid the holders.
 
     growth   = prompt - session's last prompt   (first turn: GROWTH_PRIOR of the prompt)
     future_s = queue_s + (prompt + growth - cached_next) / prefill_tok_s
@@ -104,13 +107,15 @@ def estimate(
     match: PrefixMatch | None = None,
     now: float = 0.0,
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S,
+    keep: float = 1.0,
 ) -> Estimate:
-    """Predict this candidate's reuse and timing (see the module docstring for the formulas)."""
+    """Predict this candidate's reuse and timing (see the module docstring for the formulas);
+    ``keep``: the chance a slot pinned now lasts (``policies.slots.keep_chance``)."""
     stats = learned.for_deployment(deployment, snapshot.kind)
     situation = Situation(
         snapshot, deployment, stats, match or PrefixMatch(), session, leases, now, lease_idle_s
     )
-    horizon = LOOKAHEAD_TURNS if proven(features, session) else 0.0
+    horizon = LOOKAHEAD_TURNS * keep if proven(features, session) else 0.0
     if snapshot.kind is EngineKind.LLAMACPP:
         options = llama_options(features, situation)
         last_used = {lease.slot: lease.last_used for lease in leases}

@@ -15,10 +15,11 @@ from policies.filters import FILTERS, Candidate
 from policies.learning import LearnedState
 from policies.profiles import Profile
 from policies.scorers import SCORERS, CandidateView
-from policies.slots import DEFAULT_LEASE_IDLE_S
+from policies.slots import DEFAULT_LEASE_IDLE_S, keep_chance
 from policies.types import (
     BackendSnapshot,
     Decision,
+    EngineKind,
     PrefixMatch,
     Reason,
     Rejection,
@@ -41,6 +42,7 @@ class RoutingContext:
     matches: Mapping[str, PrefixMatch] = field(default_factory=lambda: MappingProxyType({}))
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S
     drained: frozenset[str] = frozenset()  # backends an admin drained: no new requests
+    live_sessions: int = 0  # sessions that sent a turn within ``lease_idle_s``, this one included
 
 
 def _clamp(value: float) -> float:
@@ -78,6 +80,8 @@ def route(
     if not candidates:
         return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
 
+    slots = sum(s.total_slots or len(s.slots) for _, s in candidates if s.kind is EngineKind.LLAMACPP)
+    keep = keep_chance(context.session, context.leases, slots, context.live_sessions)
     views = [
         CandidateView(
             deployment,
@@ -92,6 +96,7 @@ def route(
                 match=context.matches.get(snapshot.backend_id),
                 now=now,
                 lease_idle_s=context.lease_idle_s,
+                keep=keep,
             ),
         )
         for deployment, snapshot in candidates

@@ -30,7 +30,7 @@ pinned there, so llama-server's own LRU choice cannot evict a session's warm slo
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from policies.learning import DeploymentStats, reusable
@@ -83,6 +83,22 @@ def reuse(shared: int, stats: DeploymentStats, ratio: float, *, token_exact: boo
         return 0
     block = 1 if token_exact else stats.block
     return round(reusable(shared, block) * ratio / block) * block
+
+
+def keep_chance(
+    session: SessionView | None,
+    leases: Mapping[str, Sequence[SlotLease]],
+    slots: int,
+    live_sessions: int,
+) -> float:
+    """The chance that a session pinned to a slot now still holds it on its next turns: 1 for a
+    session that holds a slot already (eviction costs protect it) or while the sessions live on the
+    gateway fit in the ``slots``; else a newcomer's share, ``slots / live sessions`` (itself included)."""
+    if session is None or slots <= 0:
+        return 1.0
+    if any(lease.session_key == session.key for held in leases.values() for lease in held):
+        return 1.0
+    return min(1.0, slots / max(live_sessions, 1))
 
 
 def proven(features: RequestFeatures, session: SessionView | None) -> bool:

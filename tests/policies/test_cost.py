@@ -8,9 +8,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
+from policies import (
+    BUILTIN_PROFILES,
+    Architecture,
+    BackendSnapshot,
+    Deployment,
+    Endpoint,
+    EngineKind,
+    Health,
+    RequestFeatures,
+    route,
+)
 from policies.cost import estimate
 from policies.learning import LearnedState, learn
+from policies.route import RoutingContext
+from policies.slots import keep_chance
 from policies.types import (
     Estimate,
     Outcome,
@@ -301,3 +313,48 @@ def test_the_worked_example_of_docs_routing() -> None:
     assert round(on_llama.objective_ttft_s, 2) == 4.25
     assert round(on_vllm.objective_ttft_s, 2) == 13.05
     assert "takes slot 0 from session" in on_llama.note
+
+
+BOTH_HELD = {"llama": (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.0, 9000))}
+
+
+class TestKeepChance:
+    """A new pin is worth its look-ahead only as far as it is likely to last (``keep_chance``)."""
+
+    def test_a_holder_keeps_its_slot(self) -> None:
+        assert keep_chance(SessionView("a"), BOTH_HELD, slots=2, live_sessions=8) == 1.0
+
+    def test_sessions_that_fit_in_the_slots_keep_them(self) -> None:
+        assert keep_chance(SessionView("new"), BOTH_HELD, slots=2, live_sessions=2) == 1.0
+
+    def test_a_newcomer_among_eight_live_sessions_gets_its_share(self) -> None:
+        assert keep_chance(SessionView("new"), BOTH_HELD, slots=2, live_sessions=8) == 0.25
+
+    def test_no_session_or_no_slots(self) -> None:
+        assert keep_chance(None, BOTH_HELD, slots=2, live_sessions=8) == 1.0
+        assert keep_chance(SessionView("new"), {}, slots=0, live_sessions=8) == 1.0
+
+    @staticmethod
+    def first_turn(live_sessions: int) -> str | None:
+        """A named session's first turn (16k tokens); slot 0 idle and free, slot 1 held; vLLM idle."""
+        now = 100.0
+        llama = BackendSnapshot(
+            "llama", EngineKind.LLAMACPP, Health.READY, now, (LLAMA,),
+            slots=(SlotState(0, 65536, False), SlotState(1, 65536, False)), total_slots=2,
+        )  # fmt: skip
+        request = RequestFeatures("m", Endpoint.CHAT, 16_000, 256, True, "new", SessionSource.HEADER)
+        context = RoutingContext(
+            session=SessionView("new"),
+            leases={"llama": (SlotLease(1, "b", now - 5, 20_000),)},
+            matches={"llama": NOTHING},
+            live_sessions=live_sessions,
+        )
+        decision = route(request, [llama, vllm_snapshot()], BUILTIN_PROFILES["cost"], now, context)
+        assert decision.chosen is not None
+        return decision.chosen.backend_id
+
+    def test_a_free_slot_is_taken_while_sessions_fit_and_left_when_they_do_not(self) -> None:
+        """Two live sessions on two slots: the newcomer pins the free slot for its next turns. Eight:
+        the pin likely goes to another session before it pays off; vLLM's faster first turn wins."""
+        assert self.first_turn(live_sessions=2) == "llama"
+        assert self.first_turn(live_sessions=8) == "vllm"
