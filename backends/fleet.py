@@ -16,7 +16,7 @@ import httpx
 import structlog
 
 from backends.base import Adapter, BackendSpec
-from backends.inflight import InFlight, Sent
+from backends.inflight import InFlight, Load, Sent
 from backends.registry import create_adapter
 from policies.types import BackendSnapshot, Health
 
@@ -35,14 +35,23 @@ class Fleet:
         self._view: tuple[BackendSnapshot, ...] = tuple(self._snapshots.values())
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight = InFlight()
+        self.peers: dict[str, Load] = {}
+        """The other replicas' requests in flight, per backend (``gateway.replicas`` sets it)."""
 
     def snapshots(self) -> tuple[BackendSnapshot, ...]:
         """The latest snapshots, with turnout's own requests in flight laid over them
         (``backends.inflight``: fresh load between probes, predicted slot waits, prefill backlog)."""
-        if not self._inflight:
+        if not self._inflight and not self.peers:
             return self._view
         now = time.time()
-        return tuple(self._inflight.overlay(snapshot, now) for snapshot in self._view)
+        return tuple(
+            self._inflight.overlay(snapshot, now, self.peers.get(snapshot.backend_id))
+            for snapshot in self._view
+        )
+
+    def load(self) -> dict[str, Load]:
+        """This replica's requests in flight per backend (for the other replicas)."""
+        return self._inflight.load(time.time())
 
     def begin(self, request: Sent) -> int:
         """Note a request sent (with routing's predictions); returns the token :meth:`end` takes."""

@@ -14,6 +14,10 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   ``prefill_backlog_s``: each request's predicted prefill time, less what has passed since its
   predicted queue wait ended, and nothing once its first token arrived. Both engines process the
   prompt chunks of earlier requests first, so a new request's first token waits for that backlog.
+
+Other gateway replicas on the same engines publish their requests' ``Load`` (``gateway.replicas``):
+their prefill backlog adds to this one's, their busy slots count as busy. Their running requests are
+not added: the engines' own counts, in the next probe, include them.
 """
 
 from __future__ import annotations
@@ -45,6 +49,24 @@ class Sent:
     def prefill_left_s(self, now: float) -> float:
         elapsed = now - self.started
         return max(self.prefill_s - max(elapsed - self.queue_s, 0.0), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Requests in flight on one backend, as another replica sees them: the prefill backlog, how many,
+    and each busy slot with how long it is still predicted to be busy."""
+
+    backlog_s: float = 0.0
+    running: int = 0
+    busy: tuple[tuple[int, float], ...] = ()
+
+    def __add__(self, other: Load) -> Load:
+        busy = dict(self.busy)
+        for slot, seconds in other.busy:
+            busy[slot] = busy.get(slot, 0.0) + seconds  # requests on one slot run one after the other
+        return Load(
+            self.backlog_s + other.backlog_s, self.running + other.running, tuple(sorted(busy.items()))
+        )
 
 
 class InFlight:
@@ -83,20 +105,32 @@ class InFlight:
         for token in [t for t, r in self._open.items() if r.started < stale]:
             del self._open[token]
 
-    def overlay(self, snapshot: BackendSnapshot, now: float) -> BackendSnapshot:
-        """``snapshot`` with turnout's own requests laid over it (module docstring)."""
+    def load(self, now: float) -> dict[str, Load]:
+        """This replica's requests per backend, for the other replicas."""
+        out: dict[str, Load] = {}
+        for request in self._open.values():
+            busy = ((request.slot, request.busy_s(now)),) if request.slot is not None else ()
+            out[request.backend_id] = out.get(request.backend_id, Load()) + Load(
+                request.prefill_left_s(now), 1, busy
+            )
+        return out
+
+    def overlay(self, snapshot: BackendSnapshot, now: float, peers: Load | None = None) -> BackendSnapshot:
+        """``snapshot`` with turnout's own requests, and the other replicas' ``peers``, laid over it
+        (module docstring)."""
         mine = [r for r in self._open.values() if r.backend_id == snapshot.backend_id]
         ended = {
             s for (b, s), at in self._ended.items() if b == snapshot.backend_id and at > snapshot.taken_at
         }
-        if not mine and not ended:
+        if not mine and not ended and peers is None:
             return snapshot
-        busy: dict[int, float] = {}
+        peers = peers or Load()
+        busy: dict[int, float] = dict(peers.busy)
         for request in mine:  # requests pinned to one slot run one after the other
             if request.slot is not None:
                 busy[request.slot] = busy.get(request.slot, 0.0) + request.busy_s(now)
         newer = [r for r in mine if r.started > snapshot.taken_at]
-        pinned = {r.slot for r in newer if r.slot is not None}
+        pinned = {r.slot for r in newer if r.slot is not None} | {slot for slot, _ in peers.busy}
         freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since
         slots = tuple(
             replace(
@@ -106,7 +140,7 @@ class InFlight:
             )
             for s in snapshot.slots
         )
-        backlog = sum(r.prefill_left_s(now) for r in mine)
+        backlog = sum(r.prefill_left_s(now) for r in mine) + peers.backlog_s
         running = snapshot.running + len(newer)
         capacity = snapshot.total_slots
         queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued

@@ -4,10 +4,14 @@ Keys are configured as SHA-256 hashes (``auth.keys``; a plain ``key`` in the con
 settings load and never kept or logged). A request presents its key as ``Authorization: Bearer`` or,
 for Anthropic clients, ``x-api-key``. With no key configured turnout is open.
 
-Per key, in this process (a Redis-backed count for several replicas comes with the shared store):
-requests per minute, concurrent requests and tokens per minute (prompt + completion, counted when a
-request ends), each over a sliding minute; a key may be restricted to some models. Usage (requests,
-prompt, cached and completion tokens) is kept per key for ``/admin/api/keys``.
+Per key: requests per minute, concurrent requests and tokens per minute (prompt + completion, counted
+when a request ends), each over a sliding minute; over one, 429 with ``retry-after``. A key may be
+restricted to some models (404 for the others, as for a model that does not exist). Usage (requests
+that ended; prompt, cached and completion tokens) is kept per key for ``/admin/api/keys``.
+
+The counting is a ``gateway.key_limits.Counter``: in this process by default; in Redis when
+``state.url`` is set, so that every replica holds a key to the same limits (counted locally while
+Redis is away: no request fails for it). Authentication and the model check are local and sync.
 """
 
 from __future__ import annotations
@@ -15,16 +19,21 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import GatewayError, ModelNotFound
+from gateway.key_limits import Counter, Limit, MemoryCounter, Quota
 from policies.types import Usage
 
-WINDOW_S = 60.0
+COUNTED = {
+    Limit.REQUESTS_PER_MINUTE: "requests per minute",
+    Limit.CONCURRENT: "concurrent requests",
+    Limit.TOKENS_PER_MINUTE: "tokens per minute",
+}
+"""What each limit counts, for the 429's message."""
 
 
 class Unauthorized(GatewayError):
@@ -60,16 +69,9 @@ class Key:
     concurrent: int | None = None
     tokens_per_minute: int | None = None
 
-
-@dataclass(slots=True)
-class KeyState:
-    requests: deque[float] = field(default_factory=deque)
-    tokens: deque[tuple[float, int]] = field(default_factory=deque)
-    running: int = 0
-    total_requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
+    @property
+    def quota(self) -> Quota:
+        return Quota(self.requests_per_minute, self.concurrent, self.tokens_per_minute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +79,13 @@ class Ticket:
     """One admitted request of a key, released once when the request ends."""
 
     key: str
+    request_id: str
 
 
 class Access:
-    def __init__(self, keys: Sequence[Key], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, keys: Sequence[Key], counter: Counter | None = None) -> None:
         self.keys = {k.sha256: k for k in keys}
-        self._state = {k.name: KeyState() for k in keys}
-        self._clock = clock
+        self.counter = counter or MemoryCounter()
 
     @property
     def enabled(self) -> bool:
@@ -111,7 +113,7 @@ class Access:
     def allows(self, key: Key | None, model: str) -> bool:
         return key is None or key.models is None or model in key.models
 
-    def admit(self, key: Key | None, model: str) -> Ticket | None:
+    async def admit(self, key: Key | None, model: str) -> Ticket | None:
         """Count a request of ``key`` for ``model``, or refuse it (404 for a model the key may not use,
         429 over a limit, with the seconds until it would pass)."""
         if key is None:
@@ -120,44 +122,25 @@ class Access:
             raise ModelNotFound(
                 f"The model `{model}` does not exist or this key may not use it.", param="model"
             )
-        now, state = self._clock(), self._state[key.name]
-        _expire(state, now)
-        if key.concurrent is not None and state.running >= key.concurrent:
-            raise RateLimited(f"Key {key.name!r}: {key.concurrent} concurrent requests at most.", 1.0)
-        if key.requests_per_minute is not None and len(state.requests) >= key.requests_per_minute:
-            wait = state.requests[0] + WINDOW_S - now
-            raise RateLimited(
-                f"Key {key.name!r}: {key.requests_per_minute} requests per minute at most.", wait
-            )
-        if key.tokens_per_minute is not None:
-            used = sum(tokens for _, tokens in state.tokens)
-            if used >= key.tokens_per_minute:
-                wait = state.tokens[0][0] + WINDOW_S - now
-                raise RateLimited(
-                    f"Key {key.name!r}: {key.tokens_per_minute} tokens per minute at most.", wait
-                )
-        state.requests.append(now)
-        state.running += 1
-        state.total_requests += 1
-        return Ticket(key.name)
+        ticket = Ticket(key.name, uuid.uuid4().hex)
+        refusal = await self.counter.admit(key.name, key.quota, ticket.request_id)
+        if refusal is not None:
+            allowed = getattr(key.quota, refusal.limit.value)
+            message = f"Key {key.name!r}: {allowed} {COUNTED[refusal.limit]} at most."
+            raise RateLimited(message, refusal.wait_s)
+        return ticket
 
-    def release(self, ticket: Ticket | None, usage: Usage | None) -> None:
-        if ticket is None:
-            return
-        state = self._state[ticket.key]
-        state.running = max(state.running - 1, 0)
-        if usage is not None:
-            state.tokens.append((self._clock(), usage.prompt_tokens + usage.completion_tokens))
-            state.prompt_tokens += usage.prompt_tokens
-            state.cached_tokens += usage.cached_tokens or 0
-            state.completion_tokens += usage.completion_tokens
+    async def release(self, ticket: Ticket | None, usage: Usage | None) -> None:
+        if ticket is not None:
+            await self.counter.release(ticket.key, ticket.request_id, usage)
 
-    def usage(self) -> list[dict[str, Any]]:
-        now = self._clock()
+    async def usage(self) -> list[dict[str, Any]]:
+        """Each key's limits and counts, for ``/admin/api/keys`` (names only, never keys)."""
+        keys = list(self.keys.values())
+        counts = await self.counter.usage([key.name for key in keys])
         out = []
-        for key in self.keys.values():
-            state = self._state[key.name]
-            _expire(state, now)
+        for key in keys:
+            used = counts[key.name]
             out.append(
                 {
                     "name": key.name,
@@ -167,22 +150,18 @@ class Access:
                         "concurrent": key.concurrent,
                         "tokens_per_minute": key.tokens_per_minute,
                     },
-                    "running": state.running,
+                    "running": used.running,
                     "last_minute": {
-                        "requests": len(state.requests),
-                        "tokens": sum(t for _, t in state.tokens),
+                        "requests": used.last_minute_requests,
+                        "tokens": used.last_minute_tokens,
                     },
-                    "requests": state.total_requests,
-                    "prompt_tokens": state.prompt_tokens,
-                    "cached_tokens": state.cached_tokens,
-                    "completion_tokens": state.completion_tokens,
+                    "requests": used.requests,
+                    "prompt_tokens": used.prompt_tokens,
+                    "cached_tokens": used.cached_tokens,
+                    "completion_tokens": used.completion_tokens,
                 }
             )
         return out
 
-
-def _expire(state: KeyState, now: float) -> None:
-    while state.requests and state.requests[0] <= now - WINDOW_S:
-        state.requests.popleft()
-    while state.tokens and state.tokens[0][0] <= now - WINDOW_S:
-        state.tokens.popleft()
+    async def close(self) -> None:
+        await self.counter.close()

@@ -29,6 +29,9 @@ from gateway.admin.service import AdminService
 from gateway.admin.views import admin_router
 from gateway.catalog import Catalog
 from gateway.errors import GatewayError, ModelNotFound, anthropic_error_body, openai_error_body
+from gateway.key_limits import Counter, MemoryCounter
+from gateway.key_limits.redis_counter import RedisCounter
+from gateway.key_limits.resilient import ResilientCounter
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.middleware import request_id_middleware
 from gateway.model_api import (
@@ -39,6 +42,7 @@ from gateway.model_api import (
     speaks_anthropic,
 )
 from gateway.relay import Relay
+from gateway.replicas import Replicas
 from gateway.routing import Router
 from gateway.settings import Settings, is_loopback
 from gateway.state import MemoryStore, StateStore
@@ -157,8 +161,10 @@ async def health(state: State) -> Response[Any]:
     snapshots = relay.fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
     ok = any(h in ("ready", "unknown") for h in backends.values())
-    store = relay.router.store
-    shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if store.degraded else "ok"
+    store, counter = relay.router.store, relay.access.counter
+    parts = (store, counter)  # Redis away: routing state and key limits both fall back to memory
+    degraded = any(isinstance(part, ResilientStore | ResilientCounter) and part.degraded for part in parts)
+    shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if degraded else "ok"
     return Response(
         {"status": "ok" if ok else "unavailable", "backends": backends, "state": shared},
         status_code=200 if ok else 503,
@@ -218,8 +224,18 @@ def state_store(settings: Settings) -> StateStore:
         "prefix_tokens_per_backend": state.prefix_index_tokens,
     }
     if state.url is not None:
-        return ResilientStore(RedisStore(state.url, prefix=state.prefix, **common), MemoryStore(**common))
+        shared = RedisStore(state.url, prefix=state.prefix, timeout_s=state.timeout_s, **common)
+        return ResilientStore(shared, MemoryStore(**common))
     return MemoryStore(**common)
+
+
+def key_counter(settings: Settings) -> Counter:
+    """Per-key limits counted in Redis when ``state.url`` is set (shared by replicas), else here."""
+    url = settings.state.url
+    if url is not None:
+        shared = RedisCounter(url, prefix=settings.state.prefix, timeout_s=settings.state.timeout_s)
+        return ResilientCounter(shared, MemoryCounter())
+    return MemoryCounter()
 
 
 def create_app(settings: Settings) -> Litestar:
@@ -239,7 +255,8 @@ def create_app(settings: Settings) -> Litestar:
                 k.tokens_per_minute,
             )
             for k in settings.auth.all_keys()
-        ]
+        ],
+        key_counter(settings),
     )
     if not access.enabled and not is_loopback(settings.host):
         structlog.get_logger(__name__).warning(
@@ -263,13 +280,19 @@ def create_app(settings: Settings) -> Litestar:
                 access=access,
             )
             app.state.admin = AdminService(app.state.relay, settings, AdminAuth(admin_token(settings)))
-            follower = asyncio.create_task(app.state.admin.follow_policy())
+            background = [
+                asyncio.create_task(app.state.admin.follow_policy()),
+                asyncio.create_task(store.follow()),  # the other replicas' prefix index records
+                asyncio.create_task(Replicas(router, fleet).run()),  # learned state and load
+            ]
             await fleet.start()
             try:
                 yield
             finally:
-                follower.cancel()
+                for task in background:
+                    task.cancel()
                 await fleet.stop()
+                await access.close()
 
     return Litestar(
         route_handlers=[

@@ -245,7 +245,7 @@ class Relay:
             key = self.access.authenticate(request.headers)
             record.key = key.name if key else None
             body = parse_body(await read_body(request, self.max_body), endpoint)
-            record.ticket = self.access.admit(key, self.catalog.resolve(body["model"]).name)
+            record.ticket = await self.access.admit(key, self.catalog.resolve(body["model"]).name)
             record.stream = bool(body.get("stream"))
             routed = await self.route(body, endpoint, request.headers)
             record.model = routed.features.model
@@ -269,16 +269,16 @@ class Relay:
             return Response(content, media_type="application/json", headers=headers)
         except ClientDisconnected:
             record.status, record.error = CLIENT_CLOSED, "client disconnected"
-            record.emit()
+            await self._end(record)
             return Response(b"", status_code=CLIENT_CLOSED)
         except UpstreamStreamError as exc:
             error = UpstreamFailed(f"backend {exc.backend_id} failed: {exc.message}")
             record.status, record.error = error.status, error.message
-            record.emit()
+            await self._end(record)
             raise error from exc
         except GatewayError as exc:
             record.status, record.error = exc.status, exc.message
-            record.emit()
+            await self._end(record)
             if routed is not None:  # routed, then refused or failed before any byte: log the decision too
                 entry = decision_entry(routed, record.request_id, None, exc.status, exc.message)
                 await self.router.store.record_decision(entry)
@@ -288,9 +288,14 @@ class Relay:
                 await watch.stop()
 
     def _observe(self, record: RequestRecord, duration_s: float) -> None:
-        """When a request's log line is written (exactly once): metrics, and its key's admission ends."""
+        """When a request's log line is written (exactly once): its metrics."""
         self.metrics.observe(record, duration_s)
-        self.access.release(record.ticket, record.usage)
+
+    async def _end(self, record: RequestRecord) -> None:
+        """A request ended: its key's admission ends (once), then its log line is written."""
+        ticket, record.ticket = record.ticket, None
+        await self.access.release(ticket, record.usage)
+        record.emit()
 
     @staticmethod
     def _headers(opened: Opened) -> dict[str, str]:
@@ -360,4 +365,4 @@ class Relay:
             await self.router.complete(routed, outcome, entry, turn)
         else:
             await self.router.store.record_decision(entry)
-        record.emit()
+        await self._end(record)

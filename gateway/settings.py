@@ -104,10 +104,13 @@ class StateConfig(_Strict):
     """Where sessions and slot leases live, and how long."""
 
     url: str | None = Field(None, pattern=r"^(redis|rediss|unix)://")
-    """A Redis URL (``redis://127.0.0.1:6379/0``) to share sessions, slot leases, timelines and the
-    decision log between replicas; unset: in this process's memory."""
+    """A Redis URL (``redis://127.0.0.1:6379/0``) to share sessions, slot leases, timelines, the
+    decision log and the API keys' limits between replicas; unset: in this process's memory."""
     prefix: str = Field("turnout", pattern=r"^[A-Za-z0-9_.-]+$")
     """Namespace of every Redis key (``<prefix>:v1:...``)."""
+    timeout_s: float = Field(0.25, gt=0, le=10)
+    """How long one Redis call may take before the gateway routes on its local state instead (it
+    tries Redis again once a second): a slow Redis costs a request at most this much, once."""
 
     max_sessions: int = Field(10_000, gt=0)
     session_ttl_s: float = Field(6 * 3600, gt=0)

@@ -35,12 +35,18 @@ the one that was measured).
 Per model: ``chars_per_token`` (prompt characters / prompt tokens) and ``completion_tokens``.
 The first sample replaces the prior; later ones move it by ``ALPHA``. Every value is clamped to
 ``[prior / SPREAD, prior * SPREAD]`` so one odd measurement cannot derail routing.
+
+Replicas (``merge``): each gateway learns from its own outcomes and shares that state; routing reads
+the merge of its own and the others', each value their mean weighted by samples (at most
+``MERGE_WEIGHT_CAP`` each: an EWMA stands for its last few samples, not its whole history) and
+``block`` the greatest common divisor of the blocks seen. Merging never feeds back into what a
+replica shares, so nothing is counted twice.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -62,6 +68,7 @@ PRIOR_RAM_TOKENS = 100_000.0
 """Tokens of recent prompts the RAM cache is believed to hold (8 GiB at ~64 KiB a token, less the
 recurrent states of the saved checkpoints)."""
 RAM_MISS_SHRINK = 0.5
+MERGE_WEIGHT_CAP = 10
 NOTHING_PREDICTED = Estimate(expected_cached_tokens=0, queue_s=0.0, ttft_s=0.0, total_s=0.0)
 MIN_QUEUE_S = 0.01
 QUEUE_SPREAD = 10.0
@@ -224,4 +231,50 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
         deployments=MappingProxyType({**state.deployments, key: stats}),
         models=MappingProxyType({**state.models, deployment.model: model}),
         speed=speed,
+    )
+
+
+def _merge_ewma(values: Sequence[Ewma]) -> Ewma:
+    measured = [v for v in values if v.samples > 0]
+    if not measured:
+        return values[0]
+    weights = [min(v.samples, MERGE_WEIGHT_CAP) for v in measured]
+    value = sum(v.value * w for v, w in zip(measured, weights, strict=True)) / sum(weights)
+    return Ewma(value, values[0].prior, sum(v.samples for v in measured), values[0].ratio)
+
+
+def _merge_stats(stats: Sequence[DeploymentStats]) -> DeploymentStats:
+    merged = {
+        name: _merge_ewma([getattr(s, name) for s in stats])
+        for name in (
+            "prefill_tok_s",
+            "decode_tok_s",
+            "reuse",
+            "service_s",
+            "ram_reuse",
+            "ram_tokens",
+            "queue_factor",
+        )
+    }
+    return DeploymentStats(**merged, block=math.gcd(*(s.block for s in stats)))
+
+
+def merge(own: LearnedState, others: Sequence[LearnedState]) -> LearnedState:
+    """What all replicas learned (module docstring, "Replicas"); ``own`` first, its priors kept."""
+    states = [own, *others]
+    if not others:
+        return own
+    deployments = {
+        key: _merge_stats([s.deployments[key] for s in states if key in s.deployments])
+        for key in dict.fromkeys(k for s in states for k in s.deployments)
+    }
+    models = {
+        key: ModelStats(
+            _merge_ewma([s.models[key].chars_per_token for s in states if key in s.models]),
+            _merge_ewma([s.models[key].completion_tokens for s in states if key in s.models]),
+        )
+        for key in dict.fromkeys(k for s in states for k in s.models)
+    }
+    return LearnedState(
+        MappingProxyType(deployments), MappingProxyType(models), _merge_ewma([s.speed for s in states])
     )

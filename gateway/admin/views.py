@@ -263,8 +263,9 @@ async def api_release(
 @get("/keys")
 async def api_keys(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Per API key: its limits, requests and tokens in the last minute, running requests, and usage
-    since start (requests, prompt, cached and completion tokens). Names only, never keys."""
-    return _json({"object": "list", "data": _service(state).relay.access.usage()})
+    totals (requests that ended, their prompt, cached and completion tokens; since start, or with
+    ``state.url`` kept in Redis for every replica). Names only, never keys."""
+    return _json({"object": "list", "data": await _service(state).relay.access.usage()})
 
 
 @post("/policy/profile", status_code=200)

@@ -98,3 +98,21 @@ class StateStore(ABC):
     @abstractmethod
     async def decisions(self, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` decision log entries, newest first."""
+
+    # Replicas. A store one process keeps to itself has no one to share with: these do nothing.
+
+    shared_by_replicas = False
+
+    async def follow(self) -> None:
+        """Learn what the other replicas record in the prefix index, until cancelled (a background
+        task); returns at once when there are none."""
+        return
+
+    async def share(self, kind: str, value: bytes, ttl_s: float) -> None:
+        """Publish this replica's ``kind`` (its learned state, its load) for the others, to be
+        forgotten ``ttl_s`` after the last publication (a replica that died stops counting)."""
+        return
+
+    async def shared(self, kind: str) -> list[bytes]:
+        """What the other live replicas published as ``kind``."""
+        return []

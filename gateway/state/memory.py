@@ -30,7 +30,7 @@ class MemoryStore(StateStore):
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._sessions: OrderedDict[str, SessionView] = OrderedDict()
-        self._index = PrefixIndex(max_tokens_per_backend=prefix_tokens_per_backend, max_tips=4 * max_sessions)
+        self.index = PrefixIndex(max_tokens_per_backend=prefix_tokens_per_backend, max_tips=4 * max_sessions)
         self._leases: dict[str, dict[int, SlotLease]] = {}
         self._decisions: deque[dict[str, Any]] = deque(maxlen=max_decisions)
         self._turns: dict[str, deque[dict[str, Any]]] = {}
@@ -51,7 +51,7 @@ class MemoryStore(StateStore):
         return session
 
     async def find_session(self, chain: PromptChain) -> str | None:
-        key = self._index.find_session(chain)
+        key = self.index.find_session(chain)
         return key if key is not None and await self.get_session(key) is not None else None
 
     async def save_session(self, session: SessionView) -> None:
@@ -64,10 +64,10 @@ class MemoryStore(StateStore):
     async def record_prompt(
         self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
     ) -> None:
-        self._index.record(backend_id, slot, chain, tokens, session_key)
+        self.index.record(backend_id, slot, chain, tokens, session_key)
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
-        return {backend: self._index.match(chain, backend) for backend in backend_ids}
+        return {backend: self.index.match(chain, backend) for backend in backend_ids}
 
     async def leases(self, backend_id: str) -> tuple[SlotLease, ...]:
         return tuple(sorted(self._leases.get(backend_id, {}).values(), key=lambda lease: lease.slot))

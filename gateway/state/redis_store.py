@@ -9,15 +9,27 @@ two turnout versions never read each other's values):
     <prefix>:v1:leases:<backend>    hash    slot -> JSON {session, last_used, tokens}
     <prefix>:v1:decisions           list    JSON decision entries, newest first (capped)
     <prefix>:v1:policy              string  JSON {profile, drained, changed_at}: an admin's live policy
+    <prefix>:v1:prompts             stream  the prefix index's records, msgpack (capped; ``prompt_log``)
+    <prefix>:v1:replicas:<kind>     zset    replica -> when its ``kind`` expires (ms)
+    <prefix>:v1:learned:<replica>   string  msgpack: what a replica learned (``gateway.replicas``)
+    <prefix>:v1:load:<replica>      string  msgpack: its requests in flight per backend (expires)
+    <prefix>:v1:key:<name>:requests zset    request id -> started: a key's last minute (gateway.key_limits)
+    <prefix>:v1:key:<name>:tokens   zset    "<request id>:<tokens>" -> ended: its last minute
+    <prefix>:v1:key:<name>:running  zset    request id -> started, until it ends (dropped after 900 s)
+    <prefix>:v1:key:<name>:usage    hash    requests, prompt/cached/completion tokens that ended (kept)
 
 Slot claims are one Lua script (compare-and-set: the slot's holder must still be the one routing saw,
 and the session's other slot on that backend is released in the same step), so two replicas never
-pin two sessions to one slot. The prefix index (what each backend, slot and RAM cache holds) stays in
-each replica's memory for now: a replica learns it from the prompts it sends.
+pin two sessions to one slot. The prefix index (what each backend, slot and RAM cache holds) is
+matched in each replica's memory and shared through the ``prompts`` stream (``prompt_log``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import secrets
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -27,14 +39,19 @@ import msgspec
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
+from gateway.state import prompt_log
 from gateway.state.base import StateStore
 from gateway.state.prefix_index import PrefixIndex
+from gateway.state.prompt_log import PromptRecord
 from policies.prefix import PromptChain
 from policies.shape import MessageMark, PromptShape
 from policies.types import PrefixMatch, SessionView, SlotLease
 
 VERSION = "v1"
+FAILURES = (RedisError, OSError, TimeoutError)
+"""What a Redis that is away or slow raises."""
 MAX_TURNS = 500
 
 CLAIM = """
@@ -56,6 +73,8 @@ return 1
 
 
 class RedisStore(StateStore):
+    shared_by_replicas = True
+
     def __init__(
         self,
         url: str,
@@ -79,6 +98,11 @@ class RedisStore(StateStore):
         self._max_decisions = max_decisions
         self._clock = clock
         self._claim = self._redis.register_script(CLAIM)
+        self._follower = redis.Redis.from_url(  # its reads wait for new records
+            url, socket_timeout=timeout_s + prompt_log.BLOCK_MS / 1000, socket_connect_timeout=timeout_s
+        )
+        self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        """This process among the replicas: its records and shared values carry it."""
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._ns, *parts))
@@ -88,6 +112,7 @@ class RedisStore(StateStore):
 
     async def close(self) -> None:
         await self._redis.aclose()
+        await self._follower.aclose()
 
     async def get_session(self, key: str) -> SessionView | None:
         raw = await self._redis.get(self._key("session", key))
@@ -146,6 +171,56 @@ class RedisStore(StateStore):
         self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
     ) -> None:
         self._index.record(backend_id, slot, chain, tokens, session_key)
+        await self.publish_prompt(backend_id, slot, chain, tokens, session_key)
+
+    async def publish_prompt(
+        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+    ) -> None:
+        """Tell the other replicas what was sent where (``prompt_log``)."""
+        record = PromptRecord(self.replica, backend_id, slot, chain, tokens, session_key)
+        await self._redis.xadd(
+            self._key("prompts"),
+            {"r": prompt_log.pack(record)},
+            maxlen=prompt_log.LOG_ENTRIES,
+            approximate=True,
+        )
+
+    async def read_prompts(self, after: str) -> tuple[str, list[PromptRecord]]:
+        """The other replicas' records after stream id ``after`` ("0": all), waiting up to
+        ``BLOCK_MS`` for some, and the id to read after next."""
+        reply: Any = await self._follower.xread(
+            {self._key("prompts"): after}, count=prompt_log.BATCH, block=prompt_log.BLOCK_MS
+        )
+        records = []
+        for _, entries in reply:
+            for entry_id, fields in entries:
+                after = _text(entry_id)
+                record = prompt_log.unpack(_bytes(fields[b"r"]))
+                if record.replica != self.replica:
+                    records.append(record)
+        return after, records
+
+    async def follow(self) -> None:
+        await follow_prompts(self, self._index)
+
+    async def share(self, kind: str, value: bytes, ttl_s: float) -> None:
+        expires = int((self._clock() + ttl_s) * 1000)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self._key(kind, self.replica), value, px=int(ttl_s * 1000))
+        pipe.zadd(self._key("replicas", kind), {self.replica: expires})
+        pipe.zremrangebyscore(self._key("replicas", kind), "-inf", int(self._clock() * 1000))
+        await pipe.execute()
+
+    async def shared(self, kind: str) -> list[bytes]:
+        now = int(self._clock() * 1000)
+        replicas = [
+            _text(r) for r in await self._redis.zrangebyscore(self._key("replicas", kind), now, "+inf")
+        ]
+        others = [r for r in replicas if r != self.replica]
+        if not others:
+            return []
+        values = await self._redis.mget([self._key(kind, r) for r in others])
+        return [_bytes(v) for v in values if v is not None]
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return {backend: self._index.match(chain, backend) for backend in backend_ids}
@@ -216,6 +291,20 @@ class RedisStore(StateStore):
     async def decisions(self, limit: int) -> list[dict[str, Any]]:
         raws = await self._redis.lrange(self._key("decisions"), 0, limit - 1)
         return [msgspec.json.decode(raw) for raw in raws]
+
+
+async def follow_prompts(store: RedisStore, index: PrefixIndex) -> None:
+    """Fold the other replicas' records into ``index``, from the stream's start, until cancelled;
+    while Redis is away, try again every second (the store's own calls report the outage)."""
+    after = "0"
+    while True:
+        try:
+            after, records = await store.read_prompts(after)
+        except FAILURES:
+            await asyncio.sleep(1.0)
+            continue
+        for r in records:
+            index.record(r.backend_id, r.slot, r.chain, r.tokens, r.session_key)
 
 
 def _text(value: Any) -> str:

@@ -3,9 +3,12 @@
 ``ResilientStore`` wraps the shared ``RedisStore`` and a local ``MemoryStore`` mirror. Writes go to
 both (Redis first; a Redis failure is noted, not raised); reads come from Redis while it answers and
 from the mirror while it does not (``degraded``). A failure logs ``state.degraded`` at most once per
-``WARN_EVERY_S``. When Redis answers again the gateway writes back what it learned meanwhile (the
-sessions it saved and the slots it claimed) and logs ``state.recovered``. The prefix index is this
-replica's own (the mirror's).
+``WARN_EVERY_S``. Every Redis call times out after ``state.timeout_s`` (0.25 s), and while degraded
+Redis is tried once per ``RETRY_S``, so a slow Redis costs a request at most one timeout. When Redis
+answers again the gateway writes back what it learned meanwhile (the sessions it saved and the slots
+it claimed) and logs ``state.recovered``. The prefix index is the
+mirror's, fed by this replica's requests and the other replicas' records (``prompt_log``); records
+made while Redis was away stay with the replica that made them.
 """
 
 from __future__ import annotations
@@ -15,18 +18,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import structlog
-from redis.exceptions import RedisError
 
 from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStore
-from gateway.state.redis_store import RedisStore
+from gateway.state.redis_store import FAILURES, RedisStore, follow_prompts
 from policies.prefix import PromptChain
 from policies.types import PrefixMatch, SessionView, SlotLease
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 WARN_EVERY_S = 60.0
-FAILURES = (RedisError, OSError, TimeoutError)
+RETRY_S = 1.0
+"""While degraded, Redis is tried again (a ping) at most this often; calls between use local state."""
 
 
 async def _skip() -> None:
@@ -41,12 +44,15 @@ class ResilientStore(StateStore):
         self.local = local
         self.degraded = False
         self._warned_at = -WARN_EVERY_S
+        self._retry_at = 0.0
         self._clock = clock
         self._pending: dict[str, SessionView] = {}  # saved while Redis was away: written back on return
         self._pending_claims: dict[tuple[str, int], tuple[str, float, int]] = {}
 
     async def _shared(self, call: Callable[[], Awaitable[T]], fallback: Callable[[], Awaitable[T]]) -> T:
         if self.degraded:
+            if self._clock() < self._retry_at:  # a slow Redis must not cost every call its timeout
+                return await fallback()
             await self._recover()  # first: a read must see what is written back
             if self.degraded:
                 return await fallback()
@@ -59,6 +65,7 @@ class ResilientStore(StateStore):
     def _failed(self, exc: BaseException) -> None:
         self.degraded = True
         now = self._clock()
+        self._retry_at = now + RETRY_S
         if now - self._warned_at >= WARN_EVERY_S:
             self._warned_at = now
             log.warning("state.degraded", error=str(exc) or type(exc).__name__, note="routing on local state")
@@ -83,7 +90,8 @@ class ResilientStore(StateStore):
         return await self._shared(lambda: self.redis.get_session(key), lambda: self.local.get_session(key))
 
     async def find_session(self, chain: PromptChain) -> str | None:
-        return await self.local.find_session(chain)  # the prefix index is this replica's
+        key = self.local.index.find_session(chain)  # the others' records are in it too
+        return key if key is not None and await self.get_session(key) is not None else None
 
     async def save_session(self, session: SessionView) -> None:
         await self.local.save_session(session)
@@ -97,6 +105,9 @@ class ResilientStore(StateStore):
         self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
     ) -> None:
         await self.local.record_prompt(backend_id, slot, chain, tokens, session_key)
+        await self._shared(
+            lambda: self.redis.publish_prompt(backend_id, slot, chain, tokens, session_key), _skip
+        )
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return await self.local.match_prefix(chain, backend_ids)
@@ -171,3 +182,17 @@ class ResilientStore(StateStore):
 
     async def decisions(self, limit: int) -> list[dict[str, Any]]:
         return await self._shared(lambda: self.redis.decisions(limit), lambda: self.local.decisions(limit))
+
+    shared_by_replicas = True
+
+    async def follow(self) -> None:
+        await follow_prompts(self.redis, self.local.index)
+
+    async def share(self, kind: str, value: bytes, ttl_s: float) -> None:
+        await self._shared(lambda: self.redis.share(kind, value, ttl_s), _skip)
+
+    async def shared(self, kind: str) -> list[bytes]:
+        async def nobody() -> list[bytes]:
+            return []
+
+        return await self._shared(lambda: self.redis.shared(kind), nobody)

@@ -10,7 +10,7 @@ import pytest
 
 from backends.base import BackendSpec
 from backends.fleet import Fleet
-from backends.inflight import OVERDUE_FLOOR, Sent
+from backends.inflight import OVERDUE_FLOOR, Load, Sent
 from policies import EngineKind, Health, SlotState
 
 
@@ -90,3 +90,27 @@ def test_busy_slots_and_the_prefill_backlog_come_from_the_predictions(fleet: Fle
     assert llama.slots[1].busy_s == pytest.approx(OVERDUE_FLOOR * 4.0)
     assert llama.prefill_backlog_s == pytest.approx(2.0, abs=0.1)
     assert vllm.prefill_backlog_s == pytest.approx(4.0, abs=0.1)  # still in its predicted queue
+
+
+def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
+    """What one replica publishes (``Fleet.load``) and another lays over its snapshots: the prefill
+    backlog adds up, the slot the other replica's request is pinned to is busy for its predicted rest."""
+    now = time.time()
+    other = Fleet([BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")], httpx.AsyncClient())
+    other.begin(Sent("llama", 1, now - 1.0, total_s=5.0, queue_s=0.0, prefill_s=3.0))
+    other.begin(Sent("llama", None, now, total_s=2.0, queue_s=0.0, prefill_s=1.0))
+    published = other.load()
+    assert published["llama"].running == 2
+    fleet.begin(Sent("llama", 0, now, total_s=2.0, queue_s=0.0, prefill_s=0.5))
+    fleet.peers = published
+    llama = fleet.snapshots()[0]
+    assert [s.is_processing for s in llama.slots] == [True, True]
+    assert llama.slots[1].busy_s == pytest.approx(4.0, abs=0.1)
+    assert llama.prefill_backlog_s == pytest.approx(0.5 + 2.0 + 1.0, abs=0.1)
+    fleet.peers = {}  # the other replica went quiet (its published load expired)
+    assert [s.is_processing for s in fleet.snapshots()[0].slots] == [True, False]
+
+
+def test_loads_add_up_per_slot() -> None:
+    total = Load(1.0, 1, ((0, 2.0),)) + Load(0.5, 2, ((0, 1.0), (1, 3.0)))
+    assert total == Load(1.5, 3, ((0, 3.0), (1, 3.0)))

@@ -10,10 +10,13 @@ import anthropic
 import httpx
 import openai
 import pytest
+import structlog
 
+from gateway.app import create_app
 from gateway.settings import ConfigError, load_settings
 from tests.e2e.conftest import Stack, start_stack, stop_stack
-from tests.servers import ADMIN
+from tests.redis_server import RedisServer
+from tests.servers import ADMIN, ServerThread
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -35,7 +38,7 @@ def stack() -> Iterator[Stack]:
         stop_stack(running)
 
 
-def oai(stack: Stack, key: str) -> openai.OpenAI:
+def oai(stack: Stack | ServerThread, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.url + "/v1", api_key=key, max_retries=0)
 
 
@@ -108,3 +111,35 @@ def test_keys_from_a_file_and_bad_key_entries(tmp_path: Path) -> None:
     assert [k.name for k in settings.auth.all_keys()] == ["dave"]
     with pytest.raises(ConfigError, match="give exactly one of sha256 and key"):
         load_settings(None, auth={"keys": [{"name": "x"}]})
+
+
+def test_two_gateways_on_one_redis_share_a_keys_limits(tmp_path: Path) -> None:
+    """Replicas behind a load balancer (``state.url``): a key's requests per minute are counted once;
+    with Redis gone each counts them itself, and no request fails for it."""
+    server = RedisServer(tmp_path).start()
+    keys = {"keys": [{"name": "erin", "key": "sk-erin", "requests_per_minute": 3}]}
+    running = start_stack(auth=keys, state={"url": server.url, "prefix": "limits"})
+    second = ServerThread(create_app(running.settings)).start()
+    running.servers.append(second)
+    try:
+        replicas = [oai(running, "sk-erin"), oai(running, "sk-erin"), oai(second, "sk-erin")]
+        for client in replicas:
+            client.chat.completions.create(model="m-both", messages=MESSAGES, max_tokens=2)  # type: ignore[arg-type]
+        for client in replicas[1:]:  # the fourth, on either
+            with pytest.raises(openai.RateLimitError):
+                client.chat.completions.create(model="m-both", messages=MESSAGES, max_tokens=2)  # type: ignore[arg-type]
+        usage = httpx.get(second.url + "/admin/api/keys", headers=ADMIN).json()["data"][0]
+        assert (usage["requests"], usage["last_minute"]["requests"]) == (3, 3)
+        server.stop()
+        with structlog.testing.capture_logs() as logs:
+            answer = replicas[0].chat.completions.create(model="m-both", messages=MESSAGES, max_tokens=2)  # type: ignore[arg-type]
+            keys_page = httpx.get(running.url + "/admin/api/keys", headers=ADMIN)
+            health = httpx.get(running.url + "/health").json()
+        assert answer.choices  # counted in this gateway's memory meanwhile
+        assert keys_page.status_code == 200
+        assert keys_page.json()["data"][0]["name"] == "erin"
+        assert health["state"] == "degraded"
+        assert "limits.degraded" in [e["event"] for e in logs]
+    finally:
+        stop_stack(running)
+        server.stop()

@@ -14,7 +14,9 @@ import structlog
 
 from gateway.app import create_app
 from gateway.state.redis_store import RedisStore
+from gateway.state.resilient import RETRY_S
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.latency_proxy import LatencyProxy
 from tests.redis_server import RedisServer
 from tests.servers import ADMIN, ServerThread
 
@@ -40,12 +42,14 @@ def stack(redis_server: RedisServer) -> Iterator[Stack]:
         stop_stack(running)
 
 
-def turn(url: str, history: list[dict[str, str]], n: int) -> httpx.Response:
+def turn(
+    url: str, history: list[dict[str, str]], n: int, session: str | None = "restart-me"
+) -> httpx.Response:
     history.append({"role": "user", "content": f"Step {n}: " + "look at the tests again. " * 60})
     response = httpx.post(
         url + "/v1/chat/completions",
         json={"model": "m-both", "messages": history, "max_tokens": 8},
-        headers={"x-session-id": "restart-me"},
+        headers={"x-session-id": session} if session is not None else {},
         timeout=30,
     )
     assert response.status_code == 200
@@ -89,6 +93,63 @@ def test_turns_alternating_between_two_replicas_stay_on_one_slot(stack: Stack) -
     assert all(c >= 0.9 * p for c, p in zip(cached[1:], prompts, strict=False))  # each turn reused the last
 
 
+def finished(url: str, turns: int) -> None:
+    """Wait until the gateway at ``url`` stored a session's ``turns``-th turn (it does once the
+    answer has ended, so a client can be faster than that)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        sessions = httpx.get(url + "/admin/api/sessions", headers=ADMIN).json()["data"]
+        if any(s["turns"] >= turns for s in sessions):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no session reached {turns} turns at {url}")
+
+
+def test_a_conversation_without_session_ids_is_recognised_by_every_replica(stack: Stack) -> None:
+    """No session id: each replica recognises the conversation by content, in the prefix index the
+    replicas share (the other replica's records reach it through Redis): one slot, growing cache."""
+    second = ServerThread(create_app(stack.settings)).start()
+    try:
+        history: list[dict[str, str]] = [SYSTEM]
+        answers = []
+        for n in range(6):
+            url = (stack.url, second.url)[n % 2]
+            answers.append(turn(url, history, n, session=None))
+            finished(url, turns=n + 1)  # the replica stored the turn, after the answer ended
+            time.sleep(0.2)  # an agent's think time: the record reaches the other replica meanwhile
+    finally:
+        second.stop()
+    placed = [(a.headers["x-turnout-backend"], a.headers.get("x-turnout-slot")) for a in answers[1:]]
+    reasons = [a.headers["x-turnout-route-reason"] for a in answers]
+    assert len(set(placed)) == 1, reasons
+    assert placed[0][0] == "llama", reasons
+    cached = [a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
+    prompts = [a.json()["usage"]["prompt_tokens"] for a in answers]
+    assert all(c >= 0.9 * p for c, p in zip(cached[2:], prompts[1:], strict=False))
+
+
+def test_what_one_replica_learned_reaches_the_others(stack: Stack) -> None:
+    """The second replica has served nothing, yet routes on the rates the first one measured."""
+    second = ServerThread(create_app(stack.settings)).start()
+    try:
+        history: list[dict[str, str]] = [SYSTEM]
+        for n in range(3):
+            turn(stack.url, history, n)
+
+        def learned(url: str) -> dict[str, int]:
+            overview = httpx.get(url + "/admin/api/overview", headers=ADMIN).json()
+            return {b["id"]: sum(m["samples"] for m in b["learned"]) for b in overview["backends"]}
+
+        first = learned(stack.url)
+        assert first["llama"] > 0
+        deadline = time.monotonic() + 3.0
+        while learned(second.url)["llama"] < first["llama"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert learned(second.url)["llama"] == first["llama"]
+    finally:
+        second.stop()
+
+
 def test_redis_going_away_fails_no_request_and_its_return_gets_the_state_back(
     tmp_path: Path,
 ) -> None:
@@ -107,6 +168,7 @@ def test_redis_going_away_fails_no_request_and_its_return_gets_the_state_back(
         assert len(decisions) >= 4  # from the local copy
         assert [e["event"] for e in logs].count("state.degraded") == 1  # not one per request
         server.start()  # back, on the same port, empty
+        time.sleep(RETRY_S)  # Redis is tried again once a second
         turn(running.url, history, 5)
         assert httpx.get(running.url + "/health").json()["state"] == "ok"
         shared = RedisStore(server.url, prefix="down")
@@ -117,6 +179,44 @@ def test_redis_going_away_fails_no_request_and_its_return_gets_the_state_back(
     finally:
         stop_stack(running)
         server.stop()
+
+
+def test_a_slow_redis_costs_a_request_at_most_one_timeout(redis_server: RedisServer) -> None:
+    """Redis answering 5 s late: the gateway gives up on it after state.timeout_s, routes on local
+    state (no request fails; Redis is tried again once a second, not on every call), reports
+    degraded, and returns once Redis is fast."""
+    proxy = LatencyProxy(redis_server.port).start()
+    running = start_stack(
+        state={
+            "url": f"redis://127.0.0.1:{proxy.port}/0",
+            "prefix": f"slow{uuid.uuid4().hex[:6]}",
+            "timeout_s": 0.5,
+        }
+    )
+    try:
+        history: list[dict[str, str]] = [SYSTEM]
+        turn(running.url, history, 0)
+        proxy.delay = 5.0
+        took = []
+        for n in range(1, 4):
+            started = time.monotonic()
+            assert turn(running.url, history, n).status_code == 200
+            took.append(time.monotonic() - started)
+        # one timeout (0.5 s) in all; trying Redis on every call would cost each turn several
+        assert sum(took) < 4 * 0.5, f"turns waited {took} on a Redis that answers in 5 s"
+        assert httpx.get(running.url + "/health").json()["state"] == "degraded"
+        proxy.delay = 0.0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            turn(running.url, history, 9)
+            if httpx.get(running.url + "/health").json()["state"] == "ok":
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the gateway did not return to Redis once it was fast again")
+    finally:
+        stop_stack(running)
+        proxy.stop()
 
 
 def test_a_policy_change_reaches_every_replica_within_a_second(stack: Stack) -> None:

@@ -225,3 +225,74 @@ def test_a_session_comes_back_whole(store_factory: Callable[..., StateStore]) ->
     run(store.save_session(session))
     assert run(store.get_session("s")) == session
     assert run(store.sessions(1)) == [session]
+
+
+async def _until(condition: Callable[[], Coroutine[Any, Any, bool]], within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if await condition():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+def test_replicas_share_the_prefix_index_and_a_new_one_reads_it_all(redis_server: RedisServer) -> None:
+    """What replica A sent where reaches B's index through the stream; a replica started later (a
+    restart) reads the whole stream first. No prompt text travels: only chunk hashes."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    a, b = RedisStore(redis_server.url, prefix=prefix), RedisStore(redis_server.url, prefix=prefix)
+    follower = LOOP.create_task(b.follow())
+    nxt = chain_of(TURN + b" and the next turn")
+
+    async def b_knows(store: RedisStore = b) -> bool:
+        match = (await store.match_prefix(nxt, ["llama"]))["llama"]
+        return bool(match.slots) and match.slots[0].whole and await store.find_session(nxt) == "s"
+
+    async def scenario() -> None:
+        await a.save_session(SessionView("s", turns=1, last_seen=time.time()))
+        await a.record_prompt("llama", 0, chain_of(TURN), 1500, "s")
+        assert await _until(b_knows)
+        match = (await b.match_prefix(nxt, ["llama"]))["llama"]
+        assert (match.slots[0].slot, match.slots[0].tokens, match.recent) == (0, 1500, 1500)
+        later = RedisStore(redis_server.url, prefix=prefix)
+        task = asyncio.create_task(later.follow())
+        try:
+            assert await _until(lambda: b_knows(later))
+        finally:
+            task.cancel()
+            await later.close()
+        raw = await a._redis.xrange(f"{prefix}:v1:prompts")
+        assert TURN[:64] not in raw[0][1][b"r"]
+
+    try:
+        run(scenario())
+    finally:
+        follower.cancel()
+        run(a.close())
+        run(b.close())
+
+
+def test_replicas_see_each_others_shared_values_until_they_expire(redis_server: RedisServer) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    a, b = RedisStore(redis_server.url, prefix=prefix), RedisStore(redis_server.url, prefix=prefix)
+
+    async def scenario() -> None:
+        await a.share("load", b"from a", 60.0)
+        await b.share("load", b"from b", 0.3)
+        assert await a.shared("load") == [b"from b"]  # not its own
+        assert await b.shared("load") == [b"from a"]
+        await asyncio.sleep(0.5)  # b died: its value goes
+        assert await a.shared("load") == []
+
+    try:
+        run(scenario())
+    finally:
+        run(a.close())
+        run(b.close())
+
+
+def test_a_store_of_one_process_shares_nothing() -> None:
+    store = MemoryStore()
+    run(store.share("load", b"x", 60.0))
+    assert run(store.shared("load")) == []
+    assert run(store.follow()) is None  # returns at once: no task to keep

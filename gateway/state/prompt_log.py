@@ -1,0 +1,61 @@
+"""The prefix index's records, shared by replicas through a capped Redis stream (``<ns>:prompts``).
+
+Every replica appends what it sent where (``PromptRecord``: the backend, the llama.cpp slot, the
+prompt's chain of chunk hashes, the engine's token count, the session; never text) and folds the
+others' records into its own in-memory ``PrefixIndex``. So every replica knows what each backend,
+slot and RAM cache holds, whichever replica sent it; a replica that starts reads the whole stream
+first, so a restart keeps that knowledge. The stream is capped at ``LOG_ENTRIES`` (the oldest go:
+by then the engines' caches have moved on too); an entry costs about 8 bytes per KiB of prompt.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from dataclasses import dataclass
+
+import msgspec
+
+from policies.prefix import PromptChain
+
+LOG_ENTRIES = 20_000
+BATCH = 500
+"""Records read per round trip."""
+BLOCK_MS = 1000
+"""How long one read waits for new records (the follower's connection allows that much more)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRecord:
+    replica: str
+    backend_id: str
+    slot: int | None
+    chain: PromptChain
+    tokens: int
+    session_key: str | None
+
+
+Packed = tuple[str, str, int | None, bytes, int, int, int, str | None]
+
+
+def pack(record: PromptRecord) -> bytes:
+    chain = record.chain
+    hashes = _ordered(array("Q", chain.hashes)).tobytes()
+    packed: Packed = (
+        record.replica, record.backend_id, record.slot, hashes, chain.length, chain.whole, record.tokens,
+        record.session_key,
+    )  # fmt: skip
+    return msgspec.msgpack.encode(packed)
+
+
+def unpack(raw: bytes) -> PromptRecord:
+    replica, backend, slot, hashes, length, whole, tokens, session = msgspec.msgpack.decode(raw, type=Packed)
+    chain = PromptChain(tuple(_ordered(array("Q", hashes))), length, whole)
+    return PromptRecord(replica, backend, slot, chain, tokens, session)
+
+
+def _ordered(values: array[int]) -> array[int]:
+    """Hashes travel little-endian, whatever the machine."""
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values

@@ -1,0 +1,69 @@
+"""A TCP proxy on a free loopback port that holds every reply ``delay`` seconds: a slow network or
+server (a Redis under load), for timeout tests. It runs its own event loop in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from tests.real.llama_server import free_port
+
+
+class LatencyProxy:
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self.delay = 0.0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> LatencyProxy:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the latency proxy did not start")
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    async def _shutdown(self) -> None:
+        """Close the listener and end every connection's pipes (nothing left pending in the loop)."""
+        self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        )
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _serve(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
+        try:
+            server_in, server_out = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            client_out.close()
+            return
+        await asyncio.gather(
+            self._pipe(client_in, server_out, slow=False), self._pipe(server_in, client_out, slow=True)
+        )
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, slow: bool) -> None:
+        try:
+            while data := await reader.read(65536):
+                if slow and self.delay:
+                    await asyncio.sleep(self.delay)
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
