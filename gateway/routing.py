@@ -354,6 +354,7 @@ def decision_entry(
                         "predicted_ttft_s": round(c.estimate.ttft_s, 4),
                         "predicted_total_s": round(c.estimate.total_s, 4),
                         "next_turn_s": round(c.estimate.future_s, 4),
+                        "look_ahead_turns": round(c.estimate.horizon, 3),
                         "objective_s": round(c.estimate.objective_ttft_s, 4),
                         "queue_s": round(c.estimate.queue_s, 4),
                         "slot": c.estimate.slot,
