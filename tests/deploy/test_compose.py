@@ -96,6 +96,8 @@ def test_the_gateway_config_names_the_compose_services(monkeypatch: pytest.Monke
     settings = load_settings(REPO / "deploy" / "turnout.toml")
     hosts = {b.id: (b.url.host, b.url.port) for b in settings.backends}
     assert hosts == {"vllm": ("vllm", 8000), "llama-moe": ("llama", 8080)}
+    assert settings.state.url == "redis://redis:6379/0"  # the compose service turnout waits for
+    assert "redis" in SERVICES["turnout"]["depends_on"]
     served = {arg.split("=", 1)[1] for s in ("vllm", "llama") for arg in SERVICES[s]["command"]
               if arg.startswith(("--served-model-name=", "--alias="))}  # fmt: skip
     assert {d.upstream_name for m in settings.models for d in m.deployments} == served
