@@ -33,7 +33,12 @@ class UpstreamUnavailable(UpstreamError):
 
 
 class UpstreamStreamError(UpstreamError):
-    """The engine's response broke off after it had started."""
+    """The engine's response broke off after it had started. ``gone``: the connection itself failed
+    (closed or reset: the engine died or restarted), not merely a slow or malformed response."""
+
+    def __init__(self, backend_id: str, message: str, *, gone: bool = False) -> None:
+        super().__init__(backend_id, message)
+        self.gone = gone
 
 
 class UpstreamStatusError(UpstreamError):

@@ -44,6 +44,13 @@ def _event_json(event: bytes) -> Any:
         return None
 
 
+def broke_off(backend_id: str, what: str, exc: httpx.HTTPError) -> UpstreamStreamError:
+    """A response that broke off; the engine is ``gone`` when the connection closed or reset under it."""
+    gone = isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError))
+    detail = "the engine closed the connection" if gone else type(exc).__name__
+    return UpstreamStreamError(backend_id, f"{what} broke off: {detail}", gone=gone)
+
+
 def merge_usage(previous: Usage | None, new: Usage | None) -> Usage | None:
     """Anthropic streams split usage: input in ``message_start``, output in ``message_delta``."""
     if new is None or previous is None:
@@ -124,9 +131,7 @@ class ResponseRelay:
                 if out:
                     yield out
         except httpx.HTTPError as exc:
-            raise UpstreamStreamError(
-                self.request.backend_id, f"stream broke off: {type(exc).__name__}"
-            ) from exc
+            raise broke_off(self.request.backend_id, "stream", exc) from exc
         if buffer:
             yield self._rename(buffer)
         self.finished = True
@@ -136,9 +141,7 @@ class ResponseRelay:
         try:
             content = await self.response.aread()
         except httpx.HTTPError as exc:
-            raise UpstreamStreamError(
-                self.request.backend_id, f"body broke off: {type(exc).__name__}"
-            ) from exc
+            raise broke_off(self.request.backend_id, "body", exc) from exc
         self.first_byte_at = self.clock()
         try:
             data = msgspec.json.decode(content)

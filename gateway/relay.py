@@ -272,6 +272,8 @@ class Relay:
             await self._end(record)
             return Response(b"", status_code=CLIENT_CLOSED)
         except UpstreamStreamError as exc:
+            if routed is not None:
+                await self._engine_lost(routed, exc)
             error = UpstreamFailed(f"backend {exc.backend_id} failed: {exc.message}")
             record.status, record.error = error.status, error.message
             await self._end(record)
@@ -286,6 +288,17 @@ class Relay:
         finally:
             if watch is not None:
                 await watch.stop()
+
+    async def _engine_lost(self, routed: Routed, exc: UpstreamStreamError) -> None:
+        """A response broke off. If the engine went away (the connection closed or reset under it),
+        mark it down at once, so the next requests go elsewhere until a probe finds it again, and
+        drop the session's slot lease there: a restarted engine holds nothing of it."""
+        if not exc.gone:
+            return
+        log.warning("upstream.lost", backend=exc.backend_id, error=exc.message)
+        self.fleet.report_failure(exc.backend_id, exc.message)
+        if routed.session is not None and routed.decision.slot is not None:
+            await self.router.store.release_slots(routed.session.key)
 
     def _observe(self, record: RequestRecord, duration_s: float) -> None:
         """When a request's log line is written (exactly once): its metrics."""
@@ -324,6 +337,7 @@ class Relay:
             record.error = exc.message
             error = UpstreamFailed(f"backend {exc.backend_id} failed mid-stream: {exc.message}")
             yield stream_error_event(api, error)
+            await self._engine_lost(opened.routed, exc)
         finally:
             await relay.aclose()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from backends.inflight import Load
 from gateway.admin.auth import AdminAuth, Identity
 from gateway.relay import Relay
 from gateway.routing import session_label
@@ -152,6 +153,7 @@ class AdminService:
         entries = await router.store.decisions(self.settings.state.decision_log_size)
         now = time.time()
         backends = []
+        in_flight = fleet.load()
         for snapshot in fleet.snapshots():
             leases = {lease.slot: lease for lease in await router.store.leases(snapshot.backend_id)}
             slots = [
@@ -175,6 +177,11 @@ class AdminService:
                     "models": [d.model for d in snapshot.deployments],
                     "running": snapshot.running,
                     "queued": snapshot.queued,
+                    "in_flight": in_flight.get(snapshot.backend_id, Load()).running,
+                    "leases": [
+                        {"slot": lease.slot, "session": session_label(lease.session_key)}
+                        for lease in leases.values()
+                    ],
                     "kv_usage": snapshot.kv_usage,
                     "slots": slots,
                     "learned": [
