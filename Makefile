@@ -4,7 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test check lint typecheck fmt llama-server vllm-env agents browser redis clean help
+FUZZ_EXAMPLES ?= 250
+FUZZ_SEED     ?= $(shell date +%s)
+
+.PHONY: demo test fuzz check lint typecheck fmt llama-server vllm-env agents browser redis clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,6 +23,9 @@ demo: $(STAMP)  ## run the gateway on two built-in simulated engines (Ctrl-C sto
 
 test: $(STAMP) llama-server vllm-env agents browser redis  ## install what the tests need (real engines and agents too), then run them all
 	$(BIN)/python -m pytest
+
+fuzz: $(STAMP)  ## schemathesis against the gateway on the simulators: FUZZ_EXAMPLES per operation and mode, a fresh FUZZ_SEED
+	TURNOUT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TURNOUT_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest tests/e2e/test_fuzz.py -q
 
 check: lint typecheck  ## ruff + mypy --strict
 

@@ -38,8 +38,16 @@ class BackendSpec:
     api_key: str | None = None
     connect_timeout: float = 5.0
     read_timeout: float = 600.0
+    """The longest wait for a first byte (a request queued or prefilling), and for any one read."""
+    first_byte_timeout: float = 30.0
+    """Silence before the first byte while the engine reports nothing running or queued: hung."""
+    stream_idle_timeout: float = 60.0
+    """Silence between two bytes once a stream has begun: stalled."""
     probe_timeout: float = 2.0
     probe_interval_s: float = 2.0
+    circuit_failures: int = 3
+    circuit_cool_down_s: float = 5.0
+    circuit_max_cool_down_s: float = 60.0
     deployments: tuple[Deployment, ...] = ()
 
 

@@ -16,9 +16,11 @@ import httpx
 import structlog
 
 from backends.base import Adapter, BackendSpec
+from backends.breaker import Breaker
 from backends.inflight import InFlight, Load, Sent
 from backends.registry import create_adapter
-from policies.types import BackendSnapshot, Health
+from backends.watchdog import Watchdog
+from policies.types import BackendSnapshot, EngineKind, Health
 
 log = structlog.get_logger(__name__)
 
@@ -35,19 +37,46 @@ class Fleet:
         self._view: tuple[BackendSnapshot, ...] = tuple(self._snapshots.values())
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight = InFlight()
+        self.breakers: dict[str, Breaker] = {
+            spec.id: Breaker(spec.circuit_failures, spec.circuit_cool_down_s, spec.circuit_max_cool_down_s)
+            for spec in specs
+        }
+        """Per backend, whether its answers are any good (``backends.breaker``)."""
         self.peers: dict[str, Load] = {}
         """The other replicas' requests in flight, per backend (``gateway.replicas`` sets it)."""
 
     def snapshots(self) -> tuple[BackendSnapshot, ...]:
         """The latest snapshots, with turnout's own requests in flight laid over them
         (``backends.inflight``: fresh load between probes, predicted slot waits, prefill backlog)."""
-        if not self._inflight and not self.peers:
+        tripped = [b for b, breaker in self.breakers.items() if breaker.open_until is not None]
+        if not self._inflight and not self.peers and not tripped:
             return self._view
         now = time.time()
-        return tuple(
+        view = tuple(
             self._inflight.overlay(snapshot, now, self.peers.get(snapshot.backend_id))
             for snapshot in self._view
         )
+        return tuple(self._circuit(s) if s.backend_id in tripped else s for s in view) if tripped else view
+
+    def _circuit(self, snapshot: BackendSnapshot) -> BackendSnapshot:
+        breaker = self.breakers[snapshot.backend_id]
+        return replace(
+            snapshot,
+            circuit=breaker.state.value,
+            circuit_blocks=not breaker.allows(),
+            error=snapshot.error or breaker.last_error,
+        )
+
+    def judge(self, backend_id: str, failure: str | None) -> None:
+        """What a request showed of the engine: ``None``, it answered; else how it failed (the
+        engine's fault, not the request's). Three failures in a row open its circuit."""
+        breaker = self.breakers[backend_id]
+        if failure is None:
+            if breaker.open_until is not None:
+                log.info("circuit.closed", backend=backend_id)
+            breaker.succeeded()
+        elif breaker.failed(failure):
+            log.warning("circuit.opened", backend=backend_id, cool_down_s=breaker.cool_down_s, error=failure)
 
     def load(self) -> dict[str, Load]:
         """This replica's requests in flight per backend (for the other replicas)."""
@@ -55,6 +84,7 @@ class Fleet:
 
     def begin(self, request: Sent) -> int:
         """Note a request sent (with routing's predictions); returns the token :meth:`end` takes."""
+        self.breakers[request.backend_id].sent()
         return self._inflight.begin(request)
 
     def prefilled(self, token: int) -> None:
@@ -62,7 +92,32 @@ class Fleet:
         self._inflight.prefilled(token)
 
     def end(self, token: int) -> None:
-        self._inflight.end(token, time.time())
+        """The request ended (after :meth:`judge`, if it showed anything of the engine)."""
+        backend = self._inflight.end(token, time.time())
+        if backend is not None:
+            self.breakers[backend].ended()
+
+    def watchdog(self, backend_id: str) -> Watchdog:
+        """Deadlines for one request to ``backend_id`` (``backends.watchdog``), judged by what the
+        probes last saw of the engine."""
+        spec = self.adapters[backend_id].spec
+        return Watchdog(
+            lambda: self.liveness(backend_id),
+            first_byte_s=spec.first_byte_timeout,
+            longest_s=spec.read_timeout,
+            idle_s=spec.stream_idle_timeout,
+        )
+
+    def liveness(self, backend_id: str) -> bool | None:
+        """What the engine itself last reported (not turnout's own requests laid over it): None when
+        it is down, else whether it runs or queues requests. An engine that reports no load (a generic
+        OpenAI-compatible server) or was not probed yet is taken to be working."""
+        snapshot = self._snapshots[backend_id]
+        if snapshot.health is Health.DOWN:
+            return None
+        if snapshot.kind is EngineKind.OPENAI or snapshot.health is Health.UNKNOWN:
+            return True
+        return snapshot.running + snapshot.queued > 0
 
     def adapter(self, backend_id: str) -> Adapter:
         return self.adapters[backend_id]

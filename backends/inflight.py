@@ -16,8 +16,10 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   prompt chunks of earlier requests first, so a new request's first token waits for that backlog.
 
 Other gateway replicas on the same engines publish their requests' ``Load`` (``gateway.replicas``):
-their prefill backlog adds to this one's, their busy slots count as busy. Their running requests are
-not added: the engines' own counts, in the next probe, include them.
+their prefill backlog adds to this one's. Their running requests and busy slots are not laid over:
+the engines' own counts, in the next probe, include them, while a replica's publication is up to a
+second old (a slot its request just left would look busy, and a session that alternates replicas
+would wait for its own previous turn).
 """
 
 from __future__ import annotations
@@ -53,20 +55,14 @@ class Sent:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """Requests in flight on one backend, as another replica sees them: the prefill backlog, how many,
-    and each busy slot with how long it is still predicted to be busy."""
+    """Requests in flight on one backend, as another replica sees them: their prefill backlog (what
+    the engines cannot report) and how many."""
 
     backlog_s: float = 0.0
     running: int = 0
-    busy: tuple[tuple[int, float], ...] = ()
 
     def __add__(self, other: Load) -> Load:
-        busy = dict(self.busy)
-        for slot, seconds in other.busy:
-            busy[slot] = busy.get(slot, 0.0) + seconds  # requests on one slot run one after the other
-        return Load(
-            self.backlog_s + other.backlog_s, self.running + other.running, tuple(sorted(busy.items()))
-        )
+        return Load(self.backlog_s + other.backlog_s, self.running + other.running)
 
 
 class InFlight:
@@ -91,10 +87,14 @@ class InFlight:
         if request is not None:
             self._open[token] = replace(request, prefill_s=0.0)
 
-    def end(self, token: int, now: float) -> None:
+    def end(self, token: int, now: float) -> str | None:
+        """The request is over; returns its backend (None if it was ended already)."""
         request = self._open.pop(token, None)
-        if request is not None and request.slot is not None:
+        if request is None:
+            return None
+        if request.slot is not None:
             self._ended[(request.backend_id, request.slot)] = now
+        return request.backend_id
 
     def seen(self, snapshot: BackendSnapshot) -> None:
         """A new probe of this backend: what it saw no longer needs laying over; lost requests go."""
@@ -109,9 +109,8 @@ class InFlight:
         """This replica's requests per backend, for the other replicas."""
         out: dict[str, Load] = {}
         for request in self._open.values():
-            busy = ((request.slot, request.busy_s(now)),) if request.slot is not None else ()
             out[request.backend_id] = out.get(request.backend_id, Load()) + Load(
-                request.prefill_left_s(now), 1, busy
+                request.prefill_left_s(now), 1
             )
         return out
 
@@ -125,12 +124,12 @@ class InFlight:
         if not mine and not ended and peers is None:
             return snapshot
         peers = peers or Load()
-        busy: dict[int, float] = dict(peers.busy)
+        busy: dict[int, float] = {}
         for request in mine:  # requests pinned to one slot run one after the other
             if request.slot is not None:
                 busy[request.slot] = busy.get(request.slot, 0.0) + request.busy_s(now)
         newer = [r for r in mine if r.started > snapshot.taken_at]
-        pinned = {r.slot for r in newer if r.slot is not None} | {slot for slot, _ in peers.busy}
+        pinned = {r.slot for r in newer if r.slot is not None}
         freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since
         slots = tuple(
             replace(

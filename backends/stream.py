@@ -4,26 +4,46 @@ The hot path touches bytes only: complete events are forwarded as the engine sen
 read that completed them. JSON is decoded only for the one or two events that carry ``usage`` or
 ``timings``. The documented rewrites are the model name (to the name the client asked for) and
 the removal of a usage chunk that turnout itself asked for.
+
+An engine that misbehaves gets a clear error, never a relayed mess (``UpstreamStreamError``, which
+the relay turns into the API's error event, or a 502): a stream that is not an event stream (an HTML
+error page with status 200), that ends without its API's last event (``[DONE]``, ``message_stop``,
+``response.completed``) or inside an event, or that sends an event larger than ``MAX_EVENT_BYTES``;
+a plain answer that is not JSON or is larger than ``MAX_BODY_BYTES``. These checks cost a few
+byte comparisons per read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import httpx
 import msgspec
+import structlog
 
 from backends.anthropic_chat import StreamTranslator, to_message
 from backends.base import UpstreamRequest
-from backends.errors import UpstreamStreamError
+from backends.errors import UpstreamStreamError, UpstreamUnavailable
 from backends.parsers.openai import parse_usage
+from backends.watchdog import Watchdog
 from policies.types import Usage
 
+log = structlog.get_logger(__name__)
+_EVENT_END = re.compile(rb"(\r\n\r\n|\n\n)")
 _USAGE_MARKERS = (b'"usage"', b'"timings"')
+MAX_EVENT_BYTES = 16 << 20
+MAX_BODY_BYTES = 64 << 20
+_LAST_EVENTS = {  # what each API's stream ends with (its path's last part)
+    "completions": (b"[DONE]",),
+    "messages": (b"message_stop",),
+    "responses": (b"response.completed", b"response.incomplete", b"response.failed"),
+}
 _EMPTY_CHOICES = b'"choices":[]'
 
 
@@ -32,6 +52,13 @@ def _boundary(buffer: bytes) -> int:
     lf = buffer.rfind(b"\n\n")
     crlf = buffer.rfind(b"\r\n\r\n")
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _split(events: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """Complete events with the blank line that ended each (``\n\n`` or ``\r\n\r\n``: SSE allows
+    both), so that what is kept can be put back byte for byte."""
+    parts = _EVENT_END.split(events)
+    yield from zip(parts[0::2], [*parts[1::2], b""], strict=True)
 
 
 def _event_json(event: bytes) -> Any:
@@ -73,10 +100,16 @@ class ResponseRelay:
         request: UpstreamRequest,
         response: httpx.Response,
         clock: Callable[[], float] = time.monotonic,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.request = request
         self.response = response
         self.clock = clock
+        self.watchdog = watchdog or Watchdog(
+            lambda: True, first_byte_s=math.inf, longest_s=math.inf, idle_s=math.inf
+        )
+        """Told when bytes arrive; it is armed by whoever waits on this relay (``backends.watchdog``)."""
+        self._events: AsyncIterator[bytes] | None = None
         self.usage: Usage | None = None
         self.first_byte_at: float | None = None
         self.finished = False
@@ -93,66 +126,122 @@ class ResponseRelay:
         if not any(marker in events for marker in _USAGE_MARKERS):
             return events
         kept: list[bytes] = []
-        for event in events.split(b"\n\n"):
+        for event, end in _split(events):
             if any(marker in event for marker in _USAGE_MARKERS):
                 data = _event_json(event)
                 if isinstance(data, dict):
                     self.usage = merge_usage(self.usage, parse_usage(data))
                 if self.request.strip_usage_chunk and _EMPTY_CHOICES in event:
                     continue
-            kept.append(event)
-        return b"\n\n".join(kept)
+            kept += (event, end)
+        return b"".join(kept)
 
     def _translate(self, events: bytes) -> bytes:
         """Chat chunks -> Anthropic events (the request was sent as chat for slot pinning)."""
         assert self._translator is not None
         out: list[bytes] = []
-        for event in events.split(b"\n\n"):
+        for event, _ in _split(events):
             data = _event_json(event)
             if isinstance(data, dict):
                 out += self._translator.feed(data)
         return b"".join(out)
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """The SSE body, one yield per upstream read that completed at least one event."""
-        buffer = b""
+    async def first(self) -> bytes:
+        """The stream's first events. Until they arrive nothing has reached the client, so a stream
+        that breaks off or ends before them is an engine that did not answer (another may)."""
+        kind = self.response.headers.get("content-type", "")
+        if not kind.startswith("text/event-stream"):
+            raise UpstreamUnavailable(
+                self.request.backend_id, f"answered a stream request with {kind or 'no content type'}"
+            )
+        self._events = self._read()
+        try:
+            out = await anext(self._events)
+        except StopAsyncIteration:
+            raise UpstreamUnavailable(
+                self.request.backend_id, "the stream ended before its first event"
+            ) from None
+        except UpstreamStreamError as exc:
+            raise UpstreamUnavailable(self.request.backend_id, exc.message) from exc
+        self.watchdog.stream()
+        return out
+
+    def events(self) -> AsyncIterator[bytes]:
+        """The SSE body (after :meth:`first`, the rest of it), one yield per upstream read that
+        completed at least one event."""
+        return self._events or self._read()
+
+    async def _read(self) -> AsyncIterator[bytes]:
+        buffer = last = b""
+        dog, clock = self.watchdog, self.clock
+        dog.reading = True
         try:
             async for chunk in self.response.aiter_bytes():
+                dog.last = now = clock()
                 if self.first_byte_at is None:
-                    self.first_byte_at = self.clock()
+                    self.first_byte_at = now
                 buffer = buffer + chunk if buffer else chunk
                 end = _boundary(buffer)
                 if end == 0:
+                    if len(buffer) > MAX_EVENT_BYTES:
+                        raise self._broken(f"sent an event larger than {MAX_EVENT_BYTES >> 20} MiB")
                     continue
-                complete, buffer = buffer[:end], buffer[end:]
+                last = complete = buffer[:end]
+                buffer = buffer[end:]
                 out = self._inspect(self._rename(complete))
                 if self._translator is not None:
                     out = self._translate(out)
                 if out:
+                    dog.reading = False  # handing bytes on: the client's pace, not the engine's
                     yield out
+                    dog.last, dog.reading = clock(), True
         except httpx.HTTPError as exc:
             raise broke_off(self.request.backend_id, "stream", exc) from exc
-        if buffer:
-            yield self._rename(buffer)
+        finally:
+            dog.reading = False
+        if buffer.strip():
+            raise self._broken("ended the stream inside an event")
+        if not any(marker in last for marker in self._last_events):
+            raise self._broken(f"ended the stream without its last event ({self._last_events[0].decode()})")
         self.finished = True
+
+    @property
+    def _last_events(self) -> tuple[bytes, ...]:
+        return _LAST_EVENTS.get(self.request.url.rsplit("/", 1)[-1], (b"",))
+
+    def _broken(self, what: str) -> UpstreamStreamError:
+        log.warning("upstream.malformed", backend=self.request.backend_id, error=what)
+        return UpstreamStreamError(self.request.backend_id, what)
 
     async def body(self) -> bytes:
         """A whole non-streamed body, with usage recorded and the model name rewritten."""
         try:
-            content = await self.response.aread()
+            content = await self._bounded_body()
         except httpx.HTTPError as exc:
             raise broke_off(self.request.backend_id, "body", exc) from exc
         self.first_byte_at = self.clock()
         try:
             data = msgspec.json.decode(content)
         except msgspec.DecodeError:
-            data = None
+            kind = self.response.headers.get("content-type") or "no content type"
+            raise self._broken(
+                f"answered with a body that is not JSON ({kind}, {len(content)} bytes)"
+            ) from None
         if isinstance(data, dict):
             self.usage = parse_usage(data)
         self.finished = True
         if self.request.anthropic_from_chat is not None and isinstance(data, dict):
             return msgspec.json.encode(to_message(data, self.request.anthropic_from_chat))
         return self._rename(content)
+
+    async def _bounded_body(self) -> bytes:
+        parts, size = [], 0
+        async for chunk in self.response.aiter_bytes():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise self._broken(f"answered with more than {MAX_BODY_BYTES >> 20} MiB")
+            parts.append(chunk)
+        return b"".join(parts)
 
     async def aclose(self) -> None:
         """Close the upstream response (the engine cancels the request). Shielded: when the client

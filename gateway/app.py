@@ -16,8 +16,6 @@ import structlog
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.params import PathParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
@@ -27,6 +25,7 @@ from gateway.access import Access, Key
 from gateway.admin.auth import AdminAuth
 from gateway.admin.service import AdminService
 from gateway.admin.views import admin_router
+from gateway.api.document import openapi_config
 from gateway.catalog import Catalog
 from gateway.errors import GatewayError, ModelNotFound, anthropic_error_body, openai_error_body
 from gateway.key_limits import Counter, MemoryCounter
@@ -62,8 +61,13 @@ def backend_specs(settings: Settings, catalog: Catalog) -> list[BackendSpec]:
             api_key=b.api_key,
             connect_timeout=b.timeouts.connect,
             read_timeout=b.timeouts.read,
+            first_byte_timeout=b.timeouts.first_byte,
+            stream_idle_timeout=b.timeouts.stream_idle,
             probe_timeout=b.timeouts.probe,
             probe_interval_s=b.probe_interval_s,
+            circuit_failures=b.circuit.failures,
+            circuit_cool_down_s=b.circuit.cool_down_s,
+            circuit_max_cool_down_s=b.circuit.max_cool_down_s,
             deployments=catalog.deployments_on(b.id),
         )
         for b in settings.backends
@@ -149,6 +153,8 @@ async def metrics(state: State) -> Response[bytes]:
                 "drained": snapshot.backend_id in router.drained,
                 "slots": len(snapshot.slots),
                 "leases": len(leases),
+                "circuit": snapshot.circuit,
+                "circuit_trips": relay.fleet.breakers[snapshot.backend_id].trips,
             }
         )
     return Response(relay.metrics.exposition(fleet), media_type=METRICS_CONTENT_TYPE)
@@ -160,13 +166,19 @@ async def health(state: State) -> Response[Any]:
     relay = _relay(state)
     snapshots = relay.fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
-    ok = any(h in ("ready", "unknown") for h in backends.values())
+    circuits = {s.backend_id: s.circuit for s in snapshots}
+    ok = any(s.health.value in ("ready", "unknown") and not s.circuit_blocks for s in snapshots)
     store, counter = relay.router.store, relay.access.counter
     parts = (store, counter)  # Redis away: routing state and key limits both fall back to memory
     degraded = any(isinstance(part, ResilientStore | ResilientCounter) and part.degraded for part in parts)
     shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if degraded else "ok"
     return Response(
-        {"status": "ok" if ok else "unavailable", "backends": backends, "state": shared},
+        {
+            "status": "ok" if ok else "unavailable",
+            "backends": backends,
+            "circuits": circuits,
+            "state": shared,
+        },
         status_code=200 if ok else 503,
     )
 
@@ -315,15 +327,7 @@ def create_app(settings: Settings) -> Litestar:
             Exception: _internal_error,
         },
         request_max_body_size=None,
-        openapi_config=OpenAPIConfig(
-            title="turnout",
-            version=version("turnout"),
-            description="Routing inference gateway: the agents' APIs under /v1, the admin API under "
-            "/admin/api (Authorization: Bearer <admin token>; see docs/dashboard.md).",
-            path="/admin/api/schema",
-            use_handler_docstrings=True,
-            render_plugins=[JsonRenderPlugin(path="/openapi.json")],
-        ),
+        openapi_config=openapi_config(version("turnout")),  # /schema/openapi.json (gateway.api.document)
         logging_config=None,  # structlog is configured by the CLI; no stdlib handlers of litestar's
         debug=False,
     )

@@ -15,11 +15,13 @@ place that decides which engine failures are the client's and which are the gate
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import re
+from typing import ClassVar
 
 import msgspec
 
 from backends.errors import UpstreamError, UpstreamStatusError
+from gateway.api import anthropic, openai
 
 
 class GatewayError(Exception):
@@ -113,32 +115,20 @@ class UpstreamRejected(GatewayError):
 
     type = "invalid_request_error"
 
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
-        super().__init__(message, code=code)
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message, code=code, param=param)
         self.status = status
 
 
 def openai_error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
-    error: dict[str, Any] = {"message": message, "type": type_, "param": param, "code": code}
-    return msgspec.json.encode({"error": error})
-
-
-ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
+    """OpenAI's error shape (:class:`gateway.api.openai.OpenAIError`)."""
+    return openai.error_body(message, type_, param, code)
 
 
 def anthropic_error_body(status: int, message: str) -> bytes:
-    """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``."""
-    error_type = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return msgspec.json.encode({"type": "error", "error": {"type": error_type, "message": message}})
+    """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``
+    (:class:`gateway.api.anthropic.AnthropicError`)."""
+    return anthropic.error_body(status, message)
 
 
 def stream_error_event(api: str, error: GatewayError) -> bytes:
@@ -160,6 +150,8 @@ def stream_error_event(api: str, error: GatewayError) -> bytes:
 
 
 _CLIENT_STATUSES = frozenset({400, 413, 422})
+_NO_SUCH_RESPONSE = re.compile(r"^Response with id '.*' not found")
+"""vLLM's 404 for a ``previous_response_id`` it does not keep (the client's, not turnout's, mistake)."""
 
 
 def from_upstream(error: UpstreamError) -> GatewayError:
@@ -167,10 +159,14 @@ def from_upstream(error: UpstreamError) -> GatewayError:
 
     A 400/413/422 is about the request: the client gets the engine's own message with its
     status (llama.cpp's ``exceed_context_size_error`` becomes ``context_length_exceeded``).
-    429 stays 429. Anything else (auth or model errors caused by turnout's config, 5xx, no
-    answer) is the gateway's problem: 502, naming the backend.
+    429 stays 429. vLLM's 404 for an unknown ``previous_response_id`` is the 400 OpenAI answers
+    (code ``previous_response_not_found``: Codex then sends the whole conversation). Anything else
+    (auth or model errors caused by turnout's config, 5xx, no answer) is the gateway's problem:
+    502, naming the backend.
     """
     if isinstance(error, UpstreamStatusError):
+        if error.status == 404 and _NO_SUCH_RESPONSE.match(error.message):
+            return UpstreamRejected(400, error.message, "previous_response_not_found", "previous_response_id")
         if error.status in _CLIENT_STATUSES:
             code = "context_length_exceeded" if error.context_exceeded else None
             return UpstreamRejected(400 if error.status == 422 else error.status, error.message, code)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.record import RequestRecord
@@ -34,7 +34,7 @@ class FleetCollector(Collector):
     def __init__(self, snapshot: Callable[[], list[dict[str, Any]]]) -> None:
         self._snapshot = snapshot
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         def gauge(name: str, text: str, *labels: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, text, labels=["backend", *labels])
 
@@ -44,6 +44,10 @@ class FleetCollector(Collector):
         waiting = gauge("turnout_backend_requests_waiting", "Requests queued on the backend")
         kv = gauge("turnout_backend_kv_usage_ratio", "vLLM KV cache use, 0-1")
         drained = gauge("turnout_backend_drained", "1 if an admin drained the backend")
+        circuit = gauge("turnout_backend_circuit", "1 for the backend's circuit breaker state", "state")
+        trips = CounterMetricFamily(
+            "turnout_backend_circuit_trips", "Times the backend's circuit opened", labels=["backend"]
+        )
         leases = gauge("turnout_slot_leases", "llama.cpp slots held by a session")
         slots = gauge("turnout_slots", "llama.cpp slots of the backend")
         for row in self._snapshot():
@@ -56,10 +60,13 @@ class FleetCollector(Collector):
             if row["kv_usage"] is not None:
                 kv.add_metric([backend], row["kv_usage"])
             drained.add_metric([backend], 1.0 if row["drained"] else 0.0)
+            for state in ("closed", "open", "half-open"):
+                circuit.add_metric([backend, state], 1.0 if row["circuit"] == state else 0.0)
+            trips.add_metric([backend], row["circuit_trips"])
             if row["slots"]:
                 leases.add_metric([backend], row["leases"])
                 slots.add_metric([backend], row["slots"])
-        yield from (up, health, running, waiting, kv, drained, leases, slots)
+        yield from (up, health, running, waiting, kv, drained, circuit, trips, leases, slots)
 
 
 class Metrics:

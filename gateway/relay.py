@@ -18,10 +18,12 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
+from backends.base import Adapter, UpstreamRequest
 from backends.errors import UpstreamError, UpstreamStatusError, UpstreamStreamError, UpstreamUnavailable
 from backends.fleet import Fleet
 from backends.inflight import Sent
 from backends.stream import ResponseRelay
+from backends.watchdog import Expired
 from gateway.access import Access
 from gateway.catalog import Catalog
 from gateway.disconnect import ClientDisconnected, DisconnectWatch
@@ -53,6 +55,14 @@ CLIENT_CLOSED = 499  # nginx's status for "client closed request", used in logs 
 def _overflowed(exc: BaseException | None) -> bool:
     """The engine refused the prompt as longer than its window: another backend may have a larger one."""
     return isinstance(exc, UpstreamStatusError) and exc.context_exceeded
+
+
+def engine_fault(exc: UpstreamError) -> str | None:
+    """How a failure reflects on the engine (circuit breaking): unreachable, hung, a 5xx or a stream
+    that broke off or stalled are its fault; a 4xx (a bad or too long request) is not."""
+    if isinstance(exc, UpstreamStatusError):
+        return exc.message if exc.status >= 500 else None
+    return exc.message
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -134,6 +144,7 @@ class Opened:
     routed: Routed
     relay: ResponseRelay
     token: int  # the fleet's note of this in-flight request
+    first: bytes = b""  # a stream's first events, read before the client was answered
 
     @property
     def decision(self) -> Decision:
@@ -196,8 +207,10 @@ class Relay:
                     # it, and requests routed meanwhile must see it waiting there
                     token = self.fleet.begin(in_flight(decision))
                     try:
-                        response = await adapter.send(upstream)
+                        relay, first = await self._first_byte(adapter, upstream)
                     except BaseException as exc:
+                        if isinstance(exc, UpstreamError) and (fault := engine_fault(exc)) is not None:
+                            self.fleet.judge(exc.backend_id, fault)
                         self.fleet.end(token)
                         if not isinstance(exc, UpstreamError):
                             raise  # cancelled (the client left) or a bug: nothing to retry
@@ -211,10 +224,30 @@ class Relay:
                         if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
                             self.fleet.report_failure(exc.backend_id, exc.message)
                         raise
-                    return Opened(routed, ResponseRelay(upstream, response), token)
+                    if first:
+                        self.fleet.prefilled(token)  # its prompt is processed: no longer a backlog
+                    return Opened(routed, relay, token, first)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
         raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
+
+    async def _first_byte(self, adapter: Adapter, upstream: UpstreamRequest) -> tuple[ResponseRelay, bytes]:
+        """Send, and for a stream wait for its first events too, under the engine's watchdog
+        (``backends.watchdog``: queued is waited for, hung is not). Until then nothing has reached
+        the client, so every failure here may still go to another backend."""
+        dog = self.fleet.watchdog(upstream.backend_id)
+        try:
+            with dog:
+                relay = ResponseRelay(upstream, await adapter.send(upstream), watchdog=dog)
+                if not upstream.stream:
+                    return relay, b""
+                try:
+                    return relay, await relay.first()
+                except BaseException:
+                    await relay.aclose()
+                    raise
+        except Expired as exc:
+            raise UpstreamUnavailable(upstream.backend_id, exc.message) from exc
 
     async def route(self, body: dict[str, Any], endpoint: Endpoint, headers: Mapping[str, str]) -> Routed:
         """Resolve the model and the session, then decide."""
@@ -262,6 +295,10 @@ class Relay:
                 )
             try:
                 content = await watch.run(opened.relay.body())
+                self.fleet.judge(opened.relay.request.backend_id, None)
+            except UpstreamStreamError as exc:
+                self.fleet.judge(exc.backend_id, exc.message)
+                raise
             finally:
                 await opened.relay.aclose()
                 self.fleet.end(opened.token)
@@ -326,24 +363,27 @@ class Relay:
     async def _stream(self, opened: Opened, record: RequestRecord, api: str) -> AsyncIterator[bytes]:
         """Relay events; a failure after the first byte becomes the API's error event, then a clean end."""
         relay = opened.relay
-        first = True
         try:
-            async for events in relay.events():
-                if first:
-                    first = False
-                    self.fleet.prefilled(opened.token)
-                yield events
-        except UpstreamStreamError as exc:
-            record.error = exc.message
-            error = UpstreamFailed(f"backend {exc.backend_id} failed mid-stream: {exc.message}")
+            with relay.watchdog:  # now a stalled stream is ended, in this task (the response's)
+                yield opened.first
+                async for events in relay.events():
+                    yield events
+        except (UpstreamStreamError, Expired) as exc:
+            message = exc.message
+            record.error = message
+            error = UpstreamFailed(f"backend {relay.request.backend_id} failed mid-stream: {message}")
             yield stream_error_event(api, error)
-            await self._engine_lost(opened.routed, exc)
+            self.fleet.judge(relay.request.backend_id, message)
+            if isinstance(exc, UpstreamStreamError):
+                await self._engine_lost(opened.routed, exc)
         finally:
             await relay.aclose()
 
     async def _finish_stream(self, opened: Opened, record: RequestRecord) -> None:
         """Runs after the stream ended or the client left: close upstream, learn, write the log line."""
         await opened.relay.aclose()
+        if opened.relay.finished and record.error is None:
+            self.fleet.judge(opened.relay.request.backend_id, None)
         self.fleet.end(opened.token)
         if not opened.relay.finished and record.error is None:
             record.status, record.error = CLIENT_CLOSED, "client disconnected"

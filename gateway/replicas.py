@@ -7,8 +7,8 @@ travel through its stream (``gateway.state.prompt_log``). Twice a second each re
   gateway starts from what the fleet knew) and routes on the merge of its own and the others'
   (``policies.learning.merge``: merged, never overwritten, nothing counted twice);
 - publishes its requests in flight per backend (``load``, gone ``LOAD_TTL_S`` after the replica's last
-  word: a replica that dies stops counting), and lays the others' over its snapshots
-  (``backends.inflight.Load``: prefill backlog and busy slots).
+  word: a replica that dies stops counting), and lays the others' prefill backlog over its
+  snapshots (``backends.inflight.Load``).
 
 With the in-memory store there is no one to share with and nothing runs.
 """

@@ -1,6 +1,9 @@
 """Reading a client request: the body within its size limit, JSON decoding, shape checks.
 
-Only what routing needs is checked here; everything else is the engine's to validate.
+Only what routing needs is checked here; everything else is the engine's to validate. One thing
+more: how deep the JSON nests. Reading a prompt (``policies.prefix``, ``policies.features``) recurses
+into content blocks and tool schemas, and so does the decoder itself, so a body nested a few
+hundred levels deep would exhaust the stack and answer 500; it is refused here with a 400 instead.
 """
 
 from __future__ import annotations
@@ -12,6 +15,25 @@ from litestar import Request
 
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from policies.types import Endpoint
+
+MAX_DEPTH = 128
+"""Deepest nesting of JSON arrays and objects accepted (a tool's JSON Schema 30 levels deep is ~65)."""
+
+
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep. Level by level, not
+    recursive, so that checking a hostile body cannot exhaust the stack either."""
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+    return bool(level)
 
 
 async def read_body(request: Request[Any, Any, Any], limit: int) -> bytes:
@@ -42,12 +64,17 @@ def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
     """Decode and check the fields routing reads; 400 with the parameter named otherwise."""
     if not raw.strip():
         raise InvalidRequest("The request body is empty; expected a JSON object.")
+    too_deep = InvalidRequest(f"The request body nests arrays and objects more than {MAX_DEPTH} levels deep.")
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}.") from exc
+    except RecursionError:  # the decoder's own limit, far deeper than MAX_DEPTH
+        raise too_deep from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    if nesting_exceeds(body, MAX_DEPTH):
+        raise too_deep
     _require(body, "model", (str,), "a string")
     if endpoint is Endpoint.RESPONSES:
         _require(body, "input", (str, list), "a string or an array of input items")

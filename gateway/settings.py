@@ -34,9 +34,25 @@ class Timeouts(_Strict):
     connect: float = Field(5.0, gt=0)
     """Opening a connection to the engine."""
     read: float = Field(600.0, gt=0)
-    """Longest silence between two bytes of a response (a long prefill is silent on llama.cpp)."""
+    """Longest wait for a response's first byte while the engine reports work running or queued (a
+    request waiting for a llama.cpp slot, a long prefill), and for any one read."""
+    first_byte: float = Field(30.0, gt=0)
+    """Silence before the first byte while the engine reports nothing running or queued: it hung;
+    the request goes to another backend (nothing reached the client yet)."""
+    stream_idle: float = Field(60.0, gt=0)
+    """Silence between two bytes once a stream has begun: it stalled; the stream ends with an error
+    event."""
     probe: float = Field(2.0, gt=0)
     """One probe request (health, metrics, slots)."""
+
+
+class CircuitConfig(_Strict):
+    """Circuit breaking (``backends.breaker``): a backend failing this many requests in a row gets
+    none for a cool-down, then one trial; a failed trial doubles the cool-down, a success closes it."""
+
+    failures: int = Field(3, ge=1)
+    cool_down_s: float = Field(5.0, gt=0)
+    max_cool_down_s: float = Field(60.0, gt=0)
 
 
 class BackendConfig(_Strict):
@@ -51,6 +67,7 @@ class BackendConfig(_Strict):
     api_key: str | None = None
     """Key turnout sends upstream as ``Authorization: Bearer``; never logged."""
     timeouts: Timeouts = Timeouts()
+    circuit: CircuitConfig = CircuitConfig()
     probe_interval_s: float = Field(2.0, gt=0)
     """How often the engine's health and load are probed."""
 

@@ -5,7 +5,8 @@ plus a :class:`Rejection` for each one it drops. Filters never reorder candidate
 
 - ``engine-supports``: the engine can serve this kind of request at all (no stored Responses on
   llama.cpp for ``previous_response_id``).
-- ``healthy``: the backend's last probe found it ready (``unknown`` passes: not probed yet).
+- ``healthy``: the backend's last probe found it ready (``unknown`` passes: not probed yet), and its
+  circuit breaker lets a request through (not open, or half-open with no trial out).
 - ``context-fits``: the prompt must fit the deployment's window (llama.cpp reports its per-slot
   window; that is the limit a request meets); where some candidates also have room for the whole
   ``max_tokens``, only those stay.
@@ -26,7 +27,12 @@ def healthy(features: RequestFeatures, candidates: Sequence[Candidate]) -> Filte
     kept: list[Candidate] = []
     dropped: list[Rejection] = []
     for deployment, snapshot in candidates:
-        if snapshot.health in (Health.READY, Health.UNKNOWN):
+        if snapshot.circuit_blocks:
+            detail = f"circuit {snapshot.circuit} after repeated failures" + (
+                f" ({snapshot.error})" if snapshot.error else ""
+            )
+            dropped.append(Rejection(snapshot.backend_id, Reason.CIRCUIT_OPEN, detail))
+        elif snapshot.health in (Health.READY, Health.UNKNOWN):
             kept.append((deployment, snapshot))
         else:
             detail = f"backend is {snapshot.health}" + (f" ({snapshot.error})" if snapshot.error else "")

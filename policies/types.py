@@ -59,6 +59,7 @@ class Reason(StrEnum):
     UNHEALTHY = "backend-unhealthy"
     CONTEXT_TOO_LONG = "context-too-long"
     DRAINED = "drained"
+    CIRCUIT_OPEN = "circuit-open"
     OUTPUT_WOULD_BE_CUT = "output-would-be-cut"
     UNSUPPORTED = "unsupported-by-engine"
     ONLY_CANDIDATE = "only-candidate"
@@ -133,6 +134,8 @@ class BackendSnapshot:
     prefix_cache_hits: float | None = None
     error: str | None = None
     prefill_backlog_s: float = 0.0  # predicted prompt processing turnout's requests there still need
+    circuit: str = "closed"  # closed, or open / half-open while its circuit breaker keeps requests away
+    circuit_blocks: bool = False  # no request may go there now (open, or half-open with its trial out)
 
     @property
     def busy_slots(self) -> int:

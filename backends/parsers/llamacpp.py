@@ -43,10 +43,11 @@ def parse_slots(data: Any) -> tuple[SlotState, ...]:
     slots = []
     for item in data:
         if isinstance(item, Mapping) and isinstance(item.get("id"), int):
+            n_ctx = item.get("n_ctx")
             slots.append(
                 SlotState(
                     id=item["id"],
-                    n_ctx=int(item.get("n_ctx", 0)),
+                    n_ctx=n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else 0,
                     is_processing=bool(item.get("is_processing", False)),
                 )
             )

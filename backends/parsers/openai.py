@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,18 @@ class ServedModel:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _ms(value: Any) -> float | None:
+    """A finite number of milliseconds; None for anything else (a JSON integer may be too large for
+    a float: msgspec decodes integers of up to 4300 digits)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def parse_models(data: Any) -> tuple[ServedModel, ...]:
@@ -68,8 +81,8 @@ def parse_usage(data: Mapping[str, Any]) -> Usage | None:
         return _input_output_usage(usage)
     timings = data.get("timings")
     timings = timings if isinstance(timings, Mapping) else {}
-    prompt_ms = timings.get("prompt_ms")
-    predicted_ms = timings.get("predicted_ms")
+    prompt_ms = _ms(timings.get("prompt_ms"))
+    predicted_ms = _ms(timings.get("predicted_ms"))
     cache_n = _int(timings.get("cache_n"))
     if isinstance(usage, Mapping):
         details = usage.get("prompt_tokens_details")
@@ -78,8 +91,8 @@ def parse_usage(data: Mapping[str, Any]) -> Usage | None:
             prompt_tokens=_int(usage.get("prompt_tokens")) or 0,
             completion_tokens=_int(usage.get("completion_tokens")) or 0,
             cached_tokens=cached if cached is not None else cache_n,
-            prompt_ms=float(prompt_ms) if isinstance(prompt_ms, int | float) else None,
-            predicted_ms=float(predicted_ms) if isinstance(predicted_ms, int | float) else None,
+            prompt_ms=prompt_ms,
+            predicted_ms=predicted_ms,
         )
     prompt_n = _int(timings.get("prompt_n"))
     if prompt_n is None:
@@ -88,6 +101,6 @@ def parse_usage(data: Mapping[str, Any]) -> Usage | None:
         prompt_tokens=prompt_n + (cache_n or 0),
         completion_tokens=_int(timings.get("predicted_n")) or 0,
         cached_tokens=cache_n,
-        prompt_ms=float(prompt_ms) if isinstance(prompt_ms, int | float) else None,
-        predicted_ms=float(predicted_ms) if isinstance(predicted_ms, int | float) else None,
+        prompt_ms=prompt_ms,
+        predicted_ms=predicted_ms,
     )

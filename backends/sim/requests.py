@@ -83,6 +83,8 @@ def _prompt_tokens(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[list[in
         and prompt
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
+        if not all(0 <= t < tokenizer.N_VOCAB for t in prompt):  # both engines refuse these with a 400
+            raise InvalidChat(f"'prompt' token ids must be in [0, {tokenizer.N_VOCAB})", "prompt")
         return [int(t) for t in prompt], None
     raise InvalidChat("'prompt' must be a string or a list of token ids", "prompt")
 

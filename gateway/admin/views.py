@@ -23,6 +23,7 @@ from litestar.response import Redirect
 
 from gateway.admin.auth import COOKIE, Identity
 from gateway.admin.service import DECISION_FILTERS, AdminError, AdminService
+from gateway.api.service import AdminProfile
 
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
@@ -275,10 +276,11 @@ async def api_switch_profile(request: Request[Any, Any, Any], state: State) -> R
     if isinstance(actor, Response):
         return actor
     try:
-        body = msgspec.json.decode(await request.body())
-        await _service(state).switch_profile(str(body["profile"]), actor)
-    except (msgspec.DecodeError, KeyError, TypeError):
+        body = msgspec.json.decode(await request.body(), type=AdminProfile)
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deep for the decoder
         return _api_error(400, 'send {"profile": "<name>"}')
+    try:
+        await _service(state).switch_profile(body.profile, actor)
     except AdminError as exc:
         return _api_error(400, str(exc))
     return _json(_service(state).policy())

@@ -94,7 +94,8 @@ def test_busy_slots_and_the_prefill_backlog_come_from_the_predictions(fleet: Fle
 
 def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
     """What one replica publishes (``Fleet.load``) and another lays over its snapshots: the prefill
-    backlog adds up, the slot the other replica's request is pinned to is busy for its predicted rest."""
+    backlog adds up; the other replica's slots are left to the probes (its word is up to a second
+    old: a slot it just left must not look busy)."""
     now = time.time()
     other = Fleet([BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")], httpx.AsyncClient())
     other.begin(Sent("llama", 1, now - 1.0, total_s=5.0, queue_s=0.0, prefill_s=3.0))
@@ -104,13 +105,11 @@ def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
     fleet.begin(Sent("llama", 0, now, total_s=2.0, queue_s=0.0, prefill_s=0.5))
     fleet.peers = published
     llama = fleet.snapshots()[0]
-    assert [s.is_processing for s in llama.slots] == [True, True]
-    assert llama.slots[1].busy_s == pytest.approx(4.0, abs=0.1)
+    assert [s.is_processing for s in llama.slots] == [True, False]
     assert llama.prefill_backlog_s == pytest.approx(0.5 + 2.0 + 1.0, abs=0.1)
     fleet.peers = {}  # the other replica went quiet (its published load expired)
-    assert [s.is_processing for s in fleet.snapshots()[0].slots] == [True, False]
+    assert fleet.snapshots()[0].prefill_backlog_s == pytest.approx(0.5, abs=0.1)
 
 
-def test_loads_add_up_per_slot() -> None:
-    total = Load(1.0, 1, ((0, 2.0),)) + Load(0.5, 2, ((0, 1.0), (1, 3.0)))
-    assert total == Load(1.5, 3, ((0, 3.0), (1, 3.0)))
+def test_loads_add_up() -> None:
+    assert Load(1.0, 1) + Load(0.5, 2) == Load(1.5, 3)

@@ -174,7 +174,7 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
 
 
 def test_the_admin_api_is_in_the_openapi_schema(stack: Stack) -> None:
-    schema = httpx.get(stack.url + "/admin/api/schema/openapi.json").json()
+    schema = httpx.get(stack.url + "/schema/openapi.json").json()
     paths = set(schema["paths"])
     assert {"/admin/api/overview", "/admin/api/decisions", "/admin/api/sessions/{label}", "/admin/api/policy",
             "/admin/api/policy/profile", "/admin/api/series", "/v1/chat/completions"} <= paths  # fmt: skip

@@ -89,12 +89,14 @@ def stack_settings(
     urls: dict[str, str],
     extra_backends: list[dict[str, Any]] | None = None,
     extra_models: list[dict[str, Any]] | None = None,
+    timeouts: dict[str, float] | None = None,
     **over: Any,
 ) -> Settings:
+    engine = {"probe_interval_s": 0.2, **({"timeouts": timeouts} if timeouts else {})}
     backends = [  # extra backends first: ties go to configured order, so they are tried first
         *(extra_backends or []),
-        {"id": "vllm", "kind": "vllm", "url": urls["vllm"], "probe_interval_s": 0.2},
-        {"id": "llama", "kind": "llamacpp", "url": urls["llama"], "probe_interval_s": 0.2},
+        {"id": "vllm", "kind": "vllm", "url": urls["vllm"], **engine},
+        {"id": "llama", "kind": "llamacpp", "url": urls["llama"], **engine},
     ]
     models = [
         {
@@ -126,6 +128,7 @@ def start_stack(
     llama: SimConfig | None = None,
     extra_backends: list[dict[str, Any]] | None = None,
     extra_models: list[dict[str, Any]] | None = None,
+    timeouts: dict[str, float] | None = None,
     **over: Any,
 ) -> Stack:
     configs = {
@@ -135,7 +138,9 @@ def start_stack(
     }
     taps = {name: Tap(create_sim_app(config)) for name, config in configs.items()}
     sims = {name: ServerThread(tap).start() for name, tap in taps.items()}
-    settings = stack_settings({n: s.url for n, s in sims.items()}, extra_backends, extra_models, **over)
+    settings = stack_settings(
+        {n: s.url for n, s in sims.items()}, extra_backends, extra_models, timeouts, **over
+    )
     gateway = ServerThread(create_app(settings)).start()
     return Stack(gateway, sims, taps, settings, [gateway, *sims.values()])
 

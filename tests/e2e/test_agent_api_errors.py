@@ -70,3 +70,20 @@ def test_previous_response_id_is_refused_where_only_llama_serves(stack: Stack) -
     error = response.json()["error"]
     assert error["param"] == "previous_response_id"
     assert "llama.cpp does not support 'previous_response_id'" in error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_unknown_previous_response_is_the_clients_error(stack: Stack, stream: bool) -> None:
+    """vLLM keeps no such response and answers 404: the client hears OpenAI's 400
+    ``previous_response_not_found`` (Codex then resends the conversation), not a 502."""
+    body = {"model": "m-vllm", "input": "go on", "previous_response_id": "resp_gone", "stream": stream}
+    with stack.client() as client:
+        response = client.post("/v1/responses", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "previous_response_not_found",
+        "previous_response_id",
+    )
+    assert "resp_gone" in error["message"]

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from backends.sim import SimConfig
+from gateway.requests import MAX_DEPTH
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.servers import ADMIN
 
@@ -37,6 +38,20 @@ def post(stack: Stack, body: Any, path: str = "/v1/chat/completions", **kwargs: 
 MSG = [{"role": "user", "content": "hi"}]
 
 
+def nested(depth: int) -> dict[str, Any]:
+    """Objects nested ``depth`` deep."""
+    value: dict[str, Any] = {"type": "string"}
+    for _ in range(depth - 1):
+        value = {"p": value}
+    return value
+
+
+def with_tool(schema: dict[str, Any]) -> dict[str, Any]:
+    """A chat request whose one tool takes ``schema``: 4 levels (body, tools, tool, function) above it."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    return {"model": "m-vllm", "messages": MSG, "tools": [tool]}
+
+
 def test_unknown_model_lists_valid_names(stack: Stack) -> None:
     error = assert_openai_error(
         post(stack, {"model": "gpt-9", "messages": MSG}), 404, "invalid_request_error"
@@ -60,11 +75,22 @@ def test_unknown_model_lists_valid_names(stack: Stack) -> None:
         ({"model": "m-vllm", "messages": ["hi"]}, "messages[0]"),
         ({"model": "m-vllm", "messages": MSG, "max_tokens": "ten"}, "max_tokens"),
         ({"model": "m-vllm", "messages": MSG, "stream": "yes"}, "stream"),
+        (b'{"model": "m-vllm", "messages": ' + b"[" * 3000 + b"]" * 3000 + b"}", None),  # the decoder's limit
+        (with_tool(nested(600)), None),  # decodes, but reading the prompt would recurse 600 deep
     ],
+    ids=lambda v: str(v)[:40],
 )
 def test_bad_requests(stack: Stack, body: Any, param: str | None) -> None:
     error = assert_openai_error(post(stack, body), 400, "invalid_request_error")
     assert error["param"] == param
+
+
+def test_bodies_nest_up_to_the_limit(stack: Stack) -> None:
+    """A tool schema as deep as the limit allows is relayed; one level more is refused (400, not 500)."""
+    deepest = with_tool(nested(MAX_DEPTH - 4))
+    assert post(stack, deepest).status_code == 200
+    error = assert_openai_error(post(stack, with_tool(nested(MAX_DEPTH - 3))), 400, "invalid_request_error")
+    assert f"more than {MAX_DEPTH} levels" in error["message"]
 
 
 def test_completions_need_a_prompt(stack: Stack) -> None:

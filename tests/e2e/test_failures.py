@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import Stack, start_stack, stop_stack
@@ -21,7 +23,15 @@ def faulty() -> Iterator[tuple[Stack, Fault]]:
     server = ServerThread(create_faulty_app(fault)).start()
     running = start_stack(
         profile="least-loaded",  # ties keep configured order, so the faulty backend is tried first
-        extra_backends=[{"id": "faulty", "kind": "openai", "url": server.url, "probe_interval_s": 60}],
+        extra_backends=[
+            {
+                "id": "faulty",
+                "kind": "openai",
+                "url": server.url,
+                "probe_interval_s": 0.2,
+                "circuit": {"failures": 100},
+            }  # each test sees the failures it makes (test_deadlines: breaking)
+        ],
         extra_models=[
             {"name": "m-faulty", "deployments": [{"backend": "faulty", "upstream_name": "up-faulty"}]},
             {
@@ -40,15 +50,30 @@ def faulty() -> Iterator[tuple[Stack, Fault]]:
         server.stop()
 
 
-def set_fault(fault: Fault, status: int = 200, body: object = b"", events: int | None = None) -> None:
+def set_fault(
+    stack: Stack,
+    fault: Fault,
+    status: int = 200,
+    body: object = b"",
+    events: int | None = None,
+    media_type: str = "application/json",
+    events_then_end: int | None = None,
+) -> None:
+    """The next requests fail so; the faulty backend is back up first (a stream that broke off
+    marked it down until a probe found it again)."""
     fault.status = status
     fault.body = body if isinstance(body, bytes) else json.dumps(body).encode()
     fault.events_before_break = events
+    fault.media_type, fault.events_then_end = media_type, events_then_end
+    deadline = time.monotonic() + 5
+    while httpx.get(stack.url + "/health").json()["backends"]["faulty"] != "ready":
+        assert time.monotonic() < deadline, "the faulty backend was not probed back up"
+        time.sleep(0.05)
 
 
 def test_vllm_style_unauthorized_becomes_502(faulty: tuple[Stack, Fault]) -> None:
     stack, fault = faulty
-    set_fault(fault, 401, {"error": "Unauthorized"})
+    set_fault(stack, fault, 401, {"error": "Unauthorized"})
     error = assert_openai_error(post(stack, {"model": "m-faulty", "messages": MSG}), 502, "upstream_error")
     assert error["message"] == "backend faulty answered 401: Unauthorized"
 
@@ -60,7 +85,7 @@ def test_engine_context_error_is_the_apis_overflow_error(faulty: tuple[Stack, Fa
     stack, fault = faulty
     message = "request (9000 tokens) exceeds the available context size (8192 tokens), try increasing it"
     error = {"code": 400, "message": message, "type": "exceed_context_size_error"}
-    set_fault(fault, 400, {"error": {**error, "n_prompt_tokens": 9000, "n_ctx": 8192}})
+    set_fault(stack, fault, 400, {"error": {**error, "n_prompt_tokens": 9000, "n_ctx": 8192}})
     body = assert_openai_error(
         post(stack, {"model": "m-faulty", "messages": MSG}), 400, "invalid_request_error"
     )
@@ -79,7 +104,7 @@ def test_engine_context_error_is_the_apis_overflow_error(faulty: tuple[Stack, Fa
             "message": "prompt is too long: 9000 tokens > 8192 maximum",
         },
     }
-    set_fault(fault, 400, {"error": error})  # no numbers: the engine's words, with the same code
+    set_fault(stack, fault, 400, {"error": error})  # no numbers: the engine's words, with the same code
     body = assert_openai_error(
         post(stack, {"model": "m-faulty", "messages": MSG}), 400, "invalid_request_error"
     )
@@ -92,7 +117,7 @@ def test_prompt_an_engine_refuses_as_too_long_goes_to_a_larger_window(faulty: tu
     stack, fault = faulty
     message = "request (9000 tokens) exceeds the available context size (8192 tokens), try increasing it"
     error = {"code": 400, "message": message, "type": "exceed_context_size_error"}
-    set_fault(fault, 400, {"error": {**error, "n_prompt_tokens": 12, "n_ctx": 8}})
+    set_fault(stack, fault, 400, {"error": {**error, "n_prompt_tokens": 12, "n_ctx": 8}})
     response = post(stack, {"model": "m-fallback", "messages": MSG, "max_tokens": 3})
     assert response.status_code == 200
     assert response.headers["x-turnout-backend"] == "llama"
@@ -106,7 +131,7 @@ def test_prompt_an_engine_refuses_as_too_long_goes_to_a_larger_window(faulty: tu
 def test_server_error_is_retried_on_another_backend(faulty: tuple[Stack, Fault]) -> None:
     """A 5xx before the first byte re-routes; the client never sees the failure."""
     stack, fault = faulty
-    set_fault(fault, 500, {"error": {"message": "boom", "type": "server_error"}})
+    set_fault(stack, fault, 500, {"error": {"message": "boom", "type": "server_error"}})
     calls = len(fault.calls)
     response = post(stack, {"model": "m-fallback", "messages": MSG, "max_tokens": 3})
     assert response.status_code == 200
@@ -116,7 +141,7 @@ def test_server_error_is_retried_on_another_backend(faulty: tuple[Stack, Fault])
 
 def test_failure_after_streaming_began_ends_with_an_error_event(faulty: tuple[Stack, Fault]) -> None:
     stack, fault = faulty
-    set_fault(fault, events=2)
+    set_fault(stack, fault, events=2)
     body = {"model": "m-faulty", "messages": MSG, "stream": True}
     with stack.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
@@ -132,7 +157,7 @@ def test_failure_after_streaming_began_ends_with_an_error_event(faulty: tuple[St
 def test_responses_stream_failure_is_a_response_failed_event(faulty: tuple[Stack, Fault]) -> None:
     """Codex reads ``response.failed`` (and ignores a bare ``error`` event, retrying the turn)."""
     stack, fault = faulty
-    set_fault(fault, events=1)
+    set_fault(stack, fault, events=1)
     body = {"model": "m-faulty", "input": "hi", "stream": True}
     with stack.client() as client, client.stream("POST", "/v1/responses", json=body) as response:
         assert response.status_code == 200
@@ -145,3 +170,36 @@ def test_responses_stream_failure_is_a_response_failed_event(faulty: tuple[Stack
     assert failed["response"]["status"] == "failed"
     assert failed["response"]["error"]["code"] == "upstream_failed"
     assert "faulty" in failed["response"]["error"]["message"]
+
+
+HTML = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+
+
+def test_a_plain_answer_that_is_not_json_is_a_clear_502(faulty: tuple[Stack, Fault]) -> None:
+    stack, fault = faulty
+    set_fault(stack, fault, 200, HTML, media_type="text/html")
+    error = assert_openai_error(post(stack, {"model": "m-faulty", "messages": MSG}), 502, "upstream_error")
+    assert "not JSON (text/html" in error["message"]
+
+
+def test_an_html_page_for_a_stream_goes_to_another_backend(faulty: tuple[Stack, Fault]) -> None:
+    """Nothing was sent to the client yet: the stream request goes where an event stream comes from."""
+    stack, fault = faulty
+    set_fault(stack, fault, 200, HTML, media_type="text/html")
+    body = {"model": "m-fallback", "messages": MSG, "stream": True, "max_tokens": 3}
+    with stack.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["x-turnout-backend"] == "llama"
+        assert response.read().endswith(b"data: [DONE]\n\n")
+
+
+def test_a_stream_that_ends_without_done_ends_with_an_error_event(faulty: tuple[Stack, Fault]) -> None:
+    stack, fault = faulty
+    set_fault(stack, fault, events_then_end=2)
+    body = {"model": "m-faulty", "messages": MSG, "stream": True}
+    with stack.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+        events = [e for e in response.read().split(b"\n\n") if e]
+    assert len(events) == 4
+    error = json.loads(events[2].removeprefix(b"data: "))["error"]
+    assert "ended the stream without its last event ([DONE])" in error["message"]
+    assert events[3] == b"data: [DONE]"  # turnout's own clean end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,9 +13,11 @@ import httpx
 import pytest
 import structlog
 
+from backends.sim import SimConfig
 from gateway.app import create_app
 from gateway.state.redis_store import RedisStore
 from gateway.state.resilient import RETRY_S
+from policies import Architecture
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.latency_proxy import LatencyProxy
 from tests.redis_server import RedisServer
@@ -35,7 +38,11 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 @pytest.fixture
 def stack(redis_server: RedisServer) -> Iterator[Stack]:
-    running = start_stack(state={"url": redis_server.url, "prefix": f"e2e{uuid.uuid4().hex[:6]}"})
+    running = start_stack(
+        vllm=SimConfig(kind="vllm", model="up-vllm", time_scale=0.02, architecture=Architecture.HYBRID),
+        llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=0.02, slots=2),
+        state={"url": redis_server.url, "prefix": f"e2e{uuid.uuid4().hex[:6]}"},
+    )  # engine times of tens of ms: learned rates (which decide placement) stand above a busy box's jitter
     try:
         yield running
     finally:
@@ -83,7 +90,11 @@ def test_turns_alternating_between_two_replicas_stay_on_one_slot(stack: Stack) -
     second = ServerThread(create_app(stack.settings)).start()
     try:
         history: list[dict[str, str]] = [SYSTEM]
-        answers = [turn((stack.url, second.url)[n % 2], history, n) for n in range(6)]
+        answers = []
+        for n in range(6):
+            url = (stack.url, second.url)[n % 2]
+            answers.append(turn(url, history, n))
+            finished(url, turns=n + 1)  # a turn is shared once its answer has ended
     finally:
         second.stop()
     placed = {(a.headers["x-turnout-backend"], a.headers["x-turnout-slot"]) for a in answers}
@@ -107,7 +118,8 @@ def finished(url: str, turns: int) -> None:
 
 def test_a_conversation_without_session_ids_is_recognised_by_every_replica(stack: Stack) -> None:
     """No session id: each replica recognises the conversation by content, in the prefix index the
-    replicas share (the other replica's records reach it through Redis): one slot, growing cache."""
+    replicas share (the other replica's records reach it through Redis): one session, six turns,
+    each one placed knowing what the last one left where (where it goes depends on learned rates)."""
     second = ServerThread(create_app(stack.settings)).start()
     try:
         history: list[dict[str, str]] = [SYSTEM]
@@ -119,13 +131,17 @@ def test_a_conversation_without_session_ids_is_recognised_by_every_replica(stack
             time.sleep(0.2)  # an agent's think time: the record reaches the other replica meanwhile
     finally:
         second.stop()
-    placed = [(a.headers["x-turnout-backend"], a.headers.get("x-turnout-slot")) for a in answers[1:]]
-    reasons = [a.headers["x-turnout-route-reason"] for a in answers]
-    assert len(set(placed)) == 1, reasons
-    assert placed[0][0] == "llama", reasons
-    cached = [a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
-    prompts = [a.json()["usage"]["prompt_tokens"] for a in answers]
-    assert all(c >= 0.9 * p for c, p in zip(cached[2:], prompts[1:], strict=False))
+    sessions = httpx.get(stack.url + "/admin/api/sessions", headers=ADMIN).json()["data"]
+    assert [s["turns"] for s in sessions] == [6]  # not a new session at every change of replica
+    assert {a.headers["x-turnout-session-source"] for a in answers} == {"implicit"}
+    decisions = httpx.get(stack.url + "/admin/api/decisions", headers=ADMIN).json()["data"][::-1]
+    after_llama = [
+        next(c for c in now["candidates"] if c["backend"] == "llama")
+        for before, now in itertools.pairwise(decisions)
+        if before["chosen"] == "llama"
+    ]
+    assert after_llama  # some turn was on llama.cpp (its slot is the cheapest place to continue)
+    assert all(c["expected_cached_tokens"] > 0 for c in after_llama)  # known, whichever replica sent it
 
 
 def test_what_one_replica_learned_reaches_the_others(stack: Stack) -> None:
