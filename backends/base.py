@@ -28,6 +28,9 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
 }
 
 
+READ_BACKSTOP_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
     """What an adapter needs to know about its engine (built from the gateway's settings)."""
@@ -87,7 +90,8 @@ class Adapter(ABC):
         self._auth: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {spec.api_key}"),) if spec.api_key else ()
         )
-        self._timeout = httpx.Timeout(spec.read_timeout, connect=spec.connect_timeout)
+        # a backstop: the watchdog (backends.watchdog) ends a silent request first, saying why
+        self._timeout = httpx.Timeout(spec.read_timeout + READ_BACKSTOP_S, connect=spec.connect_timeout)
         self._probe_timeout = httpx.Timeout(spec.probe_timeout)
 
     # -- requests ---------------------------------------------------------------------------
