@@ -3,8 +3,9 @@
     .venv/bin/python bench/state.py [--requests 2000] [--sessions 100000]
 
 Starts a redis-server on a free loopback port (Debian's package). Per request: the store calls one
-routed turn makes (read the session and the leases, claim the slot, then one batch: the session, the
-turn and the decision), timed against the in-memory store in the same run; median and p90 in ms. Memory:
+routed turn makes (read the session and the leases, match the prefix index, claim the slot; when it
+ends, record its prompt for the other replicas, then one batch: the session, the turn and the
+decision), timed against the in-memory store in the same run; median and p90 in ms. Memory:
 ``used_memory`` before and after saving ``--sessions`` sessions of a 40-message conversation (prompt
 mark and per-message shape, what turnout saves), divided by their number. Targets (issue #13): under
 1 ms p50 per request, under 2 KB per session at 100,000 sessions.
@@ -47,10 +48,15 @@ def session(key: str, now: float) -> SessionView:
     )  # fmt: skip
 
 
+CHAIN = chain_of(render(MESSAGES))
+
+
 async def one_turn(store: StateStore, key: str, view: SessionView, entry: dict[str, Any]) -> None:
     await store.get_session(key)
     await store.leases("llama")
+    await store.match_prefix(CHAIN, ["llama", "vllm"])
     await store.claim_slot("llama", 0, key, time.time(), key, 40_000)
+    await store.record_prompt("llama", 0, CHAIN, 40_000, key)
     await store.finish_turn(
         view, {"at": time.time(), "prompt_tokens": 40_000, "cached_tokens": 39_000}, entry
     )

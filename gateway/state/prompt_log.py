@@ -1,6 +1,7 @@
 """The prefix index's records, shared by replicas through a capped Redis stream (``<ns>:prompts``).
 
-Every replica appends what it sent where (``PromptRecord``: the backend, the llama.cpp slot, the
+Every replica appends what it sent where, with the batch of writes that ends each request
+(``PromptRecord``: the backend, the llama.cpp slot, the
 prompt's chain of chunk hashes, the engine's token count, the session; never text) and folds the
 others' records into its own in-memory ``PrefixIndex``. So every replica knows what each backend,
 slot and RAM cache holds, whichever replica sent it; a replica that starts reads the whole stream
@@ -19,6 +20,8 @@ import msgspec
 from policies.prefix import PromptChain
 
 LOG_ENTRIES = 20_000
+UNSENT = 1000
+"""Records kept for the next batch while Redis is away (the newest)."""
 BATCH = 500
 """Records read per round trip."""
 BLOCK_MS = 1000

@@ -101,6 +101,7 @@ class RedisStore(StateStore):
         self._follower = redis.Redis.from_url(  # its reads wait for new records
             url, socket_timeout=timeout_s + prompt_log.BLOCK_MS / 1000, socket_connect_timeout=timeout_s
         )
+        self._unsent: list[bytes] = []
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         """This process among the replicas: its records and shared values carry it."""
 
@@ -157,6 +158,7 @@ class RedisStore(StateStore):
             if turn is not None:
                 self._turn(pipe, session.key, turn)
         self._decision(pipe, decision)
+        self._publish(pipe)
         results = await pipe.execute()
         if session is not None:
             await self._bound(results[2])
@@ -171,19 +173,22 @@ class RedisStore(StateStore):
         self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
     ) -> None:
         self._index.record(backend_id, slot, chain, tokens, session_key)
-        await self.publish_prompt(backend_id, slot, chain, tokens, session_key)
+        self.queue_prompt(backend_id, slot, chain, tokens, session_key)
 
-    async def publish_prompt(
+    def queue_prompt(
         self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
     ) -> None:
-        """Tell the other replicas what was sent where (``prompt_log``)."""
+        """Tell the other replicas what was sent where (``prompt_log``), with the next batch of
+        writes (``finish_turn``: no round trip of its own). While Redis is away the newest
+        ``prompt_log.UNSENT`` wait."""
         record = PromptRecord(self.replica, backend_id, slot, chain, tokens, session_key)
-        await self._redis.xadd(
-            self._key("prompts"),
-            {"r": prompt_log.pack(record)},
-            maxlen=prompt_log.LOG_ENTRIES,
-            approximate=True,
-        )
+        self._unsent.append(prompt_log.pack(record))
+        del self._unsent[: -prompt_log.UNSENT]
+
+    def _publish(self, pipe: Any) -> None:
+        for raw in self._unsent:
+            pipe.xadd(self._key("prompts"), {"r": raw}, maxlen=prompt_log.LOG_ENTRIES, approximate=True)
+        self._unsent.clear()  # a failed batch loses them: records are hints, not state
 
     async def read_prompts(self, after: str) -> tuple[str, list[PromptRecord]]:
         """The other replicas' records after stream id ``after`` ("0": all), waiting up to

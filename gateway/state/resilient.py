@@ -105,9 +105,7 @@ class ResilientStore(StateStore):
         self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
     ) -> None:
         await self.local.record_prompt(backend_id, slot, chain, tokens, session_key)
-        await self._shared(
-            lambda: self.redis.publish_prompt(backend_id, slot, chain, tokens, session_key), _skip
-        )
+        self.redis.queue_prompt(backend_id, slot, chain, tokens, session_key)  # sent with finish_turn
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return await self.local.match_prefix(chain, backend_ids)

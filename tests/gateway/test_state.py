@@ -249,9 +249,9 @@ def test_replicas_share_the_prefix_index_and_a_new_one_reads_it_all(redis_server
         return bool(match.slots) and match.slots[0].whole and await store.find_session(nxt) == "s"
 
     async def scenario() -> None:
-        await a.save_session(SessionView("s", turns=1, last_seen=time.time()))
         await a.record_prompt("llama", 0, chain_of(TURN), 1500, "s")
-        assert await _until(b_knows)
+        await a.finish_turn(SessionView("s", turns=1, last_seen=time.time()), None, {"request_id": "r"})
+        assert await _until(b_knows)  # the record went with the request's last batch of writes
         match = (await b.match_prefix(nxt, ["llama"]))["llama"]
         assert (match.slots[0].slot, match.slots[0].tokens, match.recent) == (0, 1500, 1500)
         later = RedisStore(redis_server.url, prefix=prefix)
