@@ -25,6 +25,18 @@ from policies.types import BackendSnapshot, EngineKind, Health
 log = structlog.get_logger(__name__)
 
 
+def restarted(before: BackendSnapshot, now: BackendSnapshot, was_ready: bool) -> str | None:
+    """Why a backend probed ready ``now`` holds nothing of what it held ``before``, if it does: its
+    work counter went back (it restarted between two probes), or it is back after being down or
+    loading (it may have restarted; forgetting costs a cold turn, trusting a restarted engine's empty
+    slots costs every session's next turn its estimate)."""
+    if before.work_done is not None and now.work_done is not None and now.work_done < before.work_done:
+        return f"its work counter went back ({before.work_done:g} -> {now.work_done:g})"
+    if was_ready and before.health in (Health.DOWN, Health.LOADING):
+        return f"back after being {before.health.value}"
+    return None
+
+
 class Fleet:
     """Adapters by backend id, their latest snapshots, and the probe tasks."""
 
@@ -37,6 +49,10 @@ class Fleet:
         self._view: tuple[BackendSnapshot, ...] = tuple(self._snapshots.values())
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight = InFlight()
+        self.generations: dict[str, int] = {spec.id: 0 for spec in specs}
+        """Per backend, how many times it was seen to restart: whoever remembers what an engine holds
+        (slot leases, the prefix index) forgets it when this moves (``restarted``)."""
+        self._was_ready: dict[str, bool] = {}
         self.breakers: dict[str, Breaker] = {
             spec.id: Breaker(spec.circuit_failures, spec.circuit_cool_down_s, spec.circuit_max_cool_down_s)
             for spec in specs
@@ -128,6 +144,14 @@ class Fleet:
             log.info(
                 "backend.health", backend=snapshot.backend_id, health=snapshot.health, error=snapshot.error
             )
+        if previous is not None and snapshot.health is Health.READY:
+            why = restarted(previous, snapshot, self._was_ready.get(snapshot.backend_id, False))
+            if why:
+                self.generations[snapshot.backend_id] += 1
+                log.warning("backend.restarted", backend=snapshot.backend_id, why=why)
+            self._was_ready[snapshot.backend_id] = True
+        if snapshot.work_done is None and previous is not None and snapshot.health is not Health.READY:
+            snapshot = replace(snapshot, work_done=previous.work_done)  # to compare with when it is back
         self._snapshots[snapshot.backend_id] = snapshot
         self._view = tuple(self._snapshots.values())
         self._inflight.seen(snapshot)

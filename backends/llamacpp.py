@@ -85,9 +85,10 @@ class LlamaCppAdapter(Adapter):
         props = parse_props(await self._get_ok("/props"))
         slots = await self._probe_slots()
         status, text = await self._get("/metrics")
+        work_done = None
         if status < 400:  # /metrics needs --metrics; without it, busy slots are all we know
             metrics = parse_metrics(str(text))
-            running, queued = metrics.processing, metrics.deferred
+            running, queued, work_done = metrics.processing, metrics.deferred, metrics.decode_calls
         else:
             running, queued = sum(1 for s in slots if s.is_processing), 0
         deployments = base.deployments
@@ -103,6 +104,7 @@ class LlamaCppAdapter(Adapter):
             queued=queued,
             slots=slots,
             total_slots=props.total_slots,
+            work_done=work_done,
         )
 
     async def _probe_slots(self) -> tuple[Any, ...]:

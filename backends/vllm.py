@@ -57,4 +57,5 @@ class VllmAdapter(Adapter):
             kv_usage=metrics.kv_cache_usage,
             prefix_cache_queries=metrics.prefix_cache_queries,
             prefix_cache_hits=metrics.prefix_cache_hits,
+            work_done=metrics.tokens_total,
         )

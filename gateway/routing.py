@@ -147,6 +147,7 @@ class Router:
         self.drained: frozenset[str] = frozenset()
         """Backends an admin drained: routing sends them no new requests (in-flight ones finish)."""
         self._sequence = itertools.count()
+        self._generations: dict[str, int] = {}  # the fleet's restart counts this router has acted on
         self.live = LiveSessions(lease_idle_s)
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
 
@@ -216,9 +217,20 @@ class Router:
                 return replace(features, prompt_tokens=count, prompt_exact=True, prompt_counted="counted")
         return features
 
+    async def _forget_restarted(self) -> None:
+        """An engine that restarted holds nothing: forget its leases and what it held (once)."""
+        for backend, generation in self.fleet.generations.items():
+            if self._generations.get(backend, 0) != generation:
+                self._generations[backend] = generation
+                await self.store.forget_backend(backend)
+                log.info(
+                    "backend.forgotten", backend=backend, note="restarted: its slots and caches are empty"
+                )
+
     async def _context(
         self, session: SessionView | None, excluded: frozenset[str], chain: PromptChain
     ) -> tuple[Any, RoutingContext]:
+        await self._forget_restarted()
         snapshots = [s for s in self.fleet.snapshots() if s.backend_id not in excluded]
         leases = {
             s.backend_id: await self.store.leases(s.backend_id)

@@ -134,6 +134,8 @@ class BackendSnapshot:
     prefix_cache_hits: float | None = None
     error: str | None = None
     prefill_backlog_s: float = 0.0  # predicted prompt processing turnout's requests there still need
+    work_done: float | None = None  # a counter the engine only raises while it runs (tokens processed):
+    # lower than before means it restarted, and holds nothing turnout sent it
     circuit: str = "closed"  # closed, or open / half-open while its circuit breaker keeps requests away
     circuit_blocks: bool = False  # no request may go there now (open, or half-open with its trial out)
 

@@ -16,6 +16,7 @@ class LlamaMetrics:
     deferred: int
     prompt_tokens: float | None
     prompt_tokens_cached: float | None
+    decode_calls: float | None = None  # llama_decode() calls since the server started
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ def parse_metrics(text: str) -> LlamaMetrics:
         deferred=int(totals.get("llamacpp:requests_deferred", 0)),
         prompt_tokens=totals.get("llamacpp:prompt_tokens_total"),
         prompt_tokens_cached=totals.get("llamacpp:prompt_tokens_cached_total"),
+        decode_calls=totals.get("llamacpp:n_decode_total"),
     )
 
 

@@ -14,6 +14,7 @@ class VllmMetrics:
     kv_cache_usage: float | None
     prefix_cache_queries: float | None
     prefix_cache_hits: float | None
+    tokens_total: float | None = None  # prompt + generated tokens since the server started
 
 
 def parse_metrics(text: str) -> VllmMetrics:
@@ -33,4 +34,10 @@ def parse_metrics(text: str) -> VllmMetrics:
         kv_cache_usage=max(kv_values) if kv_values else None,
         prefix_cache_queries=totals.get("vllm:prefix_cache_queries_total"),
         prefix_cache_hits=totals.get("vllm:prefix_cache_hits_total"),
+        tokens_total=_sum(totals, "vllm:prompt_tokens_total", "vllm:generation_tokens_total"),
     )
+
+
+def _sum(totals: dict[str, float], *names: str) -> float | None:
+    present = [totals[name] for name in names if name in totals]
+    return sum(present) if present else None

@@ -57,6 +57,11 @@ class StateStore(ABC):
         """
 
     @abstractmethod
+    async def forget_backend(self, backend_id: str) -> None:
+        """The engine restarted: it holds nothing turnout sent it. Its slot leases and what the
+        prefix index says it holds go (the sessions stay, and are placed afresh)."""
+
+    @abstractmethod
     async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
         """Drop every slot lease the session holds (its next turn is placed afresh); (backend, slot) each."""
 

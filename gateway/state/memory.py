@@ -99,6 +99,10 @@ class MemoryStore(StateStore):
                 del slots[other]
         slots[slot] = SlotLease(slot, session_key, now, tokens)
 
+    async def forget_backend(self, backend_id: str) -> None:
+        self._leases.pop(backend_id, None)
+        self.index.forget(backend_id)
+
     async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
         released = []
         for backend_id, slots in self._leases.items():

@@ -144,6 +144,11 @@ class PrefixIndex:
             while len(self._tips) > self.max_tips:
                 self._tips.popitem(last=False)
 
+    def forget(self, backend_id: str) -> None:
+        """The backend restarted: none of its slots or caches hold anything any more."""
+        self._recent.pop(backend_id, None)
+        self._slots.pop(backend_id, None)
+
     def match(self, chain: PromptChain, backend_id: str) -> PrefixMatch:
         """What ``backend_id`` holds of ``chain``: per slot, and among its recent prompts."""
         recent = self._recent.get(backend_id)

@@ -253,6 +253,10 @@ class RedisStore(StateStore):
         )
         return bool(claimed)
 
+    async def forget_backend(self, backend_id: str) -> None:
+        self._index.forget(backend_id)
+        await self._redis.delete(self._key("leases", backend_id))
+
     async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
         released = []
         async for name in self._redis.scan_iter(match=self._key("leases", "*")):

@@ -137,6 +137,11 @@ class ResilientStore(StateStore):
             self.local.set_lease(backend_id, slot, session_key, now, tokens)
         return claimed
 
+    async def forget_backend(self, backend_id: str) -> None:
+        await self.local.forget_backend(backend_id)
+        self._pending_claims = {k: v for k, v in self._pending_claims.items() if k[0] != backend_id}
+        await self._shared(lambda: self.redis.forget_backend(backend_id), _skip)
+
     async def release_slots(self, session_key: str) -> list[tuple[str, int]]:
         await self.local.release_slots(session_key)
         return await self._shared(

@@ -113,3 +113,29 @@ def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
 
 def test_loads_add_up() -> None:
     assert Load(1.0, 1) + Load(0.5, 2) == Load(1.5, 3)
+
+
+def test_an_engine_whose_work_counter_went_back_restarted(fleet: Fleet) -> None:
+    """A restart between two probes: the counter of tokens processed starts again from zero."""
+    llama = fleet.snapshots()[0]
+    fleet._store(replace(llama, work_done=5000.0, taken_at=time.time()))
+    fleet._store(replace(llama, work_done=5200.0, taken_at=time.time()))
+    assert fleet.generations["llama"] == 0
+    fleet._store(replace(llama, work_done=40.0, taken_at=time.time()))
+    assert fleet.generations == {"llama": 1, "vllm": 0}
+
+
+def test_an_engine_back_after_being_down_may_have_restarted(fleet: Fleet) -> None:
+    llama = fleet.snapshots()[0]
+    fleet.report_failure("llama", "connection refused")
+    fleet._store(replace(llama, health=Health.READY, taken_at=time.time()))
+    assert fleet.generations["llama"] == 1
+
+
+def test_the_first_probes_are_no_restart() -> None:
+    """Unknown, then loading, then ready: an engine starting, not restarting."""
+    fleet = Fleet([BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")], httpx.AsyncClient())
+    first = fleet.snapshots()[0]
+    for health in (Health.LOADING, Health.READY, Health.READY):
+        fleet._store(replace(first, health=health, taken_at=time.time()))
+    assert fleet.generations["llama"] == 0

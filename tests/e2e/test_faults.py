@@ -118,3 +118,30 @@ def test_a_plain_request_whose_engine_died_is_answered_by_another(stack: Process
     assert response.status_code == 200
     assert response.headers["x-turnout-backend"] == "vllm"
     assert response.json()["usage"]["completion_tokens"] == 2000
+
+
+def test_a_restarted_engine_is_known_to_hold_nothing(stack: ProcessStack) -> None:
+    """Its slots are empty after a restart: turnout forgets the leases and what the prefix index said
+    the engine held, and the session's next turn is placed afresh (no warm slot predicted)."""
+    warm_on_llama(stack)
+    warm = httpx.post(**ask(stack.url, stream=False))
+    assert "warm slot" in warm.headers["x-turnout-route-reason"]
+    (victim,) = [lease["session"] for lease in overview(stack.url)["llama"]["leases"]]
+    stack.sims["llama"].kill()
+    stack.sims["llama"].start()  # the same port, nothing in its slots
+
+    def remembered() -> bool:
+        llama = overview(stack.url)["llama"]
+        return llama["health"] != "ready" or victim in [lease["session"] for lease in llama["leases"]]
+
+    deadline = time.monotonic() + 10
+    while remembered():
+        assert time.monotonic() < deadline, overview(stack.url)["llama"]
+        one_off = {"model": "m-both", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+        httpx.post(stack.url + "/v1/chat/completions", json=one_off, timeout=30)  # routing notices
+        time.sleep(0.2)
+    cold = httpx.post(**ask(stack.url, stream=False))
+    assert "warm slot" not in cold.headers["x-turnout-route-reason"]
+    decision = httpx.get(stack.url + "/admin/api/decisions?limit=1", headers=ADMIN).json()["data"][0]
+    llama = next(c for c in decision["candidates"] if c["backend"] == "llama")
+    assert llama["expected_cached_tokens"] == 0

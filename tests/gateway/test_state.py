@@ -296,3 +296,16 @@ def test_a_store_of_one_process_shares_nothing() -> None:
     run(store.share("load", b"x", 60.0))
     assert run(store.shared("load")) == []
     assert run(store.follow()) is None  # returns at once: no task to keep
+
+
+def test_a_restarted_backend_is_forgotten(store_factory: Callable[..., StateStore]) -> None:
+    """Its leases and what the index says it holds go; the other backends' stay."""
+    store = store_factory()
+    run(store.record_prompt("llama", 0, chain_of(TURN), 1500, "s"))
+    run(store.record_prompt("vllm", None, chain_of(TURN), 1500, "s"))
+    run(store.claim_slot("llama", 0, "s", 1.0, None, 1500))
+    run(store.forget_backend("llama"))
+    assert run(store.leases("llama")) == ()
+    matches = run(store.match_prefix(chain_of(TURN + b" more"), ["llama", "vllm"]))
+    assert (matches["llama"].recent, matches["llama"].slots) == (0, ())
+    assert matches["vllm"].recent == 1500

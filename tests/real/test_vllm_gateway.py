@@ -175,6 +175,9 @@ def test_probe_reads_the_real_server(real: VllmServer) -> None:
     assert 0.0 <= busy.kv_usage <= 1.0  # a gauge too, with the same lag
     assert busy.prefix_cache_queries is not None
     assert busy.prefix_cache_queries > idle.prefix_cache_queries
+    assert idle.work_done is not None  # tokens processed: it going back tells a restart
+    assert busy.work_done is not None
+    assert busy.work_done > idle.work_done
     deadline = time.monotonic() + 5
     while metrics(real)["vllm:num_requests_running"] and time.monotonic() < deadline:
         time.sleep(0.05)
