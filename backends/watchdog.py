@@ -84,6 +84,14 @@ class Watchdog:
         if ours and self._task is not None and self._task.uncancel() == 0:  # nobody else cancelled it
             raise Expired(str(self.expired)) from exc
 
+    def expire(self, reason: str) -> None:
+        """End the wait now (the gateway is shutting down), if something waits."""
+        if self._task is not None and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self.expired = reason
+            self._task.cancel()
+
     def _arm(self, delay: float) -> None:
         self._timer = asyncio.get_running_loop().call_later(max(delay, 0.0), self._check)
 

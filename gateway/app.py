@@ -162,7 +162,8 @@ async def metrics(state: State) -> Response[bytes]:
 
 @get("/health")
 async def health(state: State) -> Response[Any]:
-    """200 while at least one backend is ready (or not yet probed); 503 otherwise."""
+    """200 while at least one backend is ready (or not yet probed); 503 otherwise, and while the
+    gateway drains before it exits (``draining``)."""
     relay = _relay(state)
     snapshots = relay.fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
@@ -172,14 +173,10 @@ async def health(state: State) -> Response[Any]:
     parts = (store, counter)  # Redis away: routing state and key limits both fall back to memory
     degraded = any(isinstance(part, ResilientStore | ResilientCounter) and part.degraded for part in parts)
     shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if degraded else "ok"
+    status = "draining" if relay.draining else "ok" if ok else "unavailable"
     return Response(
-        {
-            "status": "ok" if ok else "unavailable",
-            "backends": backends,
-            "circuits": circuits,
-            "state": shared,
-        },
-        status_code=200 if ok else 503,
+        {"status": status, "backends": backends, "circuits": circuits, "state": shared},
+        status_code=200 if status == "ok" else 503,
     )
 
 

@@ -104,6 +104,18 @@ class NoBackendAvailable(GatewayError):
     code = "no_backend_available"
 
 
+class ShuttingDown(GatewayError):
+    """The gateway is draining before it exits: another replica (or this one restarted) will answer."""
+
+    status = 503
+    type = "service_unavailable_error"
+    code = "shutting_down"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": "1", "connection": "close"}
+
+
 class UpstreamFailed(GatewayError):
     status = 502
     type = "upstream_error"

@@ -7,6 +7,8 @@ read body -> parse -> resolve model -> extract features -> route -> adapter.prep
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
@@ -23,7 +25,7 @@ from backends.errors import UpstreamError, UpstreamStatusError, UpstreamStreamEr
 from backends.fleet import Fleet
 from backends.inflight import Sent
 from backends.stream import ResponseRelay
-from backends.watchdog import Expired
+from backends.watchdog import Expired, Watchdog
 from gateway.access import Access
 from gateway.catalog import Catalog
 from gateway.disconnect import ClientDisconnected, DisconnectWatch
@@ -33,6 +35,7 @@ from gateway.errors import (
     InvalidRequest,
     ModelNotFound,
     NoBackendAvailable,
+    ShuttingDown,
     UpstreamFailed,
     from_upstream,
     stream_error_event,
@@ -172,6 +175,9 @@ class Relay:
         self.router = router
         self.retries = retries
         self.max_body = max_body
+        self.draining = False
+        """Shutting down: new requests get 503 (``drain``)."""
+        self._streams: set[Watchdog] = set()  # the streams being relayed, to end at the grace's end
 
     async def open(
         self, endpoint: Endpoint, body: dict[str, Any], routed: Routed, record: RequestRecord
@@ -275,6 +281,8 @@ class Relay:
         watch: DisconnectWatch | None = None
         routed: Routed | None = None
         try:
+            if self.draining:
+                raise ShuttingDown("turnout is shutting down: send this request again (another replica)")
             key = self.access.authenticate(request.headers)
             record.key = key.name if key else None
             body = parse_body(await read_body(request, self.max_body), endpoint)
@@ -326,6 +334,22 @@ class Relay:
             if watch is not None:
                 await watch.stop()
 
+    async def drain(self, grace_s: float, poll_s: float = 0.1) -> None:
+        """Shut down gently: refuse new requests (503), let those in flight finish for ``grace_s``,
+        then end the streams still running with their API's error event."""
+        self.draining = True
+        await self._settled(grace_s, poll_s)
+        for dog in list(self._streams):
+            dog.expire("turnout is shutting down")
+        await self._settled(5.0, poll_s)  # the error events go out
+
+    async def _settled(self, within_s: float, poll_s: float) -> None:
+        """Until no request is in flight upstream, or ``within_s`` passed."""
+        for _ in range(max(1, math.ceil(within_s / poll_s))):
+            if not self.fleet.load():
+                return
+            await asyncio.sleep(poll_s)
+
     async def _engine_lost(self, routed: Routed, exc: UpstreamStreamError) -> None:
         """A response broke off. If the engine went away (the connection closed or reset under it),
         mark it down at once, so the next requests go elsewhere until a probe finds it again, and
@@ -363,20 +387,24 @@ class Relay:
     async def _stream(self, opened: Opened, record: RequestRecord, api: str) -> AsyncIterator[bytes]:
         """Relay events; a failure after the first byte becomes the API's error event, then a clean end."""
         relay = opened.relay
+        self._streams.add(relay.watchdog)
         try:
             with relay.watchdog:  # now a stalled stream is ended, in this task (the response's)
                 yield opened.first
                 async for events in relay.events():
                     yield events
         except (UpstreamStreamError, Expired) as exc:
-            message = exc.message
-            record.error = message
-            error = UpstreamFailed(f"backend {relay.request.backend_id} failed mid-stream: {message}")
+            record.error = exc.message
+            if self.draining and isinstance(exc, Expired):  # ours, not the engine's
+                yield stream_error_event(api, ShuttingDown(f"{exc.message}: the answer was cut short"))
+                return
+            error = UpstreamFailed(f"backend {relay.request.backend_id} failed mid-stream: {exc.message}")
             yield stream_error_event(api, error)
-            self.fleet.judge(relay.request.backend_id, message)
+            self.fleet.judge(relay.request.backend_id, exc.message)
             if isinstance(exc, UpstreamStreamError):
                 await self._engine_lost(opened.routed, exc)
         finally:
+            self._streams.discard(relay.watchdog)
             await relay.aclose()
 
     async def _finish_stream(self, opened: Opened, record: RequestRecord) -> None:

@@ -11,11 +11,15 @@ import asyncio
 import socket
 import threading
 import time
+from types import FrameType
 from typing import Any
 
+import structlog
 import uvicorn
 
 from gateway.settings import Settings
+
+log = structlog.get_logger(__name__)
 
 
 class ServerThread:
@@ -56,19 +60,46 @@ class ServerThread:
         self._sock.close()
 
 
-def run_gateway(settings: Settings) -> None:
-    """Serve the gateway in the foreground until SIGINT/SIGTERM."""
-    import uvicorn
+class GracefulServer(uvicorn.Server):
+    """uvicorn that drains the gateway before it stops. SIGTERM (or a first Ctrl-C): new requests
+    get 503 and ``/health`` says ``draining`` (a load balancer moves on), requests in flight finish
+    within ``grace_s``, streams still running then end with their API's error event
+    (``Relay.drain``), and the process exits 0. A second signal stops it at once."""
 
+    def __init__(self, config: uvicorn.Config, app: Any, grace_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.grace_s = grace_s
+        self._draining: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        relay = getattr(self.app.state, "relay", None)
+        if self._draining is not None or relay is None:  # a second signal, or nothing to drain yet
+            self.should_exit, self.force_exit = True, self._draining is not None
+            return
+        loop = asyncio.get_event_loop()  # the signal handler runs in the loop's (main) thread
+        self._draining = loop.create_task(self._drain(relay))
+
+    async def _drain(self, relay: Any) -> None:
+        log.warning("gateway.draining", grace_s=self.grace_s)
+        await relay.drain(self.grace_s)
+        log.info("gateway.drained")
+        self.should_exit = True
+
+
+def run_gateway(settings: Settings) -> None:
+    """Serve the gateway in the foreground until SIGINT/SIGTERM (drained first: ``GracefulServer``)."""
     from gateway.app import create_app
     from gateway.logging import configure_logging
 
     configure_logging(settings.log_format, settings.log_level)
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
     )
+    GracefulServer(config, app, settings.limits.shutdown_grace_s).run()

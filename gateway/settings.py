@@ -205,6 +205,9 @@ class Limits(_Strict):
     """Largest request body accepted; larger bodies get 413."""
     retries: int = Field(1, ge=0, le=5)
     """Extra attempts on another backend when an upstream fails before its first byte."""
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    """On SIGTERM, how long requests in flight may go on (new ones get 503); streams still running
+    then end with their API's error event."""
 
 
 class Settings(BaseSettings):

@@ -65,18 +65,19 @@ class AnthropicModelPage(Struct):
 
 
 class Health(Struct):
-    """200 while at least one backend is ready (or not probed yet), else 503."""
+    """200 while at least one backend is ready (or not probed yet), else 503; 503 ``draining`` while
+    the gateway shuts down."""
 
-    status: Literal["ok", "unavailable"]
+    status: Literal["ok", "unavailable", "draining"]
     backends: dict[str, BackendHealth]
     state: Annotated[
         Literal["memory", "ok", "degraded"],
         Meta(description="the shared state: memory (no Redis), ok, or degraded (Redis away)"),
     ]
-    circuits: (
-        Annotated[dict[str, str], Meta(description="each backend's circuit breaker: closed, open, half-open")]
-        | None
-    ) = None
+    circuits: Annotated[
+        dict[str, Literal["closed", "open", "half-open"]],
+        Meta(description="each backend's circuit breaker (docs/reliability.md)"),
+    ]
 
 
 class AdminList(Struct):

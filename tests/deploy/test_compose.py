@@ -97,6 +97,8 @@ def test_the_gateway_config_names_the_compose_services(monkeypatch: pytest.Monke
     hosts = {b.id: (b.url.host, b.url.port) for b in settings.backends}
     assert hosts == {"vllm": ("vllm", 8000), "llama-moe": ("llama", 8080)}
     assert settings.state.url == "redis://redis:6379/0"  # the compose service turnout waits for
+    grace = SERVICES["turnout"]["stop_grace_period"]
+    assert int(grace.removesuffix("s")) > settings.limits.shutdown_grace_s  # drained before SIGKILL
     assert "redis" in SERVICES["turnout"]["depends_on"]
     served = {arg.split("=", 1)[1] for s in ("vllm", "llama") for arg in SERVICES[s]["command"]
               if arg.startswith(("--served-model-name=", "--alias="))}  # fmt: skip
