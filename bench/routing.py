@@ -273,10 +273,15 @@ NOTES = """\
   3000 tok/s, against ~8-9 s for vLLM re-prefilling 30-60k: ~10x at best, before any overhead.
 - **Contention rows are medians of 3 runs**, each number separately (errors: the most any run had):
   one run of the same trace swings 20-40% with machine load (`cost` on contention-8 measured 2.9-4.9 s
-  mean TTFT on one day). **With 8 agents, session ids make `cost` worse, not better** (4.5 s against
-  2.8 s without them): told that every first turn starts a conversation, it pins new sessions to the
-  2 slots, where sessions without ids start on vLLM and only the proven ones move; the value of a
-  pinned slot over the next turns assumes the session keeps it, which 8 sessions on 2 slots rarely do.
+  mean TTFT on one day). **A new pin is weighed by the chance it lasts** (`slots / live sessions`,
+  docs/routing.md): before, with 8 agents, session ids made `cost` worse than none (4.5 s against
+  2.8 s: every first turn outbid the slot holders); now contention-8 is 1.07x the oracle.
+- **Without session ids, 2 and 4 agents stay above 1.15x** (1.14-1.22x over the runs of 2026-12-01):
+  a first turn cannot be known to continue, so it starts on vLLM (faster for one turn); by its second
+  turn the conversation has to be prefilled on llama.cpp from scratch to move there, which the look-ahead
+  (shortened by the other live sessions) often does not repay. The oracle pins first turns it knows
+  will continue. A follow-up rate learned per prompt head (the agents' shared system prompt) was tried
+  and dropped: the agents all start before any of them had a second turn to learn from.
 - **Chat and Mooncake are bursts of one-shot requests.** Everything (clients, gateway, simulators)
   shares one Python process on 2 busy cores, and per-request gateway CPU turns into queueing that the
   time scale (0.05) magnifies 20x; the oracle sends straight to the engines. Numbers vary by run with
