@@ -32,7 +32,7 @@ from gateway.key_limits import Counter, MemoryCounter
 from gateway.key_limits.redis_counter import RedisCounter
 from gateway.key_limits.resilient import ResilientCounter
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.middleware import request_id_middleware
+from gateway.middleware import header_limit, request_id_middleware
 from gateway.model_api import (
     anthropic_listing,
     anthropic_model,
@@ -286,6 +286,7 @@ def create_app(settings: Settings) -> Litestar:
                 router,
                 retries=settings.limits.retries,
                 max_body=settings.limits.max_body_bytes,
+                body_timeout_s=settings.limits.body_timeout_s,
                 access=access,
             )
             app.state.admin = AdminService(app.state.relay, settings, AdminAuth(admin_token(settings)))
@@ -317,7 +318,7 @@ def create_app(settings: Settings) -> Litestar:
             *([admin_router] if settings.admin.enabled else []),
         ],
         lifespan=[lifespan],
-        middleware=[request_id_middleware],
+        middleware=[request_id_middleware, header_limit(settings.limits.max_header_bytes)],
         exception_handlers={
             GatewayError: _gateway_error,
             HTTPException: _http_error,

@@ -98,6 +98,18 @@ class PayloadTooLarge(GatewayError):
     code = "request_too_large"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"
+
+
 class NoBackendAvailable(GatewayError):
     status = 503
     type = "service_unavailable_error"

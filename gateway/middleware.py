@@ -1,13 +1,17 @@
-"""ASGI middleware: a request id per request, bound into the log context and echoed as a header."""
+"""ASGI middleware: a request id per request, bound into the log context and echoed as a header; a
+limit on the size of request headers."""
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 
 import structlog
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import HeadersTooLarge
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -32,3 +36,20 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send_with_id)
 
     return middleware
+
+
+def header_limit(max_bytes: int) -> Callable[[ASGIApp], ASGIApp]:
+    """Refuse requests whose headers pass ``max_bytes`` in all (431, in the API's error shape).
+    uvicorn's httptools parser takes headers of any size: the bytes were read, but go no further."""
+
+    def wrap(app: ASGIApp) -> ASGIApp:
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == ScopeType.HTTP:
+                size = sum(len(name) + len(value) for name, value in scope["headers"])
+                if size > max_bytes:
+                    raise HeadersTooLarge(f"Request headers of {size} bytes exceed the limit of {max_bytes}.")
+            await app(scope, receive, send)
+
+        return middleware
+
+    return wrap

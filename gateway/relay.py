@@ -165,6 +165,7 @@ class Relay:
         *,
         retries: int,
         max_body: int,
+        body_timeout_s: float = 30.0,
         metrics: Metrics | None = None,
         access: Access | None = None,
     ) -> None:
@@ -175,6 +176,7 @@ class Relay:
         self.router = router
         self.retries = retries
         self.max_body = max_body
+        self.body_timeout_s = body_timeout_s
         self.draining = False
         """Shutting down: new requests get 503 (``drain``)."""
         self._streams: set[Watchdog] = set()  # the streams being relayed, to end at the grace's end
@@ -285,7 +287,7 @@ class Relay:
                 raise ShuttingDown("turnout is shutting down: send this request again (another replica)")
             key = self.access.authenticate(request.headers)
             record.key = key.name if key else None
-            body = parse_body(await read_body(request, self.max_body), endpoint)
+            body = parse_body(await read_body(request, self.max_body, self.body_timeout_s), endpoint)
             record.ticket = await self.access.admit(key, self.catalog.resolve(body["model"]).name)
             record.stream = bool(body.get("stream"))
             routed = await self.route(body, endpoint, request.headers)

@@ -8,12 +8,13 @@ hundred levels deep would exhaust the stack and answer 500; it is refused here w
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
 from litestar import Request
 
-from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 from policies.types import Endpoint
 
 MAX_DEPTH = 128
@@ -36,18 +37,23 @@ def nesting_exceeds(value: Any, limit: int) -> bool:
     return bool(level)
 
 
-async def read_body(request: Request[Any, Any, Any], limit: int) -> bytes:
-    """The raw body; 413 as soon as it (or its declared length) passes ``limit``."""
+async def read_body(request: Request[Any, Any, Any], limit: int, timeout_s: float = 30.0) -> bytes:
+    """The raw body; 413 as soon as it (or its declared length) passes ``limit``, 408 when it has
+    not all arrived within ``timeout_s`` (a slow or stuck client holds nothing longer)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit} bytes.")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {timeout_s:g} s.") from None
     return b"".join(chunks)
 
 

@@ -101,5 +101,6 @@ def run_gateway(settings: Settings) -> None:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
+        limit_concurrency=settings.limits.max_connections,
     )
     GracefulServer(config, app, settings.limits.shutdown_grace_s).run()

@@ -205,6 +205,13 @@ class Limits(_Strict):
     """Largest request body accepted; larger bodies get 413."""
     retries: int = Field(1, ge=0, le=5)
     """Extra attempts on another backend when an upstream fails before its first byte."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """A request body must arrive within this (a client trickling its body gets 408)."""
+    max_header_bytes: int = Field(64 * 1024, gt=0)
+    """Request headers larger than this in all get 431."""
+    max_connections: int = Field(10_000, gt=0)
+    """Connections the server holds at once; beyond them it answers 503 at once (uvicorn's
+    ``limit_concurrency``; ``turnout serve`` only)."""
     shutdown_grace_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long requests in flight may go on (new ones get 503); streams still running
     then end with their API's error event."""

@@ -119,11 +119,14 @@ V1_ERRORS = {
     "`previous_response_not_found`); an engine's own 400 or 422",
     401: "a missing or wrong API key (only when `auth.keys` are configured)",
     404: "unknown model (the message lists the valid names), or one the key may not use",
+    408: "the body did not arrive within `limits.body_timeout_s`",
     413: "the body is over `limits.max_body_bytes` (or the engine's own limit)",
     429: "over the key's requests, concurrent requests or tokens per minute (`retry-after` says when), "
     "or the engine's 429",
+    431: "the request's headers are over `limits.max_header_bytes` in all",
     502: "the engine failed, or refused turnout itself (e.g. a wrong upstream key)",
-    503: "every candidate backend is down, loading, drained or otherwise dropped; the message says why",
+    503: "every candidate backend is down, loading, drained, its circuit open, or otherwise dropped; or "
+    "turnout is shutting down (code `shutting_down`, `retry-after`); the message says why",
 }
 MODEL_ERRORS = {status: V1_ERRORS[status] for status in (400, 401)}
 ANY_ERROR = (openai.OpenAIError, anthropic.AnthropicError)

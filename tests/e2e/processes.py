@@ -1,5 +1,6 @@
 """Simulators as separate processes (``turnout sim``), so a test can kill one (SIGKILL) and start it
-again on the same port, and a gateway in a thread routing to them."""
+again on the same port, and a gateway in a thread routing to them; ``turnout serve`` as a process
+(signals, server limits, its memory)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -81,7 +85,7 @@ class ProcessStack:
             sim.stop()
 
 
-def start_process_stack(time_scale: float = 0.05, **over: object) -> ProcessStack:
+def start_process_stack(time_scale: float = 0.05, **over: Any) -> ProcessStack:
     """vLLM and llama.cpp simulators (2 slots) as processes, the gateway in a thread."""
     scale = ("--time-scale", str(time_scale))
     sims = {
@@ -92,3 +96,65 @@ def start_process_stack(time_scale: float = 0.05, **over: object) -> ProcessStac
         sim.start()
     settings = stack_settings({name: sim.url for name, sim in sims.items()}, **over)
     return ProcessStack(ServerThread(create_app(settings)).start(), sims)
+
+
+LONG_STREAM = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "go"}],
+    "stream": True,
+    "ignore_eos": True,
+}
+
+
+class GatewayProcess:
+    """``turnout serve`` as its own process, so that it can be sent SIGTERM."""
+
+    def __init__(self, engine_url: str, directory: Path, limits: dict[str, float]) -> None:
+        """One llama.cpp engine at ``engine_url`` serving ``up`` as model ``m``; ``limits`` as configured."""
+        self.port = free_port()
+        config = directory / "turnout.toml"
+        config.write_text(
+            "[limits]\n"
+            + "".join(f"{k} = {v}\n" for k, v in limits.items())
+            + f'\n[[backends]]\nid = "llama"\nkind = "llamacpp"\nurl = "{engine_url}"\n'
+            + "probe_interval_s = 0.2\n"
+            + '\n[[models]]\nname = "m"\n[[models.deployments]]\nbackend = "llama"\nupstream_name = "up"\n'
+        )
+        env = {**os.environ, "TURNOUT_PORT": str(self.port), "TURNOUT_LOG_FORMAT": "json"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "turnout serve did not come up"
+            time.sleep(0.1)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stream(self, max_tokens: int, out: dict[str, Any]) -> threading.Thread:
+        """Stream in a thread: ``out["events"]`` gets the data lines (``out["started"]``: the first came)."""
+        started = threading.Event()
+        out["started"] = started
+
+        def read() -> None:
+            body = {**LONG_STREAM, "max_tokens": max_tokens}
+            with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=60) as response:
+                out["status"] = response.status_code
+                out["events"] = []
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        out["events"].append(line)
+                        started.set()
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        assert started.wait(30)
+        return thread

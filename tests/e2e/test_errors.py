@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,7 +150,7 @@ def limited() -> Iterator[Stack]:
             {"id": "dead", "kind": "openai", "url": "http://127.0.0.1:9", "probe_interval_s": 60}
         ],
         extra_models=[{"name": "m-dead", "deployments": [{"backend": "dead", "upstream_name": "x"}]}],
-        limits={"max_body_bytes": 2048, "retries": 0},
+        limits={"max_body_bytes": 2048, "retries": 0, "body_timeout_s": 0.5, "max_header_bytes": 16384},
     )
     try:
         yield running
@@ -177,3 +178,25 @@ def test_dead_backend(limited: Stack) -> None:
     )
     assert error["code"] == "no_backend_available"
     assert "dead: backend is down" in error["message"]
+
+
+def test_headers_over_the_limit_are_431_in_the_apis_shape(limited: Stack) -> None:
+    big = {"x-padding": "a" * 20_000}
+    openai_style = httpx.post(limited.url + "/v1/chat/completions", json={}, headers=big)
+    error = assert_openai_error(openai_style, 431, "invalid_request_error")
+    assert "limit of 16384" in error["message"]
+    anthropic_style = httpx.post(limited.url + "/v1/messages", json={}, headers=big)
+    assert anthropic_style.status_code == 431
+    assert anthropic_style.json()["type"] == "error"
+
+
+def test_a_body_that_trickles_in_gets_408(limited: Stack) -> None:
+    """A client that sends its headers and then stalls holds nothing past ``limits.body_timeout_s``."""
+    with socket.create_connection(("127.0.0.1", limited.gateway.port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"model":'
+        )
+        answer = conn.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b"did not arrive within 0.5 s" in answer

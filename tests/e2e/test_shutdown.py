@@ -4,11 +4,7 @@ period or end with an error event, and the process exits 0 (``gateway.serving.Gr
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +14,7 @@ import httpx
 import pytest
 
 from backends.sim import SimConfig, create_sim_app
-from tests.real.llama_server import free_port
+from tests.e2e.processes import GatewayProcess
 from tests.servers import ServerThread
 
 GRACE_S = 2.0
@@ -37,60 +33,9 @@ def engine() -> Iterator[ServerThread]:
         sim.stop()
 
 
-class Gateway:
-    """``turnout serve`` as its own process, so that it can be sent SIGTERM."""
-
-    def __init__(self, engine: ServerThread, directory: Path) -> None:
-        self.port = free_port()
-        config = directory / "turnout.toml"
-        config.write_text(
-            f'[limits]\nshutdown_grace_s = {GRACE_S}\n\n[[backends]]\nid = "llama"\nkind = "llamacpp"\n'
-            f'url = "{engine.url}"\nprobe_interval_s = 0.2\n\n[[models]]\nname = "m"\n'
-            '[[models.deployments]]\nbackend = "llama"\nupstream_name = "up"\n'
-        )
-        env = {**os.environ, "TURNOUT_PORT": str(self.port), "TURNOUT_LOG_FORMAT": "json"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "turnout serve did not come up"
-            time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stream(self, max_tokens: int, out: dict[str, Any]) -> threading.Thread:
-        """Stream in a thread: ``out["events"]`` gets the data lines (``out["started"]``: the first came)."""
-        started = threading.Event()
-        out["started"] = started
-
-        def read() -> None:
-            body = {**LONG, "max_tokens": max_tokens}
-            with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=60) as response:
-                out["status"] = response.status_code
-                out["events"] = []
-                for line in response.iter_lines():
-                    if line.startswith("data:"):
-                        out["events"].append(line)
-                        started.set()
-
-        thread = threading.Thread(target=read)
-        thread.start()
-        assert started.wait(30)
-        return thread
-
-
 @pytest.fixture
-def gateway(engine: ServerThread, tmp_path: Path) -> Iterator[Gateway]:
-    running = Gateway(engine, tmp_path)
+def gateway(engine: ServerThread, tmp_path: Path) -> Iterator[GatewayProcess]:
+    running = GatewayProcess(engine.url, tmp_path, {"shutdown_grace_s": GRACE_S})
     try:
         yield running
     finally:
@@ -99,7 +44,7 @@ def gateway(engine: ServerThread, tmp_path: Path) -> Iterator[Gateway]:
             running.process.wait()
 
 
-def test_sigterm_lets_a_stream_finish_refuses_new_requests_and_exits_0(gateway: Gateway) -> None:
+def test_sigterm_lets_a_stream_finish_refuses_new_requests_and_exits_0(gateway: GatewayProcess) -> None:
     out: dict[str, Any] = {}
     reader = gateway.stream(500, out)  # ~1 s: within the grace period
     gateway.process.send_signal(signal.SIGTERM)
@@ -116,7 +61,7 @@ def test_sigterm_lets_a_stream_finish_refuses_new_requests_and_exits_0(gateway: 
     assert gateway.process.wait(30) == 0
 
 
-def test_a_stream_longer_than_the_grace_period_ends_with_an_error_event(gateway: Gateway) -> None:
+def test_a_stream_longer_than_the_grace_period_ends_with_an_error_event(gateway: GatewayProcess) -> None:
     out: dict[str, Any] = {}
     reader = gateway.stream(20_000, out)  # far longer than the grace period
     signalled = time.monotonic()

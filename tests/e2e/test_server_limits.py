@@ -1,0 +1,79 @@
+"""The server's limits, on ``turnout serve`` as a process: too many connections get 503 at once, and
+a client that reads slowly holds the engine back instead of filling the gateway's memory."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backends.sim import SimConfig, create_sim_app
+from tests.e2e.processes import LONG_STREAM, GatewayProcess
+from tests.servers import ServerThread
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ServerThread]:
+    """A llama.cpp simulator that generates as fast as it is read (time scale ~0)."""
+    config = SimConfig(kind="llamacpp", model="up", time_scale=0.00001, slots=4, context_window=400_000)
+    sim = ServerThread(create_sim_app(config)).start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_slow_reader_holds_the_engine_back_not_the_gateways_memory(
+    engine: ServerThread, tmp_path: Path
+) -> None:
+    """200,000 tokens (~25 MB of events) asked for, 64 KiB read, then nothing for 3 s: the gateway's
+    memory stays flat (backpressure: uvicorn waits for the socket, turnout stops reading the engine)."""
+    gateway = GatewayProcess(engine.url, tmp_path, {})
+    try:
+        with socket.create_connection(("127.0.0.1", gateway.port)) as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            body = httpx.Request("POST", gateway.url + "/v1/chat/completions",
+                                 json={**LONG_STREAM, "max_tokens": 200_000})  # fmt: skip
+            head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            conn.sendall(f"{head}content-length: {len(body.content)}\r\n\r\n".encode() + body.content)
+            received = 0
+            while received < 65536:
+                received += len(conn.recv(4096))
+            before = rss_bytes(gateway.process.pid)
+            time.sleep(3)  # not reading: the engine could have sent all of it by now
+            after = rss_bytes(gateway.process.pid)
+        assert after - before < 8 << 20, f"the gateway grew {(after - before) >> 20} MiB"
+    finally:
+        gateway.process.kill()
+        gateway.process.wait()
+
+
+def test_connections_over_the_limit_get_503_at_once(engine: ServerThread, tmp_path: Path) -> None:
+    gateway = GatewayProcess(engine.url, tmp_path, {"max_connections": 2})
+    held: list[socket.socket] = []
+    try:
+        for _ in range(2):  # two connections in use (requests whose bodies never come)
+            conn = socket.create_connection(("127.0.0.1", gateway.port))
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 10\r\n\r\n")
+            held.append(conn)
+        time.sleep(0.3)
+        started = time.monotonic()
+        refused = httpx.get(gateway.url + "/health", timeout=10)
+        assert refused.status_code == 503
+        assert time.monotonic() - started < 2
+    finally:
+        for conn in held:
+            conn.close()
+        gateway.process.kill()
+        gateway.process.wait()
