@@ -9,8 +9,8 @@ An engine that misbehaves gets a clear error, never a relayed mess (``UpstreamSt
 the relay turns into the API's error event, or a 502): a stream that is not an event stream (an HTML
 error page with status 200), that ends without its API's last event (``[DONE]``, ``message_stop``,
 ``response.completed``) or inside an event, or that sends an event larger than ``MAX_EVENT_BYTES``;
-a plain answer that is not JSON or is larger than ``MAX_BODY_BYTES``. These checks cost a few
-byte comparisons per read.
+a read that starts with a line no event stream has; a plain answer that is not JSON or is larger
+than ``MAX_BODY_BYTES``. These checks cost a few byte comparisons per read.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ _LAST_EVENTS = {  # what each API's stream ends with (its path's last part)
     "responses": (b"response.completed", b"response.incomplete", b"response.failed"),
 }
 _EMPTY_CHOICES = b'"choices":[]'
+_FIELDS = (b"data:", b"event:", b":", b"id:", b"retry:")
+"""What an event-stream line may start with (the events of each read are checked at their start)."""
 
 
 def _boundary(buffer: bytes) -> int:
@@ -188,6 +190,8 @@ class ResponseRelay:
                     continue
                 last = complete = buffer[:end]
                 buffer = buffer[end:]
+                if not complete.lstrip(b"\r\n").startswith(_FIELDS):
+                    raise self._broken(f"sent a line that is no event-stream field: {complete[:40]!r}")
                 out = self._inspect(self._rename(complete))
                 if self._translator is not None:
                     out = self._translate(out)

@@ -74,7 +74,7 @@ class Run:
 
 def one_turn(url: str, agent: int, history: list[dict[str, str]], rng: random.Random) -> Outcome:
     history.append({"role": "user", "content": f"step {len(history)}: " + "look at the failing test " * 40})
-    body = {"model": "m-both", "messages": history, "stream": True, "max_tokens": rng.randint(40, 400)}
+    body = {"model": "m-both", "messages": history, "stream": True, "max_tokens": rng.randint(100, 1500)}
     started = time.monotonic()
     try:
         with httpx.stream(

@@ -22,12 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
 from gateway.key_limits.base import MAX_REQUEST_S, WINDOW_S, Counter, KeyUsage, Limit, Quota, Refusal
-from gateway.state.redis_store import VERSION
+from gateway.state.redis_store import VERSION, connect
 from policies.types import Usage
 
 ADMIT = """
@@ -108,9 +104,7 @@ class RedisCounter(Counter):
         timeout_s: float = 0.25,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._redis = redis.Redis.from_url(  # fail fast: a request must not wait on an absent Redis
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
-        )
+        self._redis = connect(url, timeout_s)
         self._ns = f"{prefix}:{VERSION}:key"
         self._clock = clock
         self._admit = self._redis.register_script(ADMIT)

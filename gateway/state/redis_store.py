@@ -72,6 +72,14 @@ return 1
 """KEYS[1] leases hash; ARGV: slot, session, expected owner ('' = free), the new lease's JSON."""
 
 
+def connect(url: str, timeout_s: float) -> redis.Redis:
+    """A client that fails fast: a request must not wait on an absent or slow Redis (no retries, every
+    call within ``timeout_s``; the callers fall back to local state)."""
+    return redis.Redis.from_url(
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
+
+
 class RedisStore(StateStore):
     shared_by_replicas = True
 
@@ -87,9 +95,7 @@ class RedisStore(StateStore):
         timeout_s: float = 0.25,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._redis = redis.Redis.from_url(  # fail fast: a request must not wait on an absent Redis
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
-        )
+        self._redis = connect(url, timeout_s)
         self._ns = f"{prefix}:{VERSION}"
         self._index = PrefixIndex(max_tokens_per_backend=prefix_tokens_per_backend, max_tips=4 * max_sessions)
         self._max_sessions = max_sessions

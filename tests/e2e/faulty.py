@@ -25,6 +25,7 @@ class Fault:
     running: int = 0  # what /metrics (vLLM's names) reports as running
     media_type: str = "application/json"  # of the answer with ``status`` and ``body``
     events_then_end: int | None = None  # stream this many events, then end without [DONE]
+    garbage: bytes = b""  # sent after the first event of an ``events_then_end`` stream
     calls: list[bytes] = field(default_factory=list)
 
 
@@ -64,8 +65,11 @@ def create_faulty_app(fault: Fault, model: str = "up-faulty") -> Litestar:
         if fault.events_then_end is not None:
 
             async def unfinished() -> AsyncIterator[bytes]:
-                for _ in range(fault.events_then_end or 0):
+                for index in range(fault.events_then_end or 0):
                     yield CHUNK
+                    if index == 0 and fault.garbage:
+                        await asyncio.sleep(0.05)  # a read of its own
+                        yield fault.garbage
 
             return Stream(unfinished(), media_type="text/event-stream")
         if fault.events_before_break is None:

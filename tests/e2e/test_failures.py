@@ -58,13 +58,14 @@ def set_fault(
     events: int | None = None,
     media_type: str = "application/json",
     events_then_end: int | None = None,
+    garbage: bytes = b"",
 ) -> None:
     """The next requests fail so; the faulty backend is back up first (a stream that broke off
     marked it down until a probe found it again)."""
     fault.status = status
     fault.body = body if isinstance(body, bytes) else json.dumps(body).encode()
     fault.events_before_break = events
-    fault.media_type, fault.events_then_end = media_type, events_then_end
+    fault.media_type, fault.events_then_end, fault.garbage = media_type, events_then_end, garbage
     deadline = time.monotonic() + 5
     while httpx.get(stack.url + "/health").json()["backends"]["faulty"] != "ready":
         assert time.monotonic() < deadline, "the faulty backend was not probed back up"
@@ -203,3 +204,17 @@ def test_a_stream_that_ends_without_done_ends_with_an_error_event(faulty: tuple[
     error = json.loads(events[2].removeprefix(b"data: "))["error"]
     assert "ended the stream without its last event ([DONE])" in error["message"]
     assert events[3] == b"data: [DONE]"  # turnout's own clean end
+
+
+def test_a_stream_with_lines_no_event_stream_has_ends_with_an_error_event(
+    faulty: tuple[Stack, Fault],
+) -> None:
+    stack, fault = faulty
+    set_fault(stack, fault, events_then_end=3, garbage=b"<html>Internal Server Error</html>\n\n")
+    body = {"model": "m-faulty", "messages": MSG, "stream": True}
+    with stack.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+        events = [e for e in response.read().split(b"\n\n") if e]
+    assert b'"content":"hi"' in events[0]
+    error = json.loads(events[1].removeprefix(b"data: "))["error"]
+    assert "a line that is no event-stream field: b'<html>" in error["message"]
+    assert not any(e.startswith(b"<html>") for e in events)  # relayed only as quoted in the error

@@ -27,15 +27,6 @@ LOOP = asyncio.new_event_loop()
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 150}
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def stack(redis_server: RedisServer) -> Iterator[Stack]:
     running = start_stack(

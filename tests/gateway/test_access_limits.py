@@ -38,15 +38,6 @@ def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
     return LOOP.run_until_complete(coroutine)
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 Make = Callable[[Clock], Counter]
 """A counter on the clock given; on Redis, every counter one test makes shares one namespace."""
 

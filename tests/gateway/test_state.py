@@ -30,15 +30,6 @@ LOOP = asyncio.new_event_loop()
 """One loop for the module: a Redis client belongs to the loop it was made in."""
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(params=["memory", "redis"])
 def store_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., StateStore]]:
     made: list[RedisStore] = []
