@@ -93,3 +93,41 @@ def overview_leases(url: str) -> list[object]:
     backends = httpx.get(url + "/admin/api/overview", headers=ADMIN).json()["backends"]
     leases: list[object] = backends[0]["leases"]
     return leases
+
+
+def test_a_real_llama_server_killed_mid_stream(llama_binary: Path, qwen35_gguf: Path, tmp_path: Path) -> None:
+    """SIGKILL (as the OOM killer does) while it streams: the client gets the error event and the end
+    of the stream within a second, and the backend is down for the next request at once."""
+    server = LlamaServer(llama_binary, qwen35_gguf, log_path=tmp_path / "l.log", n_parallel=1, ctx_total=4096)
+    server.start()
+    settings = load_settings(
+        None,
+        backends=[{"id": "llama", "kind": "llamacpp", "url": server.base_url, "probe_interval_s": 30}],
+        models=[{"name": "tiny", "architecture": "hybrid",
+                 "deployments": [{"backend": "llama", "upstream_name": DEFAULT_ALIAS}]}],
+    )  # fmt: skip
+    gateway = ServerThread(create_app(settings)).start()
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "stream": True,
+                "max_tokens": 3500, "ignore_eos": True}  # fmt: skip
+        events: list[str] = []
+        with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data:"):
+                    events.append(line)
+                if len(events) == 5:
+                    break
+            assert server.process is not None
+            server.process.kill()
+            killed = time.monotonic()
+            events += [line for line in lines if line.startswith("data:")]
+            ended = time.monotonic() - killed
+        assert ended < 1.0
+        assert events[-1] == "data: [DONE]"
+        assert "upstream_error" in events[-2]
+        health = httpx.get(gateway.url + "/health").json()
+        assert health["backends"]["llama"] == "down"  # at once: the next probe is 30 s away
+    finally:
+        gateway.stop()
+        server.stop()
