@@ -186,7 +186,7 @@ class ResponseRelay:
                 end = _boundary(buffer)
                 if end == 0:
                     if len(buffer) > MAX_EVENT_BYTES:
-                        raise self._broken(f"sent an event larger than {MAX_EVENT_BYTES >> 20} MiB")
+                        raise self._broken(f"sent an event larger than {MAX_EVENT_BYTES:,} bytes")
                     continue
                 last = complete = buffer[:end]
                 buffer = buffer[end:]
@@ -243,7 +243,7 @@ class ResponseRelay:
         async for chunk in self.response.aiter_bytes():
             size += len(chunk)
             if size > MAX_BODY_BYTES:
-                raise self._broken(f"answered with more than {MAX_BODY_BYTES >> 20} MiB")
+                raise self._broken(f"answered with more than {MAX_BODY_BYTES:,} bytes")
             parts.append(chunk)
         return b"".join(parts)
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from backends import stream
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.e2e.faulty import Fault, create_faulty_app
 from tests.e2e.test_errors import assert_openai_error, post
@@ -218,3 +219,27 @@ def test_a_stream_with_lines_no_event_stream_has_ends_with_an_error_event(
     error = json.loads(events[1].removeprefix(b"data: "))["error"]
     assert "a line that is no event-stream field: b'<html>" in error["message"]
     assert not any(e.startswith(b"<html>") for e in events)  # relayed only as quoted in the error
+
+
+def test_a_plain_answer_over_the_size_limit_is_a_clear_502(
+    faulty: tuple[Stack, Fault], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine gone wrong that answers without end: read no further than MAX_BODY_BYTES."""
+    monkeypatch.setattr(stream, "MAX_BODY_BYTES", 1 << 20)
+    stack, fault = faulty
+    set_fault(stack, fault, 200, b'{"pad":"' + b"x" * (2 << 20) + b'"}')
+    error = assert_openai_error(post(stack, {"model": "m-faulty", "messages": MSG}), 502, "upstream_error")
+    assert "answered with more than 1,048,576 bytes" in error["message"]
+
+
+def test_an_event_over_the_size_limit_ends_the_stream_with_an_error_event(
+    faulty: tuple[Stack, Fault], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stream, "MAX_EVENT_BYTES", 64 << 10)
+    stack, fault = faulty
+    set_fault(stack, fault, events_then_end=2, garbage=b"data: " + b"x" * (200 << 10))  # never ends
+    body = {"model": "m-faulty", "messages": MSG, "stream": True}
+    with stack.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+        events = [e for e in response.read().split(b"\n\n") if e]
+    error = json.loads(events[1].removeprefix(b"data: "))["error"]
+    assert "sent an event larger than 65,536 bytes" in error["message"]
