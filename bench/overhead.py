@@ -1,0 +1,73 @@
+"""What the gateway adds to a near-free upstream, beside nginx in the same run (issue #15).
+
+    .venv/bin/python bench/overhead.py [--no-nginx] [--md-out FILE] [harness options ...]
+
+Runs the shared harness (``../shared/bench/overhead``, see its README: wrk, its stub on
+127.0.0.1:9000, CPU pinning) against ``turnout serve`` with a config this script writes (one
+``openai`` backend at the stub, model ``bench-model``, logs at warning), and against nginx as the
+reference proxy, both started by the harness and pinned to CPU 1. Options it does not know are the
+harness's (``--repeats 3 --duration 10`` by default; ``--skip-stream``, ``--nonstream-conc``...).
+Needs ``wrk`` and ``nginx`` (Debian packages: ``apt-get install -y wrk nginx``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HARNESS = REPO.parent / "shared" / "bench" / "overhead"
+PORT = 8484
+CONFIG = f"""\
+log_level = "warning"
+port = {PORT}
+
+[admin]
+token = "overhead-bench"
+
+[[backends]]
+id = "stub"
+kind = "openai"
+url = "http://127.0.0.1:9000"
+probe_interval_s = 2.0
+
+[[models]]
+name = "bench-model"
+[[models.deployments]]
+backend = "stub"
+upstream_name = "bench-model"
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--no-nginx", action="store_true", help="measure turnout (and direct) only")
+    args, harness_args = parser.parse_known_args(argv)
+    for tool in ("wrk", *(() if args.no_nginx else ("nginx",))):
+        if shutil.which(tool) is None:
+            print(f"{tool} not found: apt-get install -y wrk nginx", file=sys.stderr)
+            return 2
+    with tempfile.TemporaryDirectory(prefix="turnout-overhead-") as directory:
+        config = Path(directory) / "turnout.toml"
+        config.write_text(CONFIG, encoding="utf-8")
+        turnout = REPO / ".venv" / "bin" / "turnout"
+        command = [
+            "--target", f"turnout=http://127.0.0.1:{PORT}/v1",
+            "--start", f"turnout={turnout} serve --config {config}",
+        ]  # fmt: skip
+        if not args.no_nginx:
+            prefix = Path(directory) / "nginx"
+            (prefix / "logs").mkdir(parents=True)
+            nginx = f"nginx -p {prefix}/ -c {HARNESS / 'nginx.conf'}"
+            command += ["--target", "nginx=http://127.0.0.1:8081/v1", "--start", f"nginx={nginx}"]
+        return subprocess.call(["bash", str(HARNESS / "run.sh"), *command, *harness_args])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
