@@ -174,6 +174,7 @@ class AdminService:
                     "health": snapshot.health.value,
                     "error": snapshot.error,
                     "drained": snapshot.backend_id in router.drained,
+                    "circuit": snapshot.circuit,
                     "models": [d.model for d in snapshot.deployments],
                     "running": snapshot.running,
                     "queued": snapshot.queued,

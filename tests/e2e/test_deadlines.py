@@ -145,6 +145,8 @@ def test_a_backend_that_keeps_failing_is_taken_out_then_tried_once(hung: tuple[S
     assert rejected[0]["reason"] == "circuit-open"
     assert "CUDA out of memory" in rejected[0]["detail"]
     assert httpx.get(stack.url + "/health").json()["circuits"]["faulty"] == "open"
+    overview = httpx.get(stack.url + "/admin/api/overview", headers=ADMIN).json()["backends"]
+    assert {b["id"]: b["circuit"] for b in overview}["faulty"] == "open"  # the dashboard shows it
     metrics = httpx.get(stack.url + "/metrics").text
     assert 'turnout_backend_circuit{backend="faulty",state="open"} 1.0' in metrics
     assert 'turnout_backend_circuit_trips_total{backend="faulty"} 1.0' in metrics

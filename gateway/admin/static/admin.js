@@ -74,6 +74,7 @@ function backendSection(b) {
   h2.appendChild(el("small", b.kind));
   h2.appendChild(el("span", b.health, "health " + b.health));
   if (b.drained) h2.appendChild(el("span", "drained", "health drained"));
+  if (b.circuit !== "closed") h2.appendChild(el("span", "circuit " + b.circuit, "health down"));
   section.appendChild(h2);
   let line = "models: " + b.models.join(", ") + " · running " + b.running + " · waiting " + b.queued;
   if (b.kv_usage !== null) line += " · KV " + Math.round(b.kv_usage * 100) + "%";
