@@ -111,7 +111,6 @@ class ResponseRelay:
             lambda: True, first_byte_s=math.inf, longest_s=math.inf, idle_s=math.inf
         )
         """Told when bytes arrive; it is armed by whoever waits on this relay (``backends.watchdog``)."""
-        self._events: AsyncIterator[bytes] | None = None
         self.usage: Usage | None = None
         self.first_byte_at: float | None = None
         self.finished = False
@@ -148,30 +147,18 @@ class ResponseRelay:
                 out += self._translator.feed(data)
         return b"".join(out)
 
-    async def first(self) -> bytes:
-        """The stream's first events. Until they arrive nothing has reached the client, so a stream
-        that breaks off or ends before them is an engine that did not answer (another may)."""
+    def check_stream(self) -> None:
+        """A stream request answered with something else (an HTML error page with status 200) is an
+        engine that did not answer: nothing has reached the client yet, another backend may."""
         kind = self.response.headers.get("content-type", "")
         if not kind.startswith("text/event-stream"):
             raise UpstreamUnavailable(
                 self.request.backend_id, f"answered a stream request with {kind or 'no content type'}"
             )
-        self._events = self._read()
-        try:
-            out = await anext(self._events)
-        except StopAsyncIteration:
-            raise UpstreamUnavailable(
-                self.request.backend_id, "the stream ended before its first event"
-            ) from None
-        except UpstreamStreamError as exc:
-            raise UpstreamUnavailable(self.request.backend_id, exc.message) from exc
-        self.watchdog.stream()
-        return out
 
     def events(self) -> AsyncIterator[bytes]:
-        """The SSE body (after :meth:`first`, the rest of it), one yield per upstream read that
-        completed at least one event."""
-        return self._events or self._read()
+        """The SSE body, one yield per upstream read that completed at least one event."""
+        return self._read()
 
     async def _read(self) -> AsyncIterator[bytes]:
         buffer = last = b""
@@ -182,6 +169,7 @@ class ResponseRelay:
                 dog.last = now = clock()
                 if self.first_byte_at is None:
                     self.first_byte_at = now
+                    dog.stream()  # from now on only silence between bytes counts
                 buffer = buffer + chunk if buffer else chunk
                 end = _boundary(buffer)
                 if end == 0:

@@ -147,7 +147,6 @@ class Opened:
     routed: Routed
     relay: ResponseRelay
     token: int  # the fleet's note of this in-flight request
-    first: bytes = b""  # a stream's first events, read before the client was answered
 
     @property
     def decision(self) -> Decision:
@@ -215,7 +214,7 @@ class Relay:
                     # it, and requests routed meanwhile must see it waiting there
                     token = self.fleet.begin(in_flight(decision))
                     try:
-                        relay, first = await self._first_byte(adapter, upstream)
+                        relay = await self._send(adapter, upstream)
                     except BaseException as exc:
                         if isinstance(exc, UpstreamError) and (fault := engine_fault(exc)) is not None:
                             self.fleet.judge(exc.backend_id, fault)
@@ -232,30 +231,28 @@ class Relay:
                         if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
                             self.fleet.report_failure(exc.backend_id, exc.message)
                         raise
-                    if first:
-                        self.fleet.prefilled(token)  # its prompt is processed: no longer a backlog
-                    return Opened(routed, relay, token, first)
+                    return Opened(routed, relay, token)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
         raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
 
-    async def _first_byte(self, adapter: Adapter, upstream: UpstreamRequest) -> tuple[ResponseRelay, bytes]:
-        """Send, and for a stream wait for its first events too, under the engine's watchdog
-        (``backends.watchdog``: queued is waited for, hung is not). Until then nothing has reached
-        the client, so every failure here may still go to another backend."""
+    async def _send(self, adapter: Adapter, upstream: UpstreamRequest) -> ResponseRelay:
+        """Send, under the engine's watchdog (``backends.watchdog``: queued is waited for, hung is
+        not); until the engine's headers nothing has reached the client, so every failure here may
+        still go to another backend."""
         dog = self.fleet.watchdog(upstream.backend_id)
         try:
             with dog:
                 relay = ResponseRelay(upstream, await adapter.send(upstream), watchdog=dog)
-                if not upstream.stream:
-                    return relay, b""
-                try:
-                    return relay, await relay.first()
-                except BaseException:
-                    await relay.aclose()
-                    raise
         except Expired as exc:
             raise UpstreamUnavailable(upstream.backend_id, exc.message) from exc
+        if upstream.stream:
+            try:
+                relay.check_stream()
+            except UpstreamUnavailable:
+                await relay.aclose()
+                raise
+        return relay
 
     async def route(self, body: dict[str, Any], endpoint: Endpoint, headers: Mapping[str, str]) -> Routed:
         """Resolve the model and the session, then decide."""
@@ -390,10 +387,13 @@ class Relay:
         """Relay events; a failure after the first byte becomes the API's error event, then a clean end."""
         relay = opened.relay
         self._streams.add(relay.watchdog)
+        first = True
         try:
-            with relay.watchdog:  # now a stalled stream is ended, in this task (the response's)
-                yield opened.first
+            with relay.watchdog:  # a hung or stalled stream is ended, in this task (the response's)
                 async for events in relay.events():
+                    if first:
+                        first = False
+                        self.fleet.prefilled(opened.token)  # its prompt is processed: no backlog
                     yield events
         except (UpstreamStreamError, Expired) as exc:
             record.error = exc.message
