@@ -35,3 +35,32 @@ class LiveSessions:
                 break
             del self._seen[oldest]
         return len(self._seen)
+
+
+FOLLOW_WINDOW = 100
+"""First turns the follow-up rate remembers (exponentially: older ones weigh less)."""
+
+
+class FollowUps:
+    """How often a conversation known only by its content (no session id) comes back after its
+    first turn: agents do, one-off requests do not. Routing lets a first turn look ahead by this
+    chance while a llama.cpp slot is free (``policies.route.RoutingContext.follow_rate``).
+
+    Counts decay by ``1 - 1 / window`` per first turn, so the rate follows the traffic of the last
+    ``window`` or so; it starts at 1/2 (one imagined follow-up in two first turns)."""
+
+    def __init__(self, window: int = FOLLOW_WINDOW) -> None:
+        self._decay = 1.0 - 1.0 / window
+        self._first = 0.0
+        self._followed = 0.0
+
+    def first_turn(self) -> None:
+        self._first = self._first * self._decay + 1.0
+        self._followed *= self._decay
+
+    def second_turn(self) -> None:
+        self._followed = min(self._followed + 1.0, self._first)
+
+    @property
+    def rate(self) -> float:
+        return (self._followed + 1.0) / (self._first + 2.0)

@@ -18,7 +18,7 @@ import structlog
 
 from backends.errors import UpstreamStatusError
 from backends.fleet import Fleet
-from gateway.live import LiveSessions
+from gateway.live import FollowUps, LiveSessions
 from gateway.state import StateStore
 from policies import Decision, Endpoint, Profile, RequestFeatures, route
 from policies.features import MESSAGE_OVERHEAD_TOKENS
@@ -150,6 +150,8 @@ class Router:
         self._generations: dict[str, int] = {}  # the fleet's restart counts this router has acted on
         self.live = LiveSessions(lease_idle_s)
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
+        self.follow_ups = FollowUps()
+        """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
 
     async def resolve_session(self, features: RequestFeatures) -> tuple[RequestFeatures, SessionView | None]:
         """The request's session: the named one, else the known one whose last prompt this one
@@ -250,6 +252,7 @@ class Router:
             lease_idle_s=self.lease_idle_s,
             drained=self.drained,
             live_sessions=self.live.count(time.time()),
+            follow_rate=self.follow_ups.rate,
         )
         return snapshots, context
 
@@ -276,11 +279,22 @@ class Router:
     ) -> Routed:
         if session is not None and proven(features, session):
             self.live.touch(session.key, time.time())  # it competes for slots from now on
+        if session is not None and features.session_source is SessionSource.IMPLICIT and not excluded:
+            if session.turns == 0:  # counted once per request (a re-route excludes a backend)
+                self.follow_ups.first_turn()
+            elif session.turns == 1:
+                self.follow_ups.second_turn()
         for _ in range(CLAIM_ATTEMPTS):
             snapshots, context = await self._context(session, excluded, features.chain)
             decision = route(features, snapshots, self.profile, time.time(), context)
             chosen = decision.chosen_candidate
-            if chosen is None or chosen.estimate is None or chosen.estimate.slot is None or session is None:
+            if (
+                chosen is None
+                or chosen.estimate is None
+                or chosen.estimate.slot is None
+                or session is None
+                or not proven(features, session)  # a first turn known by content only: pinned, not held
+            ):
                 return Routed(decision, features, session, overflowed)
             claimed = await self.store.claim_slot(
                 chosen.deployment.backend_id,

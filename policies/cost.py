@@ -30,7 +30,10 @@ another session, an eviction cost; the best objective wins (``policies.slots``).
 serving a hybrid model will re-prefill it. ``keep`` (``policies.slots.keep_chance``) is the chance a
 pin lasts: 1 for a session holding a slot or while the live sessions fit in the slots, else
 ``slots / live sessions``: with 8 agents on 2 slots a newcomer's pin is likely taken back before it
-pays off, so it should not outbid the holders.
+pays off, so it should not outbid the holders. A first turn known only by its content (no session
+id) is not proven to continue: it looks ahead only while a llama.cpp slot is free and unleased, and
+then times ``follow``, the share of such first turns that came back lately (``RoutingContext.follow_rate``):
+an agent's first turn can start where its conversation will be cheap, one-off traffic keeps it near 0.
 
     growth   = prompt - session's last prompt   (first turn: GROWTH_PRIOR of the prompt)
     future_s = queue_s + (prompt + growth - cached_next) / prefill_tok_s
@@ -108,14 +111,17 @@ def estimate(
     now: float = 0.0,
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S,
     keep: float = 1.0,
+    follow: float = 0.0,
 ) -> Estimate:
     """Predict this candidate's reuse and timing (see the module docstring for the formulas);
-    ``keep``: the chance a slot pinned now lasts (``policies.slots.keep_chance``)."""
+    ``keep``: the chance a slot pinned now lasts (``policies.slots.keep_chance``); ``follow``: the
+    chance a session not yet proven to continue has a next turn (0: no look-ahead)."""
     stats = learned.for_deployment(deployment, snapshot.kind)
     situation = Situation(
         snapshot, deployment, stats, match or PrefixMatch(), session, leases, now, lease_idle_s
     )
-    horizon = LOOKAHEAD_TURNS * keep if proven(features, session) else 0.0
+    chance = 1.0 if proven(features, session) else follow if session is not None else 0.0
+    horizon = LOOKAHEAD_TURNS * keep * chance
     if snapshot.kind is EngineKind.LLAMACPP:
         options = llama_options(features, situation)
         last_used = {lease.slot: lease.last_used for lease in leases}

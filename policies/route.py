@@ -15,7 +15,7 @@ from policies.filters import FILTERS, Candidate
 from policies.learning import LearnedState
 from policies.profiles import Profile
 from policies.scorers import SCORERS, CandidateView
-from policies.slots import DEFAULT_LEASE_IDLE_S, keep_chance
+from policies.slots import DEFAULT_LEASE_IDLE_S, free_slot, keep_chance
 from policies.types import (
     BackendSnapshot,
     Decision,
@@ -43,6 +43,9 @@ class RoutingContext:
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S
     drained: frozenset[str] = frozenset()  # backends an admin drained: no new requests
     live_sessions: int = 0  # sessions that sent a turn within ``lease_idle_s``, this one included
+    follow_rate: float = 0.0
+    """The chance a conversation known only by its content comes back after its first turn (learned
+    by the gateway: ``gateway.live.FollowUps``); weighs a first turn's look-ahead while a slot is free."""
 
 
 def _clamp(value: float) -> float:
@@ -82,6 +85,7 @@ def route(
 
     slots = sum(s.total_slots or len(s.slots) for _, s in candidates if s.kind is EngineKind.LLAMACPP)
     keep = keep_chance(context.session, context.leases, slots, context.live_sessions)
+    follow = context.follow_rate if free_slot([s for _, s in candidates], context.leases) else 0.0
     views = [
         CandidateView(
             deployment,
@@ -97,6 +101,7 @@ def route(
                 now=now,
                 lease_idle_s=context.lease_idle_s,
                 keep=keep,
+                follow=follow,
             ),
         )
         for deployment, snapshot in candidates

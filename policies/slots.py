@@ -38,6 +38,7 @@ from policies.types import (
     Architecture,
     BackendSnapshot,
     Deployment,
+    EngineKind,
     PrefixMatch,
     RequestFeatures,
     SessionSource,
@@ -99,6 +100,18 @@ def keep_chance(
     if any(lease.session_key == session.key for held in leases.values() for lease in held):
         return 1.0
     return min(1.0, slots / max(live_sessions, 1))
+
+
+def free_slot(snapshots: Sequence[BackendSnapshot], leases: Mapping[str, Sequence[SlotLease]]) -> bool:
+    """Whether some llama.cpp slot is idle and held by no session: pinning a first turn there
+    takes nothing from anyone."""
+    for snapshot in snapshots:
+        if snapshot.kind is not EngineKind.LLAMACPP:
+            continue
+        held = {lease.slot for lease in leases.get(snapshot.backend_id, ())}
+        if any(not state.is_processing and state.id not in held for state in snapshot.slots):
+            return True
+    return False
 
 
 def proven(features: RequestFeatures, session: SessionView | None) -> bool:
@@ -247,6 +260,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         and own is None
         and session.backend_id == snapshot.backend_id
         and session.slot is not None
+        and not situation.match.slot(session.slot).whole
     ):
         options = [_lost(o) for o in options]
     if not options or session is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.live import LiveSessions
+from gateway.live import FollowUps, LiveSessions
 
 
 def test_a_session_counts_until_its_window_of_silence_ends() -> None:
@@ -28,3 +28,22 @@ def test_the_bookkeeping_is_bounded() -> None:
     for n in range(5):
         live.touch(f"s{n}", float(n))
     assert live.count(5.0) == 3
+
+
+def test_the_follow_up_rate_starts_at_a_half_and_learns_the_traffic() -> None:
+    follow = FollowUps(window=100)
+    assert follow.rate == 0.5
+    for _ in range(50):  # one-off requests: first turns that never come back
+        follow.first_turn()
+    assert follow.rate < 0.05
+    for _ in range(200):  # agents: every conversation has a second turn
+        follow.first_turn()
+        follow.second_turn()
+    assert follow.rate > 0.9
+
+
+def test_a_second_turn_cannot_outnumber_the_first_turns() -> None:
+    follow = FollowUps()
+    for _ in range(5):
+        follow.second_turn()  # second turns of conversations this process never saw start
+    assert follow.rate == 0.5  # (0 + 1) / (0 + 2): nothing counted

@@ -24,6 +24,7 @@ from policies.learning import LearnedState, learn
 from policies.route import RoutingContext
 from policies.slots import keep_chance
 from policies.types import (
+    Decision,
     Estimate,
     Outcome,
     PrefixMatch,
@@ -358,3 +359,42 @@ class TestKeepChance:
         the pin likely goes to another session before it pays off; vLLM's faster first turn wins."""
         assert self.first_turn(live_sessions=2) == "llama"
         assert self.first_turn(live_sessions=8) == "vllm"
+
+
+class TestFirstTurnFollowUp:
+    """A first turn known only by its content looks ahead by the learned follow-up rate, and only
+    while a llama.cpp slot is free: an agent's first turn may start where its conversation will be
+    cheap; one-off traffic, or slots all held, keep it on the faster first turn."""
+
+    @staticmethod
+    def first_turn(follow_rate: float, held: tuple[SlotLease, ...] = ()) -> Decision:
+        now = 100.0
+        llama = BackendSnapshot(
+            "llama", EngineKind.LLAMACPP, Health.READY, now, (LLAMA,),
+            slots=(SlotState(0, 65536, False), SlotState(1, 65536, False)), total_slots=2,
+        )  # fmt: skip
+        request = RequestFeatures("m", Endpoint.CHAT, 8_000, 256, True, "i:1", SessionSource.IMPLICIT)
+        context = RoutingContext(
+            session=SessionView("i:1"),
+            leases={"llama": held},
+            matches={"llama": NOTHING},
+            live_sessions=2,
+            follow_rate=follow_rate,
+        )
+        return route(request, [llama, vllm_snapshot()], BUILTIN_PROFILES["cost"], now, context)
+
+    @staticmethod
+    def chosen(decision: Decision) -> tuple[str | None, float]:
+        best = decision.chosen_candidate
+        assert best is not None and best.estimate is not None
+        return best.deployment.backend_id, best.estimate.horizon
+
+    def test_conversations_that_come_back_start_on_a_free_slot(self) -> None:
+        assert self.chosen(self.first_turn(follow_rate=0.8)) == ("llama", pytest.approx(2.4))
+
+    def test_one_off_traffic_starts_on_the_faster_first_turn(self) -> None:
+        assert self.chosen(self.first_turn(follow_rate=0.02)) == ("vllm", pytest.approx(0.06))
+
+    def test_no_look_ahead_when_every_slot_is_held(self) -> None:
+        held = (SlotLease(0, "a", 99.0, 9000), SlotLease(1, "b", 99.0, 9000))
+        assert self.chosen(self.first_turn(follow_rate=0.8, held=held)) == ("vllm", 0.0)
