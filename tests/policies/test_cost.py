@@ -386,7 +386,8 @@ class TestFirstTurnFollowUp:
     @staticmethod
     def chosen(decision: Decision) -> tuple[str | None, float]:
         best = decision.chosen_candidate
-        assert best is not None and best.estimate is not None
+        assert best is not None
+        assert best.estimate is not None
         return best.deployment.backend_id, best.estimate.horizon
 
     def test_conversations_that_come_back_start_on_a_free_slot(self) -> None:
