@@ -21,6 +21,7 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from backends.base import BackendSpec
 from backends.fleet import Fleet
+from backends.transport import AiohttpTransport
 from gateway.access import Access, Key
 from gateway.admin.auth import AdminAuth
 from gateway.admin.service import AdminService
@@ -277,7 +278,8 @@ def create_app(settings: Settings) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-        async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+        transport = AiohttpTransport(limits)  # backends.transport: httpx's API, aiohttp's pool
+        async with httpx.AsyncClient(limits=limits, timeout=None, transport=transport) as client:
             fleet = Fleet(backend_specs(settings, catalog), client)
             router = Router(fleet, store, profile, lease_idle_s=settings.state.lease_idle_s)
             app.state.relay = Relay(

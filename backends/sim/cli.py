@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill-tok-s", type=float, default=0.0, help="0 = the engine's default")
     parser.add_argument("--decode-tok-s", type=float, default=0.0, help="0 = the engine's default")
     parser.add_argument(
+        "--batch-slowdown",
+        type=float,
+        default=0.06,
+        help="decode step time grows by this share per other running request (0: none; load tests)",
+    )
+    parser.add_argument(
         "--architecture", choices=[a.value for a in Architecture], default=Architecture.HYBRID.value
     )
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -76,6 +82,7 @@ def parse_args(argv: list[str]) -> ServeOptions:
         block_size=ns.block_size,
         prefill_tok_s=ns.prefill_tok_s,
         decode_tok_s=ns.decode_tok_s,
+        batch_slowdown=ns.batch_slowdown,
         time_scale=ns.time_scale,
         api_key=ns.api_key,
         load_seconds=ns.load_seconds,

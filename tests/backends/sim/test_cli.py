@@ -17,7 +17,7 @@ class TestParseArgs:
             "llamacpp", "--port", "9001", "--host", "0.0.0.0", "--model", "qwen", "--context-window", "8192",
             "--slots", "4", "--time-scale", "0.5", "--prefill-tok-s", "1000", "--decode-tok-s", "50",
             "--architecture", "dense", "--no-prefix-caching", "--block-size", "512", "--api-key", "k",
-            "--load-seconds", "2",
+            "--load-seconds", "2", "--batch-slowdown", "0",
         ]  # fmt: skip
         options = parse_args(argv)
         config = options.config
@@ -32,6 +32,7 @@ class TestParseArgs:
         assert config.architecture is Architecture.DENSE
         assert config.prefix_caching is False
         assert (config.block_size, config.api_key, config.load_seconds) == (512, "k", 2.0)
+        assert config.batch_slowdown == 0.0
 
     def test_defaults_per_kind(self) -> None:
         """Unset speeds take the engine's defaults (vLLM 6600/64, llama.cpp 3000/109)."""

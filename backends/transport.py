@@ -1,0 +1,113 @@
+"""The upstream HTTP transport: httpx's API over aiohttp's connection pool and C HTTP parser.
+
+Adapters speak httpx (requests, ``httpx.Response``, ``httpx.HTTPError``); this transport carries the
+bytes. httpx's own pool (httpcore) looks at every pooled connection for each request and parses
+HTTP in Python: under the overhead harness it was over half of the gateway's CPU, and the CPU per
+request grew with concurrency (1.45 ms at c1, 6 ms at c128). aiohttp's pool hands out a connection
+in constant time and parses with llhttp; see docs/benchmarks.md ("Gateway overhead").
+
+aiohttp's failures become the httpx exceptions the adapters already handle, by what they mean for
+an engine: no connection (``ConnectError``), a connection the engine closed or reset before or
+during its answer (``RemoteProtocolError``, ``ReadError``), a timeout (``ConnectTimeout``,
+``ReadTimeout``, ``PoolTimeout``).
+
+A response whose body was not read to its end closes its connection (the engine sees the client
+leave and stops generating); one read to the end goes back to the pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+
+import aiohttp
+import httpx
+
+
+@contextmanager
+def _as_httpx(request: httpx.Request, phase: str) -> Iterator[None]:
+    """aiohttp's exceptions as httpx's (module docstring); ``phase``: connect or read."""
+    try:
+        yield
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise httpx.ConnectTimeout(str(exc) or "connect timed out", request=request) from exc
+    except TimeoutError as exc:  # aiohttp's socket read timeout, waiting for the headers or the body
+        raise httpx.ReadTimeout(str(exc) or f"no answer ({phase})", request=request) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise httpx.ConnectError(str(exc), request=request) from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        raise httpx.RemoteProtocolError(str(exc) or "server disconnected", request=request) from exc
+    except (aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+        raise httpx.ReadError(str(exc) or "connection broken", request=request) from exc
+    except aiohttp.ClientResponseError as exc:
+        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+    except aiohttp.ClientError as exc:
+        raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _as_httpx(self._request, "read"):
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+    async def aclose(self) -> None:
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """An ``httpx.AsyncClient`` transport on one aiohttp session, opened on first use (in the loop
+    that uses it). HTTP/1.1 only; no proxies from the environment (engines are on the local network)."""
+
+    def __init__(self, limits: httpx.Limits | None = None) -> None:
+        self._limits = limits or httpx.Limits()
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=self._limits.max_connections or 0,
+            limit_per_host=0,
+            keepalive_timeout=self._limits.keepalive_expiry or 5.0,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+        )
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        session = self._session or self._open()
+        timeout = request.extensions.get("timeout", {})
+        with _as_httpx(request, "connect"):
+            response = await session.request(
+                request.method,
+                str(request.url),
+                headers=request.headers.multi_items(),
+                data=request.content or None,
+                allow_redirects=False,
+                compress=None,
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=timeout.get("pool"),
+                    sock_connect=timeout.get("connect"),
+                    sock_read=timeout.get("read"),
+                ),
+            )
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.raw_headers,
+            stream=_Body(response, request),
+            request=request,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,144 @@
+"""The aiohttp transport under httpx: streaming as it arrives, connections reused or closed, and
+every way an engine can fail surfacing as the httpx exception the adapters handle."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.transport import AiohttpTransport
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ),
+        0,
+    )
+    return head + await reader.readexactly(length)
+
+
+def serve(handler: Handler, check: Callable[[httpx.AsyncClient, str], Awaitable[Any]]) -> Any:
+    """Run ``check`` with a client on the transport against a raw server on a loopback port."""
+
+    async def main() -> Any:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        timeout = httpx.Timeout(2.0, connect=1.0)
+        async with server, httpx.AsyncClient(transport=AiohttpTransport(), timeout=timeout) as client:
+            return await check(client, f"http://127.0.0.1:{port}")
+
+    return asyncio.run(main())
+
+
+def test_a_stream_arrives_as_the_server_sends_it_and_the_connection_is_reused() -> None:
+    sent = asyncio.Event()
+    connections: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        for _ in range(2):
+            await _request(reader)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
+            writer.write(b"6\r\nfirst\n\r\n")
+            await writer.drain()
+            await sent.wait()  # the second part only once the client has the first
+            sent.clear()
+            writer.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    async def check(client: httpx.AsyncClient, url: str) -> list[list[bytes]]:
+        bodies = []
+        for _ in range(2):
+            parts = []
+            async with client.stream("POST", url + "/v1/chat/completions", content=b"{}") as response:
+                assert response.headers["content-type"] == "text/event-stream"
+                async for chunk in response.aiter_bytes():
+                    parts.append(chunk)
+                    if len(parts) == 1:
+                        sent.set()
+            bodies.append(parts)
+        return bodies
+
+    assert serve(handler, check) == [[b"first\n", b"second\n"]] * 2
+    assert len(connections) == 1  # kept alive: the second request reused it
+
+
+def test_a_stream_left_unread_closes_its_connection() -> None:
+    """The client left mid-stream: the engine must see the connection go (and stop generating)."""
+    closed = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\nfirst\n\r\n")
+        await writer.drain()
+        assert await reader.read() == b""  # EOF: the gateway closed the connection
+        closed.set()
+
+    async def check(client: httpx.AsyncClient, url: str) -> bool:
+        async with client.stream("POST", url, content=b"{}") as response:
+            async for _ in response.aiter_bytes():
+                break
+        await asyncio.wait_for(closed.wait(), 2)
+        return closed.is_set()
+
+    assert serve(handler, check)
+
+
+async def _close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _request(reader)
+    writer.close()
+
+
+async def _reset_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npart")
+    await writer.drain()
+    writer.transport.abort()  # RST, like an engine killed mid-answer
+
+
+async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _request(reader)
+    await reader.read()  # until the client gives up
+
+
+@pytest.mark.parametrize(
+    ("handler", "expected"),
+    [
+        (_close_at_once, httpx.RemoteProtocolError),
+        (_reset_mid_body, httpx.ReadError),
+        (_silent, httpx.ReadTimeout),
+    ],
+    ids=["closed-before-answering", "reset-mid-body", "silent"],
+)
+def test_engine_failures_are_httpx_errors(handler: Handler, expected: type[httpx.HTTPError]) -> None:
+    async def check(client: httpx.AsyncClient, url: str) -> type[BaseException]:
+        try:
+            response = await client.post(url, content=b"{}", timeout=httpx.Timeout(0.3))
+            await response.aread()
+        except httpx.HTTPError as exc:
+            return type(exc)
+        raise AssertionError("no error")
+
+    assert serve(handler, check) is expected
+
+
+def test_nothing_listening_is_a_connect_error() -> None:
+    async def check(client: httpx.AsyncClient, url: str) -> None:
+        with pytest.raises(httpx.ConnectError):
+            await client.post("http://127.0.0.1:9/v1/models", content=b"{}")
+
+    serve(_silent, check)
