@@ -8,6 +8,10 @@ Runs the shared harness (``../shared/bench/overhead``, see its README: wrk, its 
 reference proxy, both started by the harness and pinned to CPU 1. Options it does not know are the
 harness's (``--repeats 3 --duration 10`` by default; ``--skip-stream``, ``--nonstream-conc``...).
 Needs ``wrk`` and ``nginx`` (Debian packages: ``apt-get install -y wrk nginx``).
+
+``--before DIR`` adds an earlier turnout to the same run as ``turnout-before`` (a checkout, e.g.
+``git worktree add /tmp/before <rev>``, run with this venv's packages on port 8485): before and after
+measured side by side, on the same machine load.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = REPO.parent / "shared" / "bench" / "overhead"
 PORT = 8484
-CONFIG = f"""\
+BEFORE_PORT = 8485
+TEMPLATE = """\
 log_level = "warning"
-port = {PORT}
+port = {port}
 
 [admin]
 token = "overhead-bench"
@@ -41,6 +46,7 @@ name = "bench-model"
 backend = "stub"
 upstream_name = "bench-model"
 """
+CONFIG = TEMPLATE.format(port=PORT)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--no-nginx", action="store_true", help="measure turnout (and direct) only")
+    parser.add_argument("--before", type=Path, default=None, help="an earlier turnout checkout to compare")
     args, harness_args = parser.parse_known_args(argv)
     for tool in ("wrk", *(() if args.no_nginx else ("nginx",))):
         if shutil.which(tool) is None:
@@ -61,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
             "--target", f"turnout=http://127.0.0.1:{PORT}/v1",
             "--start", f"turnout={turnout} serve --config {config}",
         ]  # fmt: skip
+        if args.before is not None:
+            before = Path(directory) / "before.toml"
+            before.write_text(TEMPLATE.format(port=BEFORE_PORT), encoding="utf-8")
+            python = REPO / ".venv" / "bin" / "python"
+            command += [
+                "--target", f"turnout-before=http://127.0.0.1:{BEFORE_PORT}/v1",
+                "--start", f"turnout-before=env PYTHONPATH={args.before.resolve()} {python} -m gateway serve"
+                f" --config {before}",
+            ]  # fmt: skip
         if not args.no_nginx:
             prefix = Path(directory) / "nginx"
             (prefix / "logs").mkdir(parents=True)

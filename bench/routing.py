@@ -276,16 +276,21 @@ NOTES = """\
   mean TTFT on one day). **A new pin is weighed by the chance it lasts** (`slots / live sessions`,
   docs/routing.md): before, with 8 agents, session ids made `cost` worse than none (4.5 s against
   2.8 s: every first turn outbid the slot holders); now contention-8 is 1.07x the oracle.
-- **Without session ids, 2 and 4 agents stay above 1.15x** (1.14-1.22x over the runs of 2026-12-01):
-  a first turn cannot be known to continue, so it starts on vLLM (faster for one turn); by its second
-  turn the conversation has to be prefilled on llama.cpp from scratch to move there, which the look-ahead
-  (shortened by the other live sessions) often does not repay. The oracle pins first turns it knows
-  will continue. A follow-up rate learned per prompt head (the agents' shared system prompt) was tried
-  and dropped: the agents all start before any of them had a second turn to learn from.
+- **Without session ids, a first turn looks ahead by the follow-up rate** (docs/routing.md): the share
+  of first turns known only by content that came back lately, and only while a llama.cpp slot is free.
+  Before (2026-12-01, morning), 2 and 4 agents stayed at 1.14-1.22x the oracle: first turns started on
+  vLLM and moving a conversation to llama.cpp at its second turn cost a full prefill there. Such first
+  turns are pinned but hold no lease (a first try that leased them let chat requests guard slots
+  against the agents: mixed fell to 1.05x). A rate learned per prompt head was tried and dropped.
+- **contention-8 without session ids trades cache hits for TTFT**: 0.86x the oracle's mean TTFT and
+  1.03x its completion, with a cache hit ratio 0.77x the oracle's (target 0.8x): with 8 agents on 2
+  slots `cost` sends more turns to vLLM (no reuse) when a slot's queue would cost more than the
+  re-prefill; the oracle, planning one request at a time, waits for slots more often.
 - **Chat and Mooncake are bursts of one-shot requests.** Everything (clients, gateway, simulators)
   shares one Python process on 2 busy cores, and per-request gateway CPU turns into queueing that the
   time scale (0.05) magnifies 20x; the oracle sends straight to the engines. Numbers vary by run with
-  machine load: compare profiles within one table, not across runs.
+  machine load: compare profiles within one table, not across runs. (Chat is one run per profile:
+  on 2026-12-01 the full run measured 0.91x, a re-run of the chat row minutes later 1.14x.)
 """
 
 
