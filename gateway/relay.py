@@ -18,7 +18,6 @@ import structlog
 from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from backends.base import Adapter, UpstreamRequest
 from backends.errors import UpstreamError, UpstreamStatusError, UpstreamStreamError, UpstreamUnavailable
@@ -186,55 +185,50 @@ class Relay:
         """Send along ``routed``; on a failure before any byte, exclude that backend and route again."""
         excluded: set[str] = set()
         last_error: UpstreamError | None = None
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.retries + 1), retry=retry_if_exception(_retryable), reraise=True
-        )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    if excluded:
-                        routed = await self.router.decide(
-                            routed.features, routed.session, frozenset(excluded), routed.overflowed
-                        )
-                    decision = routed.decision
-                    if decision.chosen is None:
-                        if isinstance(last_error, UpstreamStatusError) and _overflowed(last_error):
-                            raise no_route_error(decision, routed.features, last_error)
-                        if last_error is not None:
-                            raise last_error
-                        raise no_route_error(decision, routed.features)
-                    record.backend, record.reason = decision.chosen.backend_id, decision.header
-                    chosen = decision.chosen_candidate
-                    record.predicted_ttft = chosen.estimate.ttft_s if chosen and chosen.estimate else None
-                    adapter = self.fleet.adapter(decision.chosen.backend_id)
-                    upstream = adapter.prepare(
-                        endpoint, body, decision.chosen, body["model"], slot=decision.slot
+            for attempt in range(1, self.retries + 2):
+                if excluded:
+                    routed = await self.router.decide(
+                        routed.features, routed.session, frozenset(excluded), routed.overflowed
                     )
-                    # in flight from now: a queued llama.cpp stream sends no headers until a slot takes
-                    # it, and requests routed meanwhile must see it waiting there
-                    token = self.fleet.begin(in_flight(decision))
-                    try:
-                        relay = await self._send(adapter, upstream)
-                    except BaseException as exc:
-                        if isinstance(exc, UpstreamError) and (fault := engine_fault(exc)) is not None:
-                            self.fleet.judge(exc.backend_id, fault)
-                        self.fleet.end(token)
-                        if not isinstance(exc, UpstreamError):
-                            raise  # cancelled (the client left) or a bug: nothing to retry
-                        if isinstance(exc, UpstreamStatusError) and exc.context_exceeded:
-                            routed = engine_counted(routed, exc)
-                        if _retryable(exc):
-                            excluded.add(exc.backend_id)
-                            last_error = exc
-                            record.retries = attempt.retry_state.attempt_number
-                            log.warning("upstream.failed", backend=exc.backend_id, error=exc.message)
-                        if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
-                            self.fleet.report_failure(exc.backend_id, exc.message)
+                decision = routed.decision
+                if decision.chosen is None:
+                    if isinstance(last_error, UpstreamStatusError) and _overflowed(last_error):
+                        raise no_route_error(decision, routed.features, last_error)
+                    if last_error is not None:
+                        raise last_error
+                    raise no_route_error(decision, routed.features)
+                record.backend, record.reason = decision.chosen.backend_id, decision.header
+                chosen = decision.chosen_candidate
+                record.predicted_ttft = chosen.estimate.ttft_s if chosen and chosen.estimate else None
+                adapter = self.fleet.adapter(decision.chosen.backend_id)
+                upstream = adapter.prepare(endpoint, body, decision.chosen, body["model"], slot=decision.slot)
+                # in flight from now: a queued llama.cpp stream sends no headers until a slot takes
+                # it, and requests routed meanwhile must see it waiting there
+                token = self.fleet.begin(in_flight(decision))
+                try:
+                    relay = await self._send(adapter, upstream)
+                except BaseException as exc:
+                    if isinstance(exc, UpstreamError) and (fault := engine_fault(exc)) is not None:
+                        self.fleet.judge(exc.backend_id, fault)
+                    self.fleet.end(token)
+                    if not isinstance(exc, UpstreamError):
+                        raise  # cancelled (the client left) or a bug: nothing to retry
+                    if isinstance(exc, UpstreamStatusError) and exc.context_exceeded:
+                        routed = engine_counted(routed, exc)
+                    if isinstance(exc, UpstreamUnavailable):  # unreachable: avoid until probed again
+                        self.fleet.report_failure(exc.backend_id, exc.message)
+                    if not _retryable(exc) or attempt > self.retries:
                         raise
-                    return Opened(routed, relay, token)
+                    excluded.add(exc.backend_id)
+                    last_error = exc
+                    record.retries = attempt
+                    log.warning("upstream.failed", backend=exc.backend_id, error=exc.message)
+                    continue
+                return Opened(routed, relay, token)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
-        raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
     async def _send(self, adapter: Adapter, upstream: UpstreamRequest) -> ResponseRelay:
         """Send, under the engine's watchdog (``backends.watchdog``: queued is waited for, hung is

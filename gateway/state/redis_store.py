@@ -26,7 +26,6 @@ matched in each replica's memory and shared through the ``prompts`` stream (``pr
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import socket
@@ -40,6 +39,7 @@ import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from gateway.state import prompt_log
 from gateway.state.base import StateStore
@@ -312,12 +312,10 @@ async def follow_prompts(store: RedisStore, index: PrefixIndex) -> None:
     """Fold the other replicas' records into ``index``, from the stream's start, until cancelled;
     while Redis is away, try again every second (the store's own calls report the outage)."""
     after = "0"
+    reading = AsyncRetrying(retry=retry_if_exception_type(FAILURES), wait=wait_fixed(1.0))  # forever
     while True:
-        try:
-            after, records = await store.read_prompts(after)
-        except FAILURES:
-            await asyncio.sleep(1.0)
-            continue
+        read: tuple[str, list[PromptRecord]] = await reading(store.read_prompts, after)
+        after, records = read
         for r in records:
             index.record(r.backend_id, r.slot, r.chain, r.tokens, r.session_key)
 

@@ -159,7 +159,8 @@ def test_a_sessions_slots_are_released(store_factory: Callable[..., StateStore])
 def test_two_gateways_on_one_redis_never_pin_two_sessions_to_one_slot(redis_server: RedisServer) -> None:
     """200 sessions, two stores (two replicas) claiming 4 slots at once, each claim racing the other's."""
     prefix = f"race{uuid.uuid4().hex[:6]}"
-    replicas = [RedisStore(redis_server.url, prefix=prefix) for _ in range(2)]
+    # 200 connections open at once: a connect may take longer than the store's 0.25 s default
+    replicas = [RedisStore(redis_server.url, prefix=prefix, timeout_s=5.0) for _ in range(2)]
 
     async def claim(store: RedisStore, session: str) -> tuple[str, int] | None:
         for slot in range(4):
