@@ -59,6 +59,7 @@ url = "{url}"
 name = "{model}"
 [[models.deployments]]
 backend = "sim"
+upstream_name = "{model}"
 """
 
 
@@ -145,10 +146,12 @@ async def soak(args: argparse.Namespace, turnout_url: str, sim_url: str, pid: in
     limits = httpx.Limits(max_connections=args.streams + args.probes + 10, max_keepalive_connections=None)
     timeout = httpx.Timeout(args.stall_s * 4, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        expected = {}
-        for n in range(PROMPTS):
+
+        async def reference(n: int) -> str:
             answer = await client.post(sim_url + "/v1/chat/completions", json=body(n, args.tokens, False))
-            expected[n] = answer.json()["choices"][0]["message"]["content"] or ""
+            return str(answer.json()["choices"][0]["message"]["content"] or "")
+
+        expected = dict(enumerate(await asyncio.gather(*map(reference, range(PROMPTS)))))
         stream_s = args.tokens / args.decode_tok_s
         deadline = time.monotonic() + args.minutes * 60
         through, direct = Tally(), Tally()
@@ -279,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = f"http://127.0.0.1:{port}"
             for _ in range(300):
+                if server.poll() is not None:
+                    raise SystemExit(f"turnout serve exited with {server.returncode}")
                 try:
                     if httpx.get(url + "/health", timeout=1).status_code == 200:
                         break

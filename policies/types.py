@@ -313,6 +313,9 @@ class Decision:
 
     @property
     def chosen_candidate(self) -> ScoredCandidate | None:
+        for candidate in self.candidates:  # routing chose one of these very objects: no field compares
+            if candidate.deployment is self.chosen:
+                return candidate
         return next((c for c in self.candidates if c.deployment == self.chosen), None)
 
     @property
