@@ -71,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.before is not None:
             before = Path(directory) / "before.toml"
             before.write_text(TEMPLATE.format(port=BEFORE_PORT), encoding="utf-8")
-            python = REPO / ".venv" / "bin" / "python"
+            python, checkout = REPO / ".venv" / "bin" / "python", args.before.resolve()
             command += [
                 "--target", f"turnout-before=http://127.0.0.1:{BEFORE_PORT}/v1",
-                "--start", f"turnout-before=env PYTHONPATH={args.before.resolve()} {python} -m gateway serve"
-                f" --config {before}",
+                "--start", f"turnout-before=env -C {checkout} PYTHONPATH={checkout} {python} -m gateway serve"
+                f" --config {before}",  # -C: ``-m`` puts the working directory first on the path
             ]  # fmt: skip
         if not args.no_nginx:
             prefix = Path(directory) / "nginx"
