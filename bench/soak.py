@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ is importable
+from backends.transport import AiohttpTransport
 from tests.e2e.processes import SimProcess
 from tests.real.llama_server import free_port
 
@@ -145,7 +146,10 @@ def rss_mib(pid: int) -> float:
 async def soak(args: argparse.Namespace, turnout_url: str, sim_url: str, pid: int) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=args.streams + args.probes + 10, max_keepalive_connections=None)
     timeout = httpx.Timeout(args.stall_s * 4, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    transport = AiohttpTransport(
+        limits
+    )  # httpx's own pool is slow with 1,000 connections (docs/decisions.md)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport) as client:
 
         async def reference(n: int) -> str:
             answer = await client.post(sim_url + "/v1/chat/completions", json=body(n, args.tokens, False))

@@ -248,6 +248,10 @@ def key_counter(settings: Settings) -> Counter:
     return MemoryCounter()
 
 
+UPSTREAM_HEADROOM = 64
+"""Connections to the engines beyond ``limits.max_connections``: probes never wait behind requests."""
+
+
 def create_app(settings: Settings) -> Litestar:
     """Build the gateway for ``settings``; engines are probed when the app starts."""
     catalog = Catalog(settings.models, created=int(time.time()))
@@ -277,7 +281,8 @@ def create_app(settings: Settings) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        # every client connection may hold one to an engine; probes and token counts get room beside them
+        limits = httpx.Limits(max_connections=settings.limits.max_connections + UPSTREAM_HEADROOM)
         transport = AiohttpTransport(limits)  # backends.transport: httpx's API, aiohttp's pool
         async with httpx.AsyncClient(limits=limits, timeout=None, transport=transport) as client:
             fleet = Fleet(backend_specs(settings, catalog), client)

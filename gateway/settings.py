@@ -211,7 +211,8 @@ class Limits(_Strict):
     """Request headers larger than this in all get 431."""
     max_connections: int = Field(10_000, gt=0)
     """Connections the server holds at once; beyond them it answers 503 at once (uvicorn's
-    ``limit_concurrency``; ``turnout serve`` only)."""
+    ``limit_concurrency``; ``turnout serve`` only). Connections to the engines are bounded by this
+    plus 64, so probes never wait for a connection behind requests."""
     shutdown_grace_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long requests in flight may go on (new ones get 503); streams still running
     then end with their API's error event."""
