@@ -319,6 +319,14 @@ def test_the_worked_example_of_docs_routing() -> None:
 BOTH_HELD = {"llama": (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.0, 9000))}
 
 
+def idle_llama(now: float) -> BackendSnapshot:
+    """llama.cpp probed at ``now``: two idle slots of 64k."""
+    slots = (SlotState(0, 65536, False), SlotState(1, 65536, False))
+    return BackendSnapshot(
+        "llama", EngineKind.LLAMACPP, Health.READY, now, (LLAMA,), slots=slots, total_slots=2
+    )
+
+
 class TestKeepChance:
     """A new pin is worth its look-ahead only as far as it is likely to last (``keep_chance``)."""
 
@@ -339,10 +347,7 @@ class TestKeepChance:
     def first_turn(live_sessions: int) -> str | None:
         """A named session's first turn (16k tokens); slot 0 idle and free, slot 1 held; vLLM idle."""
         now = 100.0
-        llama = BackendSnapshot(
-            "llama", EngineKind.LLAMACPP, Health.READY, now, (LLAMA,),
-            slots=(SlotState(0, 65536, False), SlotState(1, 65536, False)), total_slots=2,
-        )  # fmt: skip
+        llama = idle_llama(now)
         request = RequestFeatures("m", Endpoint.CHAT, 16_000, 256, True, "new", SessionSource.HEADER)
         context = RoutingContext(
             session=SessionView("new"),
@@ -369,10 +374,7 @@ class TestFirstTurnFollowUp:
     @staticmethod
     def first_turn(follow_rate: float, held: tuple[SlotLease, ...] = ()) -> Decision:
         now = 100.0
-        llama = BackendSnapshot(
-            "llama", EngineKind.LLAMACPP, Health.READY, now, (LLAMA,),
-            slots=(SlotState(0, 65536, False), SlotState(1, 65536, False)), total_slots=2,
-        )  # fmt: skip
+        llama = idle_llama(now)
         request = RequestFeatures("m", Endpoint.CHAT, 8_000, 256, True, "i:1", SessionSource.IMPLICIT)
         context = RoutingContext(
             session=SessionView("i:1"),
