@@ -146,12 +146,8 @@ def estimate(
     queue = option.queue_s * stats.queue_factor.value
     ttft = queue + prefill + decode_step
     total = ttft + (expected_output(features, learned) - 1) * decode_step
-    if snapshot.kind is not EngineKind.LLAMACPP or option.source == "ram":
-        shared = situation.match.recent  # what the engine may hold: learning measures its reuse of it
-    elif option.slot is not None:
-        shared = situation.match.slot(option.slot).tokens
-    else:
-        shared = option.cached
+    # what the engine could reuse by its rules: learning measures how much of it it really did
+    shared = option.usable if snapshot.kind is EngineKind.LLAMACPP else situation.match.recent
     return Estimate(
         expected_cached_tokens=cached,
         queue_s=queue,

@@ -12,7 +12,9 @@ Per deployment (``backend/model``):
   others: ``(completion_tokens - 1) / (duration - ttft)`` on streams.
 - ``reuse``: ``cached_tokens / reusable(shared_prefix_tokens)``, how much of what the engine could
   reuse of the conversation already sent to it it really did; ``reusable(n)`` is the whole blocks
-  of ``n - 1`` tokens (an engine always recomputes at least the last prompt token).
+  of ``n - 1`` tokens (an engine always recomputes at least the last prompt token). For llama.cpp,
+  ``shared_prefix_tokens`` is what the slot rules allow (``policies.slots.usable``), so a hybrid
+  slot that shares only a system prompt, and by the rules gives nothing, teaches nothing.
 - ``ram_reuse``: the same ratio for prefixes restored from llama.cpp's RAM prompt cache (a slot
   that held another conversation loads the best saved state).
 - ``ram_tokens``: how many tokens of recent prompts the RAM cache holds (it drops its oldest

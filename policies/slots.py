@@ -135,6 +135,7 @@ class SlotOption:
     evict_cost_s: float = 0.0
     note: str = ""
     ram_potential: int = 0  # what the RAM cache would give were the entry there (for learning)
+    usable: int = 0  # what the engine's rules let it reuse of the state it uses (``usable``; for learning)
 
 
 def _slot_state(snapshot: BackendSnapshot, slot: int) -> SlotState | None:
@@ -151,11 +152,11 @@ def _slot_queue(situation: Situation, slot: int) -> tuple[float, str]:
     return wait, f"waits ~{wait:.1f} s for slot {slot}"
 
 
-def _ram(situation: Situation) -> int:
-    """What loading the best RAM cache entry would give (the slot rules of ``_from_slot``, at
-    ``ram_reuse``), were it still there; see ``_in_ram``."""
-    hybrid = situation.deployment.architecture is Architecture.HYBRID
-    return _from_slot(situation.match.best_recent, situation, hybrid, situation.stats.ram_reuse.value)
+def _ram(situation: Situation, hybrid: bool) -> tuple[int, int]:
+    """What loading the best RAM cache entry would give (the slot rules of ``usable``, at
+    ``ram_reuse``), were it still there (see ``_in_ram``), and its usable tokens."""
+    tokens = usable(situation.match.best_recent, hybrid)
+    return reuse(tokens, situation.stats, situation.stats.ram_reuse.value, token_exact=True), tokens
 
 
 def ram_span(match: PrefixMatch) -> int:
@@ -168,15 +169,17 @@ def _in_ram(situation: Situation) -> bool:
     return ram_span(situation.match) <= situation.stats.ram_tokens.value
 
 
-def _from_slot(match: SlotMatch, situation: Situation, hybrid: bool, ratio: float | None = None) -> int:
-    """What a slot's own state gives: all of it when the prompt extends it; for a hybrid model that
-    diverges inside it, only a checkpoint near its end (N - 4 - 512 or later), else nothing."""
+def usable(match: SlotMatch, hybrid: bool) -> int:
+    """Tokens of a slot's (or RAM entry's) state the engine's rules let it reuse: all it shares with
+    the prompt when the prompt extends it; for a hybrid model that diverges inside it, only a
+    checkpoint near its end (N - 4 - 512 or later), else nothing. Learning measures ``reuse`` against
+    this, not against the shared prefix: a hybrid slot sharing only a system prompt gives nothing by
+    the rules, and its miss says nothing about the engine's reuse."""
     tokens = match.tokens
     if hybrid and not match.whole and match.held:
         near_end = match.held > CHECKPOINT_GAP and tokens >= match.held - CHECKPOINT_GAP
         tokens = match.held - CHECKPOINT_GAP if near_end else 0
-    ratio = situation.stats.reuse.value if ratio is None else ratio
-    return reuse(tokens, situation.stats, ratio, token_exact=True)
+    return tokens
 
 
 def consults_ram(match: SlotMatch, prompt_tokens: int) -> bool:
@@ -189,15 +192,33 @@ def consults_ram(match: SlotMatch, prompt_tokens: int) -> bool:
     return match.tokens / match.held < 0.5
 
 
-def _pinned(features: RequestFeatures, situation: Situation, slot: int, hybrid: bool) -> tuple[int, str, int]:
-    """Cached tokens and their source when pinned to ``slot`` (module docstring)."""
-    held = situation.match.slot(slot)
-    from_slot = _from_slot(held, situation, hybrid)
-    potential = _ram(situation) if consults_ram(held, features.prompt_tokens) else 0
+@dataclass(frozen=True, slots=True)
+class _Reuse:
+    """What a slot choice reuses: ``cached`` tokens from ``source``, of ``usable`` by the engine's
+    rules; ``potential``: what the RAM cache would give were its entry there (for learning)."""
+
+    cached: int
+    source: str
+    usable: int
+    potential: int
+
+
+def _best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: bool, hybrid: bool) -> _Reuse:
+    """The slot's own state (``slot_match``) or, when llama-server consults it (``ram``), the RAM
+    cache's best entry, whichever gives more."""
+    slot_tokens = usable(slot_match, hybrid) if slot_match is not None else 0
+    from_slot = reuse(slot_tokens, situation.stats, situation.stats.reuse.value, token_exact=True)
+    potential, ram_tokens = _ram(situation, hybrid) if ram else (0, 0)
     from_ram = potential if _in_ram(situation) else 0
     if from_ram > from_slot:
-        return from_ram, "ram", potential
-    return from_slot, "slot" if from_slot else "none", potential
+        return _Reuse(from_ram, "ram", ram_tokens, potential)
+    return _Reuse(from_slot, "slot" if from_slot else "none", slot_tokens, potential)
+
+
+def _pinned(features: RequestFeatures, situation: Situation, slot: int, hybrid: bool) -> _Reuse:
+    """What pinning to ``slot`` reuses (module docstring)."""
+    held = situation.match.slot(slot)
+    return _best_reuse(situation, held, consults_ram(held, features.prompt_tokens), hybrid)
 
 
 def _eviction(lease: SlotLease, situation: Situation, shares: bool) -> float:
@@ -230,7 +251,8 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         state = _slot_state(snapshot, slot)
         if session is None and (lease is not None or (state is not None and state.is_processing)):
             continue  # a one-off request takes only an idle, free slot
-        cached, source, potential = _pinned(features, situation, slot, hybrid)
+        got = _pinned(features, situation, slot, hybrid)
+        cached, source = got.cached, got.source
         queue, waits = _slot_queue(situation, slot)
         queue += cached / RESTORE_TOK_S if source == "ram" else 0.0
         notes = [waits] if waits else []
@@ -254,7 +276,9 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         nxt = features.prompt_tokens if session is not None else 0
         warm = mine and source == "slot"
         note = "; ".join(notes)
-        options.append(SlotOption(slot, cached, source, queue, nxt, warm, evicts, cost, note, potential))
+        options.append(
+            SlotOption(slot, cached, source, queue, nxt, warm, evicts, cost, note, got.potential, got.usable)
+        )
     if (
         session is not None
         and own is None
@@ -289,11 +313,9 @@ def _unpinned(features: RequestFeatures, situation: Situation) -> SlotOption:
         m for m in map(situation.match.slot, idle) if m.tokens > SIMILARITY_THRESHOLD * features.prompt_tokens
     ]
     best = max(similar, key=lambda m: m.tokens, default=None)
-    from_slot = _from_slot(best, situation, hybrid) if best is not None else 0
-    potential = _ram(situation) if best is None or consults_ram(best, features.prompt_tokens) else 0
-    from_ram = potential if _in_ram(situation) else 0
-    cached, source = (
-        (from_ram, "ram") if from_ram > from_slot else (from_slot, "slot" if from_slot else "none")
-    )
+    ram = best is None or consults_ram(best, features.prompt_tokens)
+    got = _best_reuse(situation, best, ram, hybrid)
     nxt = round(features.prompt_tokens * stats.ram_reuse.value)
-    return SlotOption(None, cached, source, queue, nxt, ram_potential=potential)
+    return SlotOption(
+        None, got.cached, got.source, queue, nxt, ram_potential=got.potential, usable=got.usable
+    )

@@ -369,7 +369,7 @@ class Outcome:
     ttft_s: float | None
     duration_s: float
     prompt_chars: int
-    shared_prefix_tokens: int  # tokens of this prompt the backend was expected to hold
+    shared_prefix_tokens: int  # tokens the backend could reuse by its rules (Estimate)
     stream: bool
     contended: bool = False  # other work was running or queued there when it was sent
     predicted: Estimate | None = None  # what the cost model expected of it, for learning to compare

@@ -175,6 +175,27 @@ class TestReuse:
         result = llama(NOTHING, (SlotLease(1, "a", 9.0, 100),), session=None)
         assert (result.slot, result.evicts) == (0, None)
 
+    def test_a_hybrid_slot_sharing_only_a_system_prompt_teaches_nothing(self) -> None:
+        """Both slots hold other conversations that share this prompt's 6k-token system prompt: by
+        the checkpoint rules a hybrid slot gives nothing there, so the miss that follows must leave
+        the learned reuse alone (it used to count as 0 of 6k reused: the next warm turns were
+        predicted 0.7x of what they got, and lost to vLLM)."""
+        others = PrefixMatch(
+            (SlotMatch(0, 6000, held=30_000), SlotMatch(1, 6000, held=28_000)), recent=6000, recent_held=30_000
+        )
+        fresh = llama(others, session=SessionView("s"), source=SessionSource.IMPLICIT)
+        assert (fresh.expected_cached_tokens, fresh.source, fresh.shared_prefix_tokens) == (0, "none", 0)
+        missed = Outcome(
+            "llama", "m", EngineKind.LLAMACPP, Usage(10_000, 8, 0), 3.0, 4.0, 40_000,
+            fresh.shared_prefix_tokens, True, predicted=fresh,
+        )  # fmt: skip
+        learned = learn(LearnedState(), missed, LLAMA)
+        assert learned.for_deployment(LLAMA, EngineKind.LLAMACPP).reuse == LearnedState().for_deployment(
+            LLAMA, EngineKind.LLAMACPP
+        ).reuse
+        warm = llama(leases=(SlotLease(0, "s", 1.0, 9000),), learned=learned)
+        assert warm.expected_cached_tokens == round((9000 - 1) * 0.97)
+
     def test_vllm_hybrid_reuses_nothing_until_a_hit_is_seen(self) -> None:
         result = estimate(
             features(), VLLM, vllm_snapshot(), session=SESSION, leases=(), learned=LearnedState(), match=HELD
