@@ -268,7 +268,7 @@ class Estimate:
     total_s: float
     prefill_s: float = 0.0  # this request's own prompt processing, after its queue
     modelled_queue_s: float = 0.0  # queue_s before the learned queue_factor
-    shared_prefix_tokens: int = 0  # tokens of this conversation the engine may still hold
+    shared_prefix_tokens: int = 0  # what the engine could reuse by its rules (learning divides by it)
     future_s: float = 0.0  # predicted TTFT of the session's next turn if this candidate serves this one
     contended: bool = False  # the engine was busy: its TTFT will say little about its prefill rate
     horizon: float = 0.0  # how many more turns the session is expected to send

@@ -181,7 +181,9 @@ class TestReuse:
         the learned reuse alone (it used to count as 0 of 6k reused: the next warm turns were
         predicted 0.7x of what they got, and lost to vLLM)."""
         others = PrefixMatch(
-            (SlotMatch(0, 6000, held=30_000), SlotMatch(1, 6000, held=28_000)), recent=6000, recent_held=30_000
+            (SlotMatch(0, 6000, held=30_000), SlotMatch(1, 6000, held=28_000)),
+            recent=6000,
+            recent_held=30_000,
         )
         fresh = llama(others, session=SessionView("s"), source=SessionSource.IMPLICIT)
         assert (fresh.expected_cached_tokens, fresh.source, fresh.shared_prefix_tokens) == (0, "none", 0)
