@@ -192,9 +192,10 @@ class TestReuse:
             fresh.shared_prefix_tokens, True, predicted=fresh,
         )  # fmt: skip
         learned = learn(LearnedState(), missed, LLAMA)
-        assert learned.for_deployment(LLAMA, EngineKind.LLAMACPP).reuse == LearnedState().for_deployment(
-            LLAMA, EngineKind.LLAMACPP
-        ).reuse
+        assert (
+            learned.for_deployment(LLAMA, EngineKind.LLAMACPP).reuse
+            == LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP).reuse
+        )
         warm = llama(leases=(SlotLease(0, "s", 1.0, 9000),), learned=learned)
         assert warm.expected_cached_tokens == round((9000 - 1) * 0.97)
 
