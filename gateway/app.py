@@ -235,8 +235,8 @@ def state_store(settings: Settings) -> StateStore:
     }
     if state.url is not None:
         shared = RedisStore(state.url, prefix=state.prefix, timeout_s=state.timeout_s, **common)
-        return ResilientStore(shared, MemoryStore(**common))
-    return MemoryStore(**common)
+        return ResilientStore(shared, MemoryStore(**common, timeline_turns=state.timeline_turns))
+    return MemoryStore(**common, timeline_turns=state.timeline_turns)
 
 
 def key_counter(settings: Settings) -> Counter:

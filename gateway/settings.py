@@ -132,6 +132,9 @@ class StateConfig(_Strict):
     max_sessions: int = Field(10_000, gt=0)
     session_ttl_s: float = Field(6 * 3600, gt=0)
     """A session unseen this long is forgotten."""
+    timeline_turns: int = Field(20_000, gt=0)
+    """Turns kept across all session timelines in this process (about 0.5 KB each; the sessions
+    that went longest without a turn lose their oldest first; each keeps at most its newest 500)."""
     decision_log_size: int = Field(1000, gt=0)
     """Decisions kept for ``GET /admin/api/decisions``."""
     lease_idle_s: float = Field(600.0, gt=0)

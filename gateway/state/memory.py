@@ -15,6 +15,10 @@ from policies.types import PrefixMatch, SessionView, SlotLease
 
 MAX_TURNS = 500
 """Turns kept per session timeline (the newest)."""
+TIMELINE_TURNS = 20_000
+"""Turns kept across every session's timeline (about 0.5 KB each): past it, the oldest turns of the
+session that went longest without one go first. Without it the bound was ``max_sessions * MAX_TURNS``,
+gigabytes at the defaults."""
 
 
 class MemoryStore(StateStore):
@@ -27,13 +31,16 @@ class MemoryStore(StateStore):
         session_ttl_s: float = 6 * 3600,
         max_decisions: int = 1000,
         prefix_tokens_per_backend: int = 1_000_000,
+        timeline_turns: int = TIMELINE_TURNS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._sessions: OrderedDict[str, SessionView] = OrderedDict()
         self.index = PrefixIndex(max_tokens_per_backend=prefix_tokens_per_backend, max_tips=4 * max_sessions)
         self._leases: dict[str, dict[int, SlotLease]] = {}
         self._decisions: deque[dict[str, Any]] = deque(maxlen=max_decisions)
-        self._turns: dict[str, deque[dict[str, Any]]] = {}
+        self._turns: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()  # least recent turn first
+        self._turn_count = 0
+        self._timeline_turns = timeline_turns
         self._policy: dict[str, Any] | None = None
         self._max_sessions = max_sessions
         self._ttl = session_ttl_s
@@ -45,7 +52,7 @@ class MemoryStore(StateStore):
             return None
         if self._clock() - session.last_seen > self._ttl:
             del self._sessions[key]
-            self._turns.pop(key, None)
+            self._drop_turns(key)
             return None
         self._sessions.move_to_end(key)
         return session
@@ -59,7 +66,7 @@ class MemoryStore(StateStore):
         self._sessions.move_to_end(session.key)
         while len(self._sessions) > self._max_sessions:
             dropped, _ = self._sessions.popitem(last=False)
-            self._turns.pop(dropped, None)
+            self._drop_turns(dropped)
 
     async def record_prompt(
         self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
@@ -118,7 +125,22 @@ class MemoryStore(StateStore):
         return list(itertools.islice(live, limit))
 
     async def record_turn(self, key: str, turn: dict[str, Any]) -> None:
-        self._turns.setdefault(key, deque(maxlen=MAX_TURNS)).append(turn)
+        turns = self._turns.get(key)
+        if turns is None:
+            turns = self._turns[key] = deque(maxlen=MAX_TURNS)
+        else:
+            self._turns.move_to_end(key)
+        self._turn_count += len(turns) < MAX_TURNS  # a full deque drops its oldest as it appends
+        turns.append(turn)
+        while self._turn_count > self._timeline_turns:
+            oldest_key, oldest = next(iter(self._turns.items()))
+            oldest.popleft()
+            self._turn_count -= 1
+            if not oldest:
+                del self._turns[oldest_key]
+
+    def _drop_turns(self, key: str) -> None:
+        self._turn_count -= len(self._turns.pop(key, ()))
 
     async def turns(self, key: str) -> list[dict[str, Any]]:
         return list(self._turns.get(key, ()))

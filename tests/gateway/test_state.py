@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.state import MemoryStore, StateStore
+from gateway.state.memory import MAX_TURNS
 from gateway.state.redis_store import RedisStore
 from policies.prefix import chain_of
 from policies.shape import shape_of
@@ -144,6 +145,37 @@ def test_sessions_are_listed_most_recent_first_with_their_timelines(
     run(store.record_turn("d", {"turn": 2, "key": "d"}))
     assert [t["turn"] for t in run(store.turns("d"))] == [1, 2]
     assert run(store.turns("a")) == []  # forgotten with its session
+
+
+def test_timelines_in_memory_are_bounded_across_sessions() -> None:
+    """Past ``timeline_turns`` in all, the session that went longest without a turn loses its
+    oldest turns first (each session alone keeps at most MAX_TURNS): the soak's sessions used to
+    grow to 500 turns each, and 10,000 sessions could hold 5 million."""
+    store = MemoryStore(timeline_turns=5)
+    for turn in range(3):
+        run(store.record_turn("a", {"n": turn}))
+    run(store.record_turn("b", {"n": 0}))
+    run(store.record_turn("a", {"n": 3}))  # a is the most recent now
+    run(store.record_turn("b", {"n": 1}))  # 6 turns: a, which went longest without one, loses its oldest
+    assert [t["n"] for t in run(store.turns("a"))] == [1, 2, 3]
+    assert [t["n"] for t in run(store.turns("b"))] == [0, 1]
+    run(store.record_turn("c", {"n": 0}))  # a went longest without a turn: it loses its oldest
+    assert [t["n"] for t in run(store.turns("a"))] == [2, 3]
+    for turn in range(1, 5):
+        run(store.record_turn("c", {"n": turn}))
+    assert run(store.turns("a")) == []  # emptied, the least recent session first
+    assert run(store.turns("b")) == []
+    assert [t["n"] for t in run(store.turns("c"))] == [0, 1, 2, 3, 4]
+
+
+def test_a_full_timeline_counts_once() -> None:
+    """A session at MAX_TURNS drops its own oldest turn as it appends: the total does not grow."""
+    store = MemoryStore(timeline_turns=MAX_TURNS + 1)
+    for turn in range(MAX_TURNS + 10):
+        run(store.record_turn("a", {"n": turn}))
+    run(store.record_turn("b", {"n": 0}))
+    assert len(run(store.turns("a"))) == MAX_TURNS
+    assert run(store.turns("b")) == [{"n": 0}]
 
 
 def test_a_sessions_slots_are_released(store_factory: Callable[..., StateStore]) -> None:
