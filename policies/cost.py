@@ -166,5 +166,5 @@ def estimate(
         source=option.source,
         ram_tokens=option.ram_potential,
         ram_span=ram_span(situation.match) if option.ram_potential else 0,
-        note=option.note,
+        note=option.note(),
     )

@@ -63,10 +63,11 @@ def context_fits(features: RequestFeatures, candidates: Sequence[Candidate]) -> 
                 f"prompt of ~{features.prompt_tokens} tokens exceeds the context window of {window} tokens"
             )
             dropped.append(Rejection(snapshot.backend_id, Reason.CONTEXT_TOO_LONG, detail, window))
-    if not fits_all:
+    if not fits_all or len(fits_all) == len(fits_prompt):
         return fits_prompt, dropped
+    roomy = {id(snapshot) for _, snapshot in fits_all}  # by identity: comparing snapshots is deep
     for deployment, snapshot in fits_prompt:
-        if (deployment, snapshot) not in fits_all:
+        if id(snapshot) not in roomy:
             room = (deployment.context_window or 0) - features.prompt_tokens
             detail = f"only ~{room} of max_tokens {output} would fit; another backend has room for all"
             dropped.append(Rejection(snapshot.backend_id, Reason.OUTPUT_WOULD_BE_CUT, detail))

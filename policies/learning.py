@@ -47,6 +47,7 @@ replica shares, so nothing is counted twice.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -127,6 +128,7 @@ class DeploymentStats:
     block: int = 0  # 0: no hit seen yet
 
     @classmethod
+    @functools.lru_cache(maxsize=256)  # immutable: every unmeasured deployment of a kind shares one
     def prior(cls, kind: EngineKind, architecture: Architecture, speed: float = 1.0) -> DeploymentStats:
         """Before any measurement: the priors, rates times ``speed`` (what the other engines measured
         against their priors: a slower or faster machine, or a replay's compressed time)."""

@@ -100,7 +100,7 @@ def render_completion(prompt: Any) -> bytes:
     return b""
 
 
-def _digest(data: bytes) -> int:
+def _digest(data: bytes | memoryview) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=HASH_BYTES).digest(), "big")
 
 
@@ -121,6 +121,9 @@ class PromptChain:
     length: int
     whole: int
     stream: bytes = field(default=b"", repr=False, compare=False)
+    _prefix_digests: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Digests of prefixes already computed: routing one request compares the same previous prompt
+    (the session's tip, its slot, the recent prompts) several times, each a hash of up to the whole prompt."""
 
     @property
     def chunks(self) -> int:
@@ -130,7 +133,12 @@ class PromptChain:
         """The digest of this prompt's first ``length`` bytes (None when it is shorter)."""
         if length > self.length:
             return None
-        return _digest(self.stream[:length])
+        if length == self.length:
+            return self.whole
+        digest = self._prefix_digests.get(length)
+        if digest is None:
+            digest = self._prefix_digests[length] = _digest(memoryview(self.stream)[:length])
+        return digest
 
     @property
     def mark(self) -> PromptMark:

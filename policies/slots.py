@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from policies.learning import DeploymentStats, reusable
 from policies.types import (
@@ -123,7 +123,8 @@ def proven(features: RequestFeatures, session: SessionView | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SlotOption:
-    """One way to send the request to a llama.cpp backend."""
+    """One way to send the request to a llama.cpp backend; ``note()`` explains it (built only for
+    the option a candidate settles on: most options of a decision are never shown)."""
 
     slot: int | None
     cached: int
@@ -133,30 +134,43 @@ class SlotOption:
     warm: bool = False
     evicts: str | None = None
     evict_cost_s: float = 0.0
-    note: str = ""
     ram_potential: int = 0  # what the RAM cache would give were the entry there (for learning)
     usable: int = 0  # what the engine's rules let it reuse of the state it uses (``usable``; for learning)
+    mine: bool = False  # the session's own slot
+    waits: bool = False  # the slot is busy: ``queue_s`` starts with its running request's remaining time
+    expired: bool = False  # another session's lease, expired
+    lost: bool = False  # the session's slot no longer holds its prompt
+
+    def note(self) -> str:
+        slot, notes = self.slot, []
+        if self.lost:
+            how = "restore from the RAM cache" if self.source == "ram" else "full re-prefill"
+            notes.append(f"session's slot was lost: {how}")
+        if self.mine:
+            notes.append(
+                f"warm slot {slot}" if self.source == "slot" else f"slot {slot} ({self.source} reuse)"
+            )
+        if self.waits:
+            restore = self.cached / RESTORE_TOK_S if self.source == "ram" else 0.0
+            notes.append(f"waits ~{self.queue_s - restore:.1f} s for slot {slot}")
+        if self.evicts is not None:
+            notes.append(
+                f"takes slot {slot} from session {label(self.evicts)} (+{self.evict_cost_s:.2f} s next turn)"
+            )
+        elif self.expired:
+            notes.append(f"slot {slot}'s lease expired")
+        if self.source == "ram" and not self.mine and slot is not None:
+            notes.append(f"slot {slot} restores {self.cached} tokens from the RAM cache")
+        return "; ".join(notes)
 
 
-def _slot_state(snapshot: BackendSnapshot, slot: int) -> SlotState | None:
-    return next((s for s in snapshot.slots if s.id == slot), None)
-
-
-def _slot_queue(situation: Situation, slot: int) -> tuple[float, str]:
+def _slot_queue(situation: Situation, state: SlotState | None) -> tuple[float, bool]:
     """An idle slot starts now, behind the prompt chunks already in the engine (the prefill backlog);
-    a busy one when its request is predicted to end."""
-    state = _slot_state(situation.snapshot, slot)
+    a busy one when its request is predicted to end (and then it ``waits``)."""
     if state is None or not state.is_processing:
-        return situation.snapshot.prefill_backlog_s, ""
+        return situation.snapshot.prefill_backlog_s, False
     wait = state.busy_s if state.busy_s is not None else situation.stats.service_s.value / 2
-    return wait, f"waits ~{wait:.1f} s for slot {slot}"
-
-
-def _ram(situation: Situation, hybrid: bool) -> tuple[int, int]:
-    """What loading the best RAM cache entry would give (the slot rules of ``usable``, at
-    ``ram_reuse``), were it still there (see ``_in_ram``), and its usable tokens."""
-    tokens = usable(situation.match.best_recent, hybrid)
-    return reuse(tokens, situation.stats, situation.stats.ram_reuse.value, token_exact=True), tokens
+    return wait, True
 
 
 def ram_span(match: PrefixMatch) -> int:
@@ -203,22 +217,31 @@ class _Reuse:
     potential: int
 
 
-def _best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: bool, hybrid: bool) -> _Reuse:
-    """The slot's own state (``slot_match``) or, when llama-server consults it (``ram``), the RAM
-    cache's best entry, whichever gives more."""
+@dataclass(frozen=True, slots=True)
+class _Ram:
+    """The RAM cache's best entry for this prompt, the same for every slot: what a restore would
+    give (``potential``, by the slot rules of ``usable`` at ``ram_reuse``), its usable tokens, and
+    whether it is still there (``_in_ram``)."""
+
+    potential: int
+    usable: int
+    there: bool
+
+    @classmethod
+    def of(cls, situation: Situation, hybrid: bool) -> _Ram:
+        tokens = usable(situation.match.best_recent, hybrid)
+        potential = reuse(tokens, situation.stats, situation.stats.ram_reuse.value, token_exact=True)
+        return cls(potential, tokens, _in_ram(situation))
+
+
+def _best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: _Ram | None, hybrid: bool) -> _Reuse:
+    """The slot's own state (``slot_match``) or, when llama-server consults it (``ram`` given), the
+    RAM cache's best entry, whichever gives more."""
     slot_tokens = usable(slot_match, hybrid) if slot_match is not None else 0
     from_slot = reuse(slot_tokens, situation.stats, situation.stats.reuse.value, token_exact=True)
-    potential, ram_tokens = _ram(situation, hybrid) if ram else (0, 0)
-    from_ram = potential if _in_ram(situation) else 0
-    if from_ram > from_slot:
-        return _Reuse(from_ram, "ram", ram_tokens, potential)
-    return _Reuse(from_slot, "slot" if from_slot else "none", slot_tokens, potential)
-
-
-def _pinned(features: RequestFeatures, situation: Situation, slot: int, hybrid: bool) -> _Reuse:
-    """What pinning to ``slot`` reuses (module docstring)."""
-    held = situation.match.slot(slot)
-    return _best_reuse(situation, held, consults_ram(held, features.prompt_tokens), hybrid)
+    if ram is not None and ram.there and ram.potential > from_slot:
+        return _Reuse(ram.potential, "ram", ram.usable, ram.potential)
+    return _Reuse(from_slot, "slot" if from_slot else "none", slot_tokens, ram.potential if ram else 0)
 
 
 def _eviction(lease: SlotLease, situation: Situation, shares: bool) -> float:
@@ -244,60 +267,47 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
     holders = {lease.slot: lease for lease in situation.leases}
     own = next((lease for lease in situation.leases if session and lease.session_key == session.key), None)
     hybrid = situation.deployment.architecture is Architecture.HYBRID
-    options: list[SlotOption] = []
-    for slot in range(count):
-        lease = holders.get(slot)
-        mine = own is not None and lease is own
-        state = _slot_state(snapshot, slot)
-        if session is None and (lease is not None or (state is not None and state.is_processing)):
-            continue  # a one-off request takes only an idle, free slot
-        got = _pinned(features, situation, slot, hybrid)
-        cached, source = got.cached, got.source
-        queue, waits = _slot_queue(situation, slot)
-        queue += cached / RESTORE_TOK_S if source == "ram" else 0.0
-        notes = [waits] if waits else []
-        evicts, cost = None, 0.0
-        if mine:
-            notes.insert(0, f"warm slot {slot}" if source == "slot" else f"slot {slot} ({source} reuse)")
-        elif lease is not None:
-            shares = not consults_ram(situation.match.slot(slot), features.prompt_tokens)
-            cost = _eviction(lease, situation, shares)
-            if cost > 0 and not proven(features, session):
-                continue
-            if cost > 0:
-                evicts = lease.session_key
-                notes.append(
-                    f"takes slot {slot} from session {label(lease.session_key)} (+{cost:.2f} s next turn)"
-                )
-            else:
-                notes.append(f"slot {slot}'s lease expired")
-        if source == "ram" and not mine:
-            notes.append(f"slot {slot} restores {cached} tokens from the RAM cache")
-        nxt = features.prompt_tokens if session is not None else 0
-        warm = mine and source == "slot"
-        note = "; ".join(notes)
-        options.append(
-            SlotOption(slot, cached, source, queue, nxt, warm, evicts, cost, note, got.potential, got.usable)
-        )
-    if (
+    states = {state.id: state for state in snapshot.slots}
+    matches = {match.slot: match for match in situation.match.slots}
+    ram = _Ram.of(situation, hybrid)
+    lost = (
         session is not None
         and own is None
         and session.backend_id == snapshot.backend_id
         and session.slot is not None
-        and not situation.match.slot(session.slot).whole
-    ):
-        options = [_lost(o) for o in options]
+        and not matches.get(session.slot, SlotMatch(session.slot, 0)).whole
+    )
+    nxt = features.prompt_tokens if session is not None else 0
+    options: list[SlotOption] = []
+    for slot in range(count):
+        lease = holders.get(slot)
+        state = states.get(slot)
+        if session is None and (lease is not None or (state is not None and state.is_processing)):
+            continue  # a one-off request takes only an idle, free slot
+        held = matches.get(slot) or SlotMatch(slot, 0)
+        consults = consults_ram(held, features.prompt_tokens)
+        got = _best_reuse(situation, held, ram if consults else None, hybrid)
+        queue, waits = _slot_queue(situation, state)
+        queue += got.cached / RESTORE_TOK_S if got.source == "ram" else 0.0
+        mine = own is not None and lease is own
+        evicts, cost = None, 0.0
+        if lease is not None and not mine:
+            cost = _eviction(lease, situation, shares=not consults)
+            if cost > 0 and not proven(features, session):
+                continue
+            evicts = lease.session_key if cost > 0 else None
+        options.append(
+            SlotOption(
+                slot, got.cached, got.source, queue, nxt, mine and got.source == "slot", evicts, cost,
+                got.potential, got.usable, mine, waits, lease is not None and not mine and cost == 0, lost,
+            )
+        )  # fmt: skip
     if not options or session is None:
-        options.append(_unpinned(features, situation))
+        options.append(_unpinned(features, situation, ram))
     return options
 
 
-def _lost(option: SlotOption) -> SlotOption:
-    how = "restore from the RAM cache" if option.source == "ram" else "full re-prefill"
-    return replace(option, note="; ".join(filter(None, [f"session's slot was lost: {how}", option.note])))
-
-
-def _unpinned(features: RequestFeatures, situation: Situation) -> SlotOption:
+def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> SlotOption:
     """No ``id_slot``: llama-server takes the most similar idle slot, else the LRU one (+ RAM cache)."""
     snapshot, stats = situation.snapshot, situation.stats
     idle = [s.id for s in snapshot.slots if not s.is_processing]
@@ -313,8 +323,8 @@ def _unpinned(features: RequestFeatures, situation: Situation) -> SlotOption:
         m for m in map(situation.match.slot, idle) if m.tokens > SIMILARITY_THRESHOLD * features.prompt_tokens
     ]
     best = max(similar, key=lambda m: m.tokens, default=None)
-    ram = best is None or consults_ram(best, features.prompt_tokens)
-    got = _best_reuse(situation, best, ram, hybrid)
+    consults = best is None or consults_ram(best, features.prompt_tokens)
+    got = _best_reuse(situation, best, ram if consults else None, hybrid)
     nxt = round(features.prompt_tokens * stats.ram_reuse.value)
     return SlotOption(
         None, got.cached, got.source, queue, nxt, ram_potential=got.potential, usable=got.usable

@@ -167,3 +167,15 @@ class TestShape:
         assert (found.kind, found.message, found.role) == ("edited", index, "user")
         first = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), len(old))
         assert found.offset == first // PIECE_CHARS * PIECE_CHARS  # the piece of the first changed character
+
+
+@given(st.binary(max_size=5000), st.lists(st.integers(0, 5200), max_size=6))
+def test_a_prefix_digest_is_the_digest_of_that_prefix_asked_once_or_again(
+    stream: bytes, lengths: list[int]
+) -> None:
+    """``extends`` compares a previous prompt's digest with this prompt's prefix digest, remembered
+    per length: asked twice, or at the whole length, it is still the digest of exactly those bytes."""
+    chain = chain_of(stream)
+    for length in [*lengths, *lengths, len(stream)]:
+        expected = chain_of(stream[:length]).whole if length <= len(stream) else None
+        assert chain.prefix_digest(length) == expected
