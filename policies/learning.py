@@ -163,9 +163,13 @@ class LearnedState:
         )
 
     def for_model(self, model: str, chars_per_token_prior: float = 3.6) -> ModelStats:
-        return self.models.get(model) or ModelStats(
-            _ewma(chars_per_token_prior), _ewma(PRIOR_COMPLETION_TOKENS)
-        )
+        return self.models.get(model) or _model_prior(chars_per_token_prior)
+
+
+@functools.lru_cache(maxsize=64)
+def _model_prior(chars_per_token: float) -> ModelStats:
+    """Before any measurement of a model (immutable: shared)."""
+    return ModelStats(_ewma(chars_per_token), _ewma(PRIOR_COMPLETION_TOKENS))
 
 
 def _rates(stats: DeploymentStats, outcome: Outcome) -> DeploymentStats:

@@ -161,6 +161,18 @@ class PromptChain:
             return other.length < self.length or other.whole == self.whole
         return self.prefix_digest(other.length) == other.whole
 
+    def common(self, other: tuple[int, ...]) -> int:
+        """Chunks this prompt shares with another prompt's chain: a chained hash encodes every byte
+        before it, so chains agree up to some index and differ after it (a binary search, no set)."""
+        low, high = 0, min(self.chunks, len(other))
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.hashes[mid - 1] == other[mid - 1]:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
     def matched(self, held: frozenset[int] | set[int] | Mapping[int, Any]) -> int:
         """Chunks of this prompt's longest prefix in ``held`` (a binary search: chains are prefix-closed)."""
         low, high = 0, self.chunks

@@ -157,7 +157,7 @@ class PrefixIndex:
             if chain.extends(held.mark):
                 slots.append(SlotMatch(slot, held.tokens, whole=True, held=held.tokens))
             else:
-                chunks = chain.matched(frozenset(held.hashes)) if chain.hashes and held.hashes else 0
+                chunks = chain.common(held.hashes)
                 slots.append(SlotMatch(slot, held.tokens_for(chunks), held=held.tokens))
         best, age = recent.match(chain) if recent else (SlotMatch(-1, 0), 0)
         return PrefixMatch(tuple(slots), best.tokens, best.whole, best.held, age)

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from policies.prefix import PromptChain, chain_of, render, render_completion
+from policies.prefix import CHUNK_BYTES, PromptChain, chain_of, render, render_completion
 from policies.shape import PIECE_CHARS, shape_of, where_it_breaks
 
 texts = st.text(max_size=40) | st.builds(
@@ -179,3 +179,17 @@ def test_a_prefix_digest_is_the_digest_of_that_prefix_asked_once_or_again(
     for length in [*lengths, *lengths, len(stream)]:
         expected = chain_of(stream[:length]).whole if length <= len(stream) else None
         assert chain.prefix_digest(length) == expected
+
+
+@given(st.binary(max_size=6000), st.binary(max_size=6000), st.integers(0, 6000))
+def test_two_chains_share_exactly_their_common_whole_chunks(a: bytes, b: bytes, cut: int) -> None:
+    """``common`` (a binary search on positions) agrees with counting equal leading chunks of bytes."""
+    b = a[:cut] + b  # share a prefix of any length
+    chunk = CHUNK_BYTES
+    same = 0
+    while (same + 1) * chunk <= min(len(a), len(b)) and a[same * chunk : (same + 1) * chunk] == b[
+        same * chunk : (same + 1) * chunk
+    ]:
+        same += 1
+    assert chain_of(a).common(chain_of(b).hashes) == same
+    assert chain_of(a).matched(frozenset(chain_of(b).hashes)) == same
