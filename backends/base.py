@@ -1,22 +1,25 @@
 """The adapter contract: prepare a request for one engine, send it, probe the engine.
 
 All HTTP to engines goes through an adapter and one shared ``httpx.AsyncClient`` injected by the
-caller. Adapters translate every transport and status failure into :mod:`backends.errors`.
+caller; inference requests go through a ``Poster``, the gateway's being its aiohttp transport
+(``backends.transport``: no httpx models on the request path). Adapters translate every transport
+and status failure into :mod:`backends.errors`.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import httpx
 import msgspec
 
 from backends.errors import UpstreamStatusError, UpstreamUnavailable, parse_error_body
 from backends.parsers.openai import ServedModel, parse_models
+from backends.transport import UpstreamResponse
 from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {
@@ -79,14 +82,36 @@ def model_rename(upstream: str, client: str) -> tuple[bytes, bytes] | None:
     return b'"model":' + encode(upstream), b'"model":' + encode(client)
 
 
+class Poster(Protocol):
+    """Sends an inference request; fails with httpx's exceptions (``backends.transport``)."""
+
+    async def post(
+        self, url: str, content: bytes, headers: Sequence[tuple[str, str]], timeouts: httpx.Timeout
+    ) -> UpstreamResponse: ...
+
+
+class HttpxPoster:
+    """A ``Poster`` over any ``httpx.AsyncClient``."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def post(
+        self, url: str, content: bytes, headers: Sequence[tuple[str, str]], timeouts: httpx.Timeout
+    ) -> httpx.Response:
+        request = self.client.build_request("POST", url, content=content, headers=headers, timeout=timeouts)
+        return await self.client.send(request, stream=True)
+
+
 class Adapter(ABC):
     """One engine kind's knowledge: request rewrites, response parsing, probing."""
 
     kind: ClassVar[EngineKind]
 
-    def __init__(self, spec: BackendSpec, client: httpx.AsyncClient) -> None:
+    def __init__(self, spec: BackendSpec, client: httpx.AsyncClient, poster: Poster | None = None) -> None:
         self.spec = spec
         self.client = client
+        self.poster = poster or HttpxPoster(client)
         self._auth: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {spec.api_key}"),) if spec.api_key else ()
         )
@@ -128,17 +153,14 @@ class Adapter(ABC):
         """Anthropic endpoints expect an API version header; engines accept the current one."""
         return (("anthropic-version", "2023-06-01"),) if endpoint.anthropic else ()
 
-    async def send(self, request: UpstreamRequest) -> httpx.Response:
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         """Send and return the open response once its status is 2xx (the body is not read yet).
 
         Raises :class:`UpstreamUnavailable` when there is no answer, :class:`UpstreamStatusError`
         for an error status (its body read and normalised).
         """
-        http_request = self.client.build_request(
-            "POST", request.url, content=request.body, headers=request.headers, timeout=self._timeout
-        )
         try:
-            response = await self.client.send(http_request, stream=True)
+            response = await self.poster.post(request.url, request.body, request.headers, self._timeout)
         except httpx.TimeoutException as exc:
             raise UpstreamUnavailable(self.spec.id, f"timed out: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:

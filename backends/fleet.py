@@ -15,7 +15,7 @@ from dataclasses import replace
 import httpx
 import structlog
 
-from backends.base import Adapter, BackendSpec
+from backends.base import Adapter, BackendSpec, Poster
 from backends.breaker import Breaker
 from backends.inflight import InFlight, Load, Sent
 from backends.registry import create_adapter
@@ -40,8 +40,11 @@ def restarted(before: BackendSnapshot, now: BackendSnapshot, was_ready: bool) ->
 class Fleet:
     """Adapters by backend id, their latest snapshots, and the probe tasks."""
 
-    def __init__(self, specs: Sequence[BackendSpec], client: httpx.AsyncClient) -> None:
-        self.adapters: dict[str, Adapter] = {spec.id: create_adapter(spec, client) for spec in specs}
+    def __init__(
+        self, specs: Sequence[BackendSpec], client: httpx.AsyncClient, poster: Poster | None = None
+    ) -> None:
+        """``poster`` sends inference requests (the gateway's aiohttp transport); else ``client``."""
+        self.adapters: dict[str, Adapter] = {spec.id: create_adapter(spec, client, poster) for spec in specs}
         self._snapshots: dict[str, BackendSnapshot] = {
             spec.id: BackendSnapshot(spec.id, spec.kind, Health.UNKNOWN, 0.0, spec.deployments)
             for spec in specs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from backends.base import Adapter, BackendSpec
+from backends.base import Adapter, BackendSpec, Poster
 from backends.llamacpp import LlamaCppAdapter
 from backends.openai import OpenAICompatAdapter
 from backends.vllm import VllmAdapter
@@ -17,5 +17,5 @@ ADAPTERS: dict[EngineKind, type[Adapter]] = {
 }
 
 
-def create_adapter(spec: BackendSpec, client: httpx.AsyncClient) -> Adapter:
-    return ADAPTERS[spec.kind](spec, client)
+def create_adapter(spec: BackendSpec, client: httpx.AsyncClient, poster: Poster | None = None) -> Adapter:
+    return ADAPTERS[spec.kind](spec, client, poster)

@@ -31,6 +31,7 @@ from backends.anthropic_chat import StreamTranslator, to_message
 from backends.base import UpstreamRequest
 from backends.errors import UpstreamStreamError, UpstreamUnavailable
 from backends.parsers.openai import parse_usage
+from backends.transport import UpstreamResponse
 from backends.watchdog import Watchdog
 from policies.types import Usage
 
@@ -100,7 +101,7 @@ class ResponseRelay:
     def __init__(
         self,
         request: UpstreamRequest,
-        response: httpx.Response,
+        response: UpstreamResponse,
         clock: Callable[[], float] = time.monotonic,
         watchdog: Watchdog | None = None,
     ) -> None:

@@ -1,10 +1,15 @@
 """The upstream HTTP transport: httpx's API over aiohttp's connection pool and C HTTP parser.
 
 Adapters speak httpx (requests, ``httpx.Response``, ``httpx.HTTPError``); this transport carries the
-bytes. httpx's own pool (httpcore) looks at every pooled connection for each request and parses
-HTTP in Python: under the overhead harness it was over half of the gateway's CPU, and the CPU per
-request grew with concurrency (1.45 ms at c1, 6 ms at c128). aiohttp's pool hands out a connection
-in constant time and parses with llhttp; see docs/benchmarks.md ("Gateway overhead").
+bytes. The inference requests themselves skip httpx's request and response models (``post``: about
+180 us of CPU per request and a few per streamed chunk, measured against aiohttp alone): their
+answers are ``UpstreamResponse``, the part of ``httpx.Response`` the relay reads, and fail with the
+same httpx exceptions.
+
+httpx's own pool (httpcore) looks at every pooled connection for each request and parses HTTP in
+Python: under the overhead harness it was over half of the gateway's CPU, and the CPU per request
+grew with concurrency (1.45 ms at c1, 6 ms at c128). aiohttp's pool hands out a connection in
+constant time and parses with llhttp; see docs/benchmarks.md ("Gateway overhead").
 
 aiohttp's failures become the httpx exceptions the adapters already handle, by what they mean for
 an engine: no connection (``ConnectError``), a connection the engine closed or reset before or
@@ -17,15 +22,33 @@ leave and stops generating); one read to the end goes back to the pool.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 import aiohttp
 import httpx
 
 
+class UpstreamResponse(Protocol):
+    """What the relay reads of an engine's answer: ``httpx.Response`` has it, and so does the
+    transport's own (``AiohttpResponse``)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+    async def aread(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
 @contextmanager
-def _as_httpx(request: httpx.Request, phase: str) -> Iterator[None]:
+def _as_httpx(request: httpx.Request | None, phase: str) -> Iterator[None]:
     """aiohttp's exceptions as httpx's (module docstring); ``phase``: connect or read."""
     try:
         yield
@@ -45,6 +68,14 @@ def _as_httpx(request: httpx.Request, phase: str) -> Iterator[None]:
         raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
 
 
+def _close(response: aiohttp.ClientResponse) -> None:
+    """A body read to its end gives its connection back to the pool; any other closes it."""
+    if response.content.at_eof():
+        response.release()
+    else:
+        response.close()
+
+
 class _Body(httpx.AsyncByteStream):
     def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
         self._response = response
@@ -56,10 +87,30 @@ class _Body(httpx.AsyncByteStream):
                 yield chunk
 
     async def aclose(self) -> None:
-        if self._response.content.at_eof():
-            self._response.release()
-        else:
-            self._response.close()
+        _close(self._response)
+
+
+class AiohttpResponse:
+    """An engine's answer straight off aiohttp (``UpstreamResponse``)."""
+
+    __slots__ = ("_response", "headers", "status_code")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status_code = response.status
+        self.headers: Mapping[str, str] = response.headers
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        with _as_httpx(None, "read"):
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+    async def aread(self) -> bytes:
+        with _as_httpx(None, "read"):
+            return await self._response.read()
+
+    async def aclose(self) -> None:
+        _close(self._response)
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -81,24 +132,43 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         )
         return self._session
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        headers: Sequence[tuple[str, str]],
+        content: bytes | None,
+        timeouts: Mapping[str, float | None],
+        request: httpx.Request | None = None,
+    ) -> aiohttp.ClientResponse:
         session = self._session or self._open()
-        timeout = request.extensions.get("timeout", {})
         with _as_httpx(request, "connect"):
-            response = await session.request(
-                request.method,
-                str(request.url),
-                headers=request.headers.multi_items(),
-                data=request.content or None,
+            return await session.request(
+                method,
+                url,
+                headers=headers,
+                data=content or None,
                 allow_redirects=False,
                 compress=None,
                 timeout=aiohttp.ClientTimeout(
                     total=None,
-                    connect=timeout.get("pool"),
-                    sock_connect=timeout.get("connect"),
-                    sock_read=timeout.get("read"),
+                    connect=timeouts.get("pool"),
+                    sock_connect=timeouts.get("connect"),
+                    sock_read=timeouts.get("read"),
                 ),
             )
+
+    async def post(
+        self, url: str, content: bytes, headers: Sequence[tuple[str, str]], timeouts: httpx.Timeout
+    ) -> AiohttpResponse:
+        """POST ``content`` and return the open answer once its headers are in (its body unread)."""
+        return AiohttpResponse(await self._send("POST", url, headers, content, timeouts.as_dict()))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeout = request.extensions.get("timeout", {})
+        response = await self._send(
+            request.method, str(request.url), request.headers.multi_items(), request.content, timeout, request
+        )
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,

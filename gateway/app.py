@@ -285,7 +285,7 @@ def create_app(settings: Settings) -> Litestar:
         limits = httpx.Limits(max_connections=settings.limits.max_connections + UPSTREAM_HEADROOM)
         transport = AiohttpTransport(limits)  # backends.transport: httpx's API, aiohttp's pool
         async with httpx.AsyncClient(limits=limits, timeout=None, transport=transport) as client:
-            fleet = Fleet(backend_specs(settings, catalog), client)
+            fleet = Fleet(backend_specs(settings, catalog), client, poster=transport)
             router = Router(fleet, store, profile, lease_idle_s=settings.state.lease_idle_s)
             app.state.relay = Relay(
                 fleet,

@@ -1,5 +1,6 @@
-"""The aiohttp transport under httpx: streaming as it arrives, connections reused or closed, and
-every way an engine can fail surfacing as the httpx exception the adapters handle."""
+"""The aiohttp transport, both ways the gateway uses it (under an httpx client, and ``post``, the
+inference requests' direct path): streaming as it arrives, connections reused or closed, and every
+way an engine can fail surfacing as the httpx exception the adapters handle."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.transport import AiohttpTransport
+from backends.base import HttpxPoster, Poster
+from backends.transport import AiohttpTransport, UpstreamResponse
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+TIMEOUTS = httpx.Timeout(2.0, connect=1.0)
 
 
 async def _request(reader: asyncio.StreamReader) -> bytes:
@@ -28,20 +31,31 @@ async def _request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-def serve(handler: Handler, check: Callable[[httpx.AsyncClient, str], Awaitable[Any]]) -> Any:
-    """Run ``check`` with a client on the transport against a raw server on a loopback port."""
+@pytest.fixture(params=["httpx", "direct"])
+def way(request: pytest.FixtureRequest) -> str:
+    """Through ``httpx.AsyncClient`` (probes, token counts) or ``AiohttpTransport.post`` (inference)."""
+    return str(request.param)
+
+
+def serve(handler: Handler, way: str, check: Callable[[Poster, str], Awaitable[Any]]) -> Any:
+    """Run ``check`` with a poster on the transport against a raw server on a loopback port."""
 
     async def main() -> Any:
         server = await asyncio.start_server(handler, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        timeout = httpx.Timeout(2.0, connect=1.0)
-        async with server, httpx.AsyncClient(transport=AiohttpTransport(), timeout=timeout) as client:
-            return await check(client, f"http://127.0.0.1:{port}")
+        transport = AiohttpTransport()
+        async with server, httpx.AsyncClient(transport=transport, timeout=TIMEOUTS) as client:
+            poster: Poster = HttpxPoster(client) if way == "httpx" else transport
+            return await check(poster, f"http://127.0.0.1:{port}")
 
     return asyncio.run(main())
 
 
-def test_a_stream_arrives_as_the_server_sends_it_and_the_connection_is_reused() -> None:
+async def _post(poster: Poster, url: str, timeouts: httpx.Timeout = TIMEOUTS) -> UpstreamResponse:
+    return await poster.post(url, b"{}", [("content-type", "application/json")], timeouts)
+
+
+def test_a_stream_arrives_as_the_server_sends_it_and_the_connection_is_reused(way: str) -> None:
     sent = asyncio.Event()
     connections: list[int] = []
 
@@ -60,24 +74,25 @@ def test_a_stream_arrives_as_the_server_sends_it_and_the_connection_is_reused() 
             await writer.drain()
         writer.close()
 
-    async def check(client: httpx.AsyncClient, url: str) -> list[list[bytes]]:
+    async def check(poster: Poster, url: str) -> list[list[bytes]]:
         bodies = []
         for _ in range(2):
             parts = []
-            async with client.stream("POST", url + "/v1/chat/completions", content=b"{}") as response:
-                assert response.headers["content-type"] == "text/event-stream"
-                async for chunk in response.aiter_bytes():
-                    parts.append(chunk)
-                    if len(parts) == 1:
-                        sent.set()
+            response = await _post(poster, url + "/v1/chat/completions")
+            assert (response.status_code, response.headers["content-type"]) == (200, "text/event-stream")
+            async for chunk in response.aiter_bytes():
+                parts.append(chunk)
+                if len(parts) == 1:
+                    sent.set()
+            await response.aclose()
             bodies.append(parts)
         return bodies
 
-    assert serve(handler, check) == [[b"first\n", b"second\n"]] * 2
+    assert serve(handler, way, check) == [[b"first\n", b"second\n"]] * 2
     assert len(connections) == 1  # kept alive: the second request reused it
 
 
-def test_a_stream_left_unread_closes_its_connection() -> None:
+def test_a_stream_left_unread_closes_its_connection(way: str) -> None:
     """The client left mid-stream: the engine must see the connection go (and stop generating)."""
     closed = asyncio.Event()
 
@@ -88,14 +103,15 @@ def test_a_stream_left_unread_closes_its_connection() -> None:
         assert await reader.read() == b""  # EOF: the gateway closed the connection
         closed.set()
 
-    async def check(client: httpx.AsyncClient, url: str) -> bool:
-        async with client.stream("POST", url, content=b"{}") as response:
-            async for _ in response.aiter_bytes():
-                break
+    async def check(poster: Poster, url: str) -> bool:
+        response = await _post(poster, url)
+        async for _ in response.aiter_bytes():
+            break
+        await response.aclose()
         await asyncio.wait_for(closed.wait(), 2)
         return closed.is_set()
 
-    assert serve(handler, check)
+    assert serve(handler, way, check)
 
 
 async def _close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -124,21 +140,49 @@ async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     ],
     ids=["closed-before-answering", "reset-mid-body", "silent"],
 )
-def test_engine_failures_are_httpx_errors(handler: Handler, expected: type[httpx.HTTPError]) -> None:
-    async def check(client: httpx.AsyncClient, url: str) -> type[BaseException]:
+def test_engine_failures_are_httpx_errors(
+    handler: Handler, expected: type[httpx.HTTPError], way: str
+) -> None:
+    async def check(poster: Poster, url: str) -> type[BaseException]:
         try:
-            response = await client.post(url, content=b"{}", timeout=httpx.Timeout(0.3))
+            response = await _post(poster, url, httpx.Timeout(0.3))
             await response.aread()
         except httpx.HTTPError as exc:
             return type(exc)
         raise AssertionError("no error")
 
-    assert serve(handler, check) is expected
+    assert serve(handler, way, check) is expected
 
 
-def test_nothing_listening_is_a_connect_error() -> None:
-    async def check(client: httpx.AsyncClient, url: str) -> None:
+def test_nothing_listening_is_a_connect_error(way: str) -> None:
+    async def check(poster: Poster, url: str) -> None:
         with pytest.raises(httpx.ConnectError):
-            await client.post("http://127.0.0.1:9/v1/models", content=b"{}")
+            await _post(poster, "http://127.0.0.1:9/v1/chat/completions")
 
-    serve(_silent, check)
+    serve(_silent, way, check)
+
+
+def test_a_body_read_to_its_end_gives_the_connection_back(way: str) -> None:
+    """A whole non-streamed answer, read with ``aread``: the next request reuses the connection."""
+    connections: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        while not reader.at_eof():
+            try:
+                await _request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async def check(poster: Poster, url: str) -> list[bytes]:
+        bodies = []
+        for _ in range(3):
+            response = await _post(poster, url)
+            bodies.append(await response.aread())
+            await response.aclose()
+        return bodies
+
+    assert serve(handler, way, check) == [b"{}"] * 3
+    assert len(connections) == 1
