@@ -298,8 +298,16 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
             evicts = lease.session_key if cost > 0 else None
         options.append(
             SlotOption(
-                slot, got.cached, got.source, queue, nxt, mine and got.source == "slot", evicts, cost,
-                got.potential, got.usable, mine, waits, lease is not None and not mine and cost == 0, lost,
+                slot, got.cached, got.source, queue, nxt,
+                warm=mine and got.source == "slot",
+                evicts=evicts,
+                evict_cost_s=cost,
+                ram_potential=got.potential,
+                usable=got.usable,
+                mine=mine,
+                waits=waits,
+                expired=lease is not None and not mine and cost == 0,
+                lost=lost,
             )
         )  # fmt: skip
     if not options or session is None:
