@@ -275,22 +275,34 @@ NOTES = """\
   one run of the same trace swings 20-40% with machine load (`cost` on contention-8 measured 2.9-4.9 s
   mean TTFT on one day). **A new pin is weighed by the chance it lasts** (`slots / live sessions`,
   docs/routing.md): before, with 8 agents, session ids made `cost` worse than none (4.5 s against
-  2.8 s: every first turn outbid the slot holders); now contention-8 is 1.07x the oracle.
+  2.8 s: every first turn outbid the slot holders); now contention-8 is 0.87x the oracle.
 - **Without session ids, a first turn looks ahead by the follow-up rate** (docs/routing.md): the share
   of first turns known only by content that came back lately, and only while a llama.cpp slot is free.
   Before (2026-12-01, morning), 2 and 4 agents stayed at 1.14-1.22x the oracle: first turns started on
   vLLM and moving a conversation to llama.cpp at its second turn cost a full prefill there. Such first
   turns are pinned but hold no lease (a first try that leased them let chat requests guard slots
   against the agents: mixed fell to 1.05x). A rate learned per prompt head was tried and dropped.
-- **contention-8 without session ids trades cache hits for TTFT**: 0.86x the oracle's mean TTFT and
-  1.03x its completion, with a cache hit ratio 0.77x the oracle's (target 0.8x): with 8 agents on 2
-  slots `cost` sends more turns to vLLM (no reuse) when a slot's queue would cost more than the
-  re-prefill; the oracle, planning one request at a time, waits for slots more often.
+- **A learning fix moved contention-8 without session ids over its cache-hit target.** The full run
+  of 2026-12-01 (morning) measured its cache hit at 0.77x the oracle's (target 0.8x). Its decision log
+  showed why: a session's first turn on a slot that held another conversation sharing only the 6k
+  system prompt reused nothing (a hybrid slot restores whole prompts or checkpoints near their end,
+  not a prefix inside them), and learning counted that as "0 of 6k reused", dropping the learned
+  reuse ratio to ~0.69: the session's next warm turns were predicted 0.65-0.7x of what they got and
+  often lost to vLLM. Learning now measures reuse against what the slot rules allow
+  (`policies.slots.usable`; nothing, there), and those predictions are within ~1% (0.90x the oracle's
+  cache hit in this run, at 0.83x its mean TTFT). With session ids, contention-8's cache hit is 0.78x
+  the oracle's (no target there): with 8 agents on 2 slots `cost` keeps the slot holders and sends
+  the others to vLLM when a slot's queue or a full re-prefill on llama.cpp costs more; the oracle,
+  greedy, rotates sessions through the slots more often and pays for it in TTFT (1.15x cost's).
 - **Chat and Mooncake are bursts of one-shot requests.** Everything (clients, gateway, simulators)
   shares one Python process on 2 busy cores, and per-request gateway CPU turns into queueing that the
   time scale (0.05) magnifies 20x; the oracle sends straight to the engines. Numbers vary by run with
   machine load: compare profiles within one table, not across runs. (Chat is one run per profile:
-  on 2026-12-01 the full run measured 0.91x, a re-run of the chat row minutes later 1.14x.)
+  on 2026-12-01 the morning's full run measured 0.91x, a re-run of the chat row minutes later 1.14x.)
+  Between the morning's run and this one the relay's CPU per request fell by more than half (issue
+  #15, docs/benchmarks.md "Gateway overhead": the aiohttp transport) and cost's mean TTFT on chat went
+  13.3 -> 7.6 s, mixed 12.1 -> 6.6 s, Mooncake 14.5 -> 2.5 s: the queueing these rows magnify is
+  mostly the gateway's own.
 """
 
 
