@@ -1,7 +1,7 @@
 """Where the gateway's CPU goes under the overhead harness's load (issue #15).
 
-    .venv/bin/python bench/profile.py [--mode nonstream|stream] [--concurrency 32] [--duration 10]
-                                      [--raw FILE] [--top 25]
+    .venv/bin/python bench/cpu_profile.py [--mode nonstream|stream] [--concurrency 32] [--duration 10]
+                                          [--raw FILE] [--top 25]
 
 Starts the harness's stub (``../shared/bench/overhead/stub.py`` on 127.0.0.1:9000, CPU 0) and
 ``turnout serve`` with ``bench/overhead.py``'s config (pinned to CPU 1), drives it with ``wrk``
