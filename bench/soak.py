@@ -150,13 +150,15 @@ async def soak(args: argparse.Namespace, turnout_url: str, sim_url: str, pid: in
         limits
     )  # httpx's own pool is slow with 1,000 connections (docs/decisions.md)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport) as client:
+        stream_s = args.tokens / args.decode_tok_s
+        whole = httpx.Timeout(stream_s * 2 + 30, connect=30.0)  # a plain answer comes all at once, at the end
 
         async def reference(n: int) -> str:
-            answer = await client.post(sim_url + "/v1/chat/completions", json=body(n, args.tokens, False))
+            url = sim_url + "/v1/chat/completions"
+            answer = await client.post(url, json=body(n, args.tokens, False), timeout=whole)
             return str(answer.json()["choices"][0]["message"]["content"] or "")
 
         expected = dict(enumerate(await asyncio.gather(*map(reference, range(PROMPTS)))))
-        stream_s = args.tokens / args.decode_tok_s
         deadline = time.monotonic() + args.minutes * 60
         through, direct = Tally(), Tally()
         rss: dict[str, float] = {"idle": rss_mib(pid)}

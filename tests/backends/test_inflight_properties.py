@@ -1,0 +1,114 @@
+"""``InFlight`` keeps its requests per backend (and the prefilling and slotted ones apart) so that a
+snapshot's overlay does not look at every request in flight: whatever happens, it lays over exactly
+what one look at all of them would (``naive_overlay``, the module docstring's rules)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backends.inflight import FORGET_AFTER_S, InFlight, Sent
+from policies.types import BackendSnapshot, EngineKind, Health, SlotState
+
+BACKENDS = ("llama", "vllm")
+
+
+def naive_overlay(
+    requests: list[Sent], ended: dict[tuple[str, int], float], snapshot: BackendSnapshot, now: float
+) -> BackendSnapshot:
+    mine = [r for r in requests if r.backend_id == snapshot.backend_id]
+    gone = {s for (b, s), at in ended.items() if b == snapshot.backend_id and at > snapshot.taken_at}
+    if not mine and not gone:
+        return snapshot
+    busy: dict[int, float] = {}
+    for r in mine:
+        if r.slot is not None:
+            busy[r.slot] = busy.get(r.slot, 0.0) + r.busy_s(now)
+    newer = [r for r in mine if r.started > snapshot.taken_at]
+    pinned = {r.slot for r in newer if r.slot is not None}
+    freed = gone - set(busy)
+    slots = tuple(
+        replace(
+            s, is_processing=(s.is_processing and s.id not in freed) or s.id in pinned, busy_s=busy.get(s.id)
+        )
+        for s in snapshot.slots
+    )
+    running = snapshot.running + len(newer)
+    capacity = snapshot.total_slots
+    queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued
+    running = min(running, capacity) if capacity else running
+    backlog = sum(r.prefill_left_s(now) for r in mine)
+    return replace(snapshot, running=running, queued=queued, slots=slots, prefill_backlog_s=backlog)
+
+
+def snapshot(backend: str, taken_at: float) -> BackendSnapshot:
+    if backend == "llama":
+        slots = (SlotState(0, 4096, False), SlotState(1, 4096, True))
+        return BackendSnapshot(
+            backend, EngineKind.LLAMACPP, Health.READY, taken_at, slots=slots, total_slots=2
+        )
+    return BackendSnapshot(backend, EngineKind.VLLM, Health.READY, taken_at, running=1)
+
+
+Step = tuple[str, str, int | None, float, float, int]
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["begin", "begin", "prefilled", "end"]),
+        st.sampled_from(BACKENDS),
+        st.sampled_from([None, 0, 1]),
+        st.floats(0, 5),
+        st.floats(0, 2),
+        st.integers(0, 30),
+    ),
+    max_size=40,
+)
+
+
+@given(steps, st.floats(0, 40), st.floats(0, 40))
+def test_the_overlay_is_what_one_look_at_every_request_gives(
+    script: list[Step], taken_at: float, now: float
+) -> None:
+    inflight = InFlight()
+    live: dict[int, Sent] = {}
+    ended: dict[tuple[str, int], float] = {}
+    tokens: list[int] = []
+    clock = 0.0
+    for kind, backend, slot, total, prefill, pick in script:
+        clock += 1.0
+        if kind == "begin":
+            request = Sent(backend, slot if backend == "llama" else None, clock, total, 0.5, prefill)
+            token = inflight.begin(request)
+            live[token] = request
+            tokens.append(token)
+        elif tokens:
+            token = tokens[pick % len(tokens)]
+            if kind == "prefilled" and token in live:
+                inflight.prefilled(token)
+                live[token] = replace(live[token], prefill_s=0.0)
+            elif kind == "end" and inflight.end(token, clock) is not None:
+                request = live.pop(token)
+                if request.slot is not None:
+                    ended[(request.backend_id, request.slot)] = clock
+    for backend in BACKENDS:
+        seen = snapshot(backend, taken_at)
+        assert inflight.overlay(seen, now) == naive_overlay(list(live.values()), ended, seen, now)
+    load = inflight.load(now)
+    for backend in BACKENDS:
+        mine = [r for r in live.values() if r.backend_id == backend]
+        if mine:
+            assert load[backend].running == len(mine)
+            assert abs(load[backend].backlog_s - sum(r.prefill_left_s(now) for r in mine)) < 1e-9
+
+
+def test_a_request_never_ended_is_forgotten_after_an_hour_of_probes() -> None:
+    """A request lost without ``end`` (a bug, a crash mid-relay) stops counting once a probe is
+    ``FORGET_AFTER_S`` younger than it; the ones sent later still count."""
+    inflight = InFlight()
+    inflight.begin(Sent("vllm", None, 0.0, 1.0, 0.0, 5.0))
+    inflight.begin(Sent("vllm", None, 100.0, 1.0, 0.0, 5.0))
+    inflight.seen(snapshot("vllm", FORGET_AFTER_S + 50.0))
+    assert inflight.load(FORGET_AFTER_S + 50.0)["vllm"].running == 1
+    inflight.seen(snapshot("vllm", FORGET_AFTER_S + 150.0))
+    assert not inflight
