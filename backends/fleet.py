@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import httpx
@@ -41,9 +41,15 @@ class Fleet:
     """Adapters by backend id, their latest snapshots, and the probe tasks."""
 
     def __init__(
-        self, specs: Sequence[BackendSpec], client: httpx.AsyncClient, poster: Poster | None = None
+        self,
+        specs: Sequence[BackendSpec],
+        client: httpx.AsyncClient,
+        poster: Poster | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        """``poster`` sends inference requests (the gateway's aiohttp transport); else ``client``."""
+        """``poster`` sends inference requests (the gateway's aiohttp transport); else ``client``.
+        ``clock`` is wall time, which the in-flight predictions are measured against."""
+        self._clock = clock
         self.adapters: dict[str, Adapter] = {spec.id: create_adapter(spec, client, poster) for spec in specs}
         self._snapshots: dict[str, BackendSnapshot] = {
             spec.id: BackendSnapshot(spec.id, spec.kind, Health.UNKNOWN, 0.0, spec.deployments)
@@ -70,7 +76,7 @@ class Fleet:
         tripped = [b for b, breaker in self.breakers.items() if breaker.open_until is not None]
         if not self._inflight and not self.peers and not tripped:
             return self._view
-        now = time.time()
+        now = self._clock()
         view = tuple(
             self._inflight.overlay(snapshot, now, self.peers.get(snapshot.backend_id))
             for snapshot in self._view
@@ -99,7 +105,7 @@ class Fleet:
 
     def load(self) -> dict[str, Load]:
         """This replica's requests in flight per backend (for the other replicas)."""
-        return self._inflight.load(time.time())
+        return self._inflight.load(self._clock())
 
     def begin(self, request: Sent) -> int:
         """Note a request sent (with routing's predictions); returns the token :meth:`end` takes."""
@@ -112,7 +118,7 @@ class Fleet:
 
     def end(self, token: int) -> None:
         """The request ended (after :meth:`judge`, if it showed anything of the engine)."""
-        backend = self._inflight.end(token, time.time())
+        backend = self._inflight.end(token, self._clock())
         if backend is not None:
             self.breakers[backend].ended()
 
@@ -162,7 +168,7 @@ class Fleet:
     def report_failure(self, backend_id: str, error: str) -> None:
         """A request found the backend unreachable: route around it until the next probe says otherwise."""
         current = self._snapshots[backend_id]
-        self._store(replace(current, health=Health.DOWN, taken_at=time.time(), error=error))
+        self._store(replace(current, health=Health.DOWN, taken_at=self._clock(), error=error))
 
     async def probe_all(self) -> tuple[BackendSnapshot, ...]:
         """Probe every backend once, concurrently, and store the results."""

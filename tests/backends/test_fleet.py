@@ -13,6 +13,10 @@ from backends.fleet import Fleet
 from backends.inflight import OVERDUE_FLOOR, Load, Sent
 from policies import EngineKind, Health, SlotState
 
+NOW = time.time()
+"""The fleet's clock in these tests: predictions are measured against it, and a busy machine must not
+move it between a request sent and the snapshot that counts it."""
+
 
 @pytest.fixture
 def fleet() -> Fleet:
@@ -20,8 +24,8 @@ def fleet() -> Fleet:
         BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9"),
         BackendSpec("vllm", EngineKind.VLLM, "http://127.0.0.1:9"),
     ]
-    fleet = Fleet(specs, httpx.AsyncClient())
-    probed = time.time() - 1
+    fleet = Fleet(specs, httpx.AsyncClient(), clock=lambda: NOW)
+    probed = NOW - 1
     for snapshot in fleet.snapshots():
         slots = (
             (SlotState(0, 4096, False), SlotState(1, 4096, False))
@@ -42,7 +46,7 @@ def by_id(fleet: Fleet) -> dict[str, object]:
 
 
 def sent(backend: str, slot: int | None, **predicted: float) -> Sent:
-    return Sent(backend, slot, time.time(), **predicted)
+    return Sent(backend, slot, NOW, **predicted)
 
 
 def test_requests_sent_since_the_probe_count_as_running(fleet: Fleet) -> None:
@@ -62,16 +66,16 @@ def test_a_newer_probe_takes_over(fleet: Fleet) -> None:
     fleet.begin(sent("vllm", None))
     snapshot = fleet.snapshots()[1]
     assert snapshot.running == 1
-    fleet._store(snapshot.__class__("vllm", EngineKind.VLLM, Health.READY, time.time() + 1, running=1))
+    fleet._store(snapshot.__class__("vllm", EngineKind.VLLM, Health.READY, NOW + 1, running=1))
     assert fleet.snapshots()[1].running == 1  # the probe's own count, not probe + turnout's
 
 
 def test_a_slot_left_since_the_probe_is_idle_again(fleet: Fleet) -> None:
     """The probe saw turnout's request on slot 0; it has ended since: the slot is free."""
-    token = fleet.begin(Sent("llama", 0, time.time() - 5))  # began before the probe
+    token = fleet.begin(Sent("llama", 0, NOW - 5))  # began before the probe
     probed = fleet.snapshots()[0]
     fleet._store(
-        replace(probed, slots=(SlotState(0, 4096, True), SlotState(1, 4096, False)), taken_at=time.time())
+        replace(probed, slots=(SlotState(0, 4096, True), SlotState(1, 4096, False)), taken_at=NOW - 1)
     )
     assert fleet.snapshots()[0].slots[0].is_processing
     fleet.end(token)
@@ -81,7 +85,7 @@ def test_a_slot_left_since_the_probe_is_idle_again(fleet: Fleet) -> None:
 def test_busy_slots_and_the_prefill_backlog_come_from_the_predictions(fleet: Fleet) -> None:
     """A busy slot's wait is its request's predicted rest (never under a floor once overdue); the
     backend's backlog is the predicted prompt processing still ahead."""
-    now = time.time()
+    now = NOW
     fleet.begin(Sent("llama", 0, now - 1.0, total_s=5.0, queue_s=0.0, prefill_s=3.0))
     fleet.begin(Sent("llama", 1, now - 10.0, total_s=4.0, queue_s=0.0, prefill_s=2.0))
     fleet.begin(Sent("vllm", None, now - 1.0, total_s=9.0, queue_s=2.0, prefill_s=4.0))
@@ -96,8 +100,12 @@ def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
     """What one replica publishes (``Fleet.load``) and another lays over its snapshots: the prefill
     backlog adds up; the other replica's slots are left to the probes (its word is up to a second
     old: a slot it just left must not look busy)."""
-    now = time.time()
-    other = Fleet([BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")], httpx.AsyncClient())
+    now = NOW
+    other = Fleet(
+        [BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")],
+        httpx.AsyncClient(),
+        clock=lambda: NOW,
+    )
     other.begin(Sent("llama", 1, now - 1.0, total_s=5.0, queue_s=0.0, prefill_s=3.0))
     other.begin(Sent("llama", None, now, total_s=2.0, queue_s=0.0, prefill_s=1.0))
     published = other.load()
@@ -118,17 +126,17 @@ def test_loads_add_up() -> None:
 def test_an_engine_whose_work_counter_went_back_restarted(fleet: Fleet) -> None:
     """A restart between two probes: the counter of tokens processed starts again from zero."""
     llama = fleet.snapshots()[0]
-    fleet._store(replace(llama, work_done=5000.0, taken_at=time.time()))
-    fleet._store(replace(llama, work_done=5200.0, taken_at=time.time()))
+    fleet._store(replace(llama, work_done=5000.0, taken_at=NOW))
+    fleet._store(replace(llama, work_done=5200.0, taken_at=NOW))
     assert fleet.generations["llama"] == 0
-    fleet._store(replace(llama, work_done=40.0, taken_at=time.time()))
+    fleet._store(replace(llama, work_done=40.0, taken_at=NOW))
     assert fleet.generations == {"llama": 1, "vllm": 0}
 
 
 def test_an_engine_back_after_being_down_may_have_restarted(fleet: Fleet) -> None:
     llama = fleet.snapshots()[0]
     fleet.report_failure("llama", "connection refused")
-    fleet._store(replace(llama, health=Health.READY, taken_at=time.time()))
+    fleet._store(replace(llama, health=Health.READY, taken_at=NOW))
     assert fleet.generations["llama"] == 1
 
 
@@ -137,5 +145,5 @@ def test_the_first_probes_are_no_restart() -> None:
     fleet = Fleet([BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")], httpx.AsyncClient())
     first = fleet.snapshots()[0]
     for health in (Health.LOADING, Health.READY, Health.READY):
-        fleet._store(replace(first, health=health, taken_at=time.time()))
+        fleet._store(replace(first, health=health, taken_at=NOW))
     assert fleet.generations["llama"] == 0

@@ -30,9 +30,16 @@ SLOT_CTX = 2048
 MODEL = "tiny"
 
 
+PROBE_TIMEOUT_S = 30.0
+"""These tests read what a probe parses, not how fast: a real engine busy on a 2-core machine may be
+slow to answer (the gateway's own 2 s probe timeout would call it down)."""
+
+
 def spec(url: str) -> BackendSpec:
     deployment = Deployment(MODEL, "llama", DEFAULT_ALIAS, context_window=8192)
-    return BackendSpec("llama", EngineKind.LLAMACPP, url, deployments=(deployment,))
+    return BackendSpec(
+        "llama", EngineKind.LLAMACPP, url, deployments=(deployment,), probe_timeout=PROBE_TIMEOUT_S
+    )
 
 
 async def probe(url: str) -> Any:

@@ -55,9 +55,16 @@ class Gateway:
         return stats
 
 
+PROBE_TIMEOUT_S = 30.0
+"""These tests read what a probe parses, not how fast: a real engine busy on a 2-core machine may be
+slow to answer (the gateway's own 2 s probe timeout would call it down)."""
+
+
 def spec(url: str) -> BackendSpec:
     deployment = Deployment(MODEL, BACKEND, UPSTREAM, context_window=8192)
-    return BackendSpec(BACKEND, EngineKind.VLLM, url, deployments=(deployment,))
+    return BackendSpec(
+        BACKEND, EngineKind.VLLM, url, deployments=(deployment,), probe_timeout=PROBE_TIMEOUT_S
+    )
 
 
 async def probe(url: str) -> Any:
