@@ -14,10 +14,19 @@ The simulator answers deterministically (the same prompt gives the same text), s
 text is compared with the simulator's own answer to that prompt, asked once at the start: bytes
 lost or duplicated on the way must be 0, and every stream must end with ``[DONE]``, once.
 
-Prints, and checks: lost and duplicated bytes (0), streams that failed (0), turnout's RSS once every
-stream is open and at the end (within 10%), stalls (a gap between two events of more than
-``--stall-s``), and p50/p99 of TTFT and total time through turnout and direct. Bounded in time
-(``--minutes``, plus one stream's length to finish) and count (``--streams + --probes`` workers).
+Prints, and checks: lost and duplicated bytes (0), streams that failed (0), stalls (a gap between
+two events of more than ``--stall-s``: 0), turnout's RSS once every stream is open and at the end
+(within 10%); prints turnout's CPU (share of one core) and p50/p99 of TTFT and total time through
+turnout and direct. Bounded in time (``--minutes``, plus one stream's length to finish) and count
+(``--streams + --probes`` workers).
+
+``--upstream stub`` relays the overhead harness's stub instead (``../shared/bench/overhead/stub.py``,
+an ``openai`` backend; the same answer to every prompt, checked byte for byte all the same): the
+simulator cannot serve thousands of streams on a 2-core machine, the stub can. The scale target
+(5,000 streams in one process, < 1 GB RSS, no stall)::
+
+    .venv/bin/python bench/soak.py --upstream stub --streams 5000 --minutes 3 --tokens 16 \
+        --decode-tok-s 0.2 --stall-s 10
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -42,6 +52,7 @@ from tests.e2e.processes import SimProcess
 from tests.real.llama_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+STUB = REPO.parent / "shared" / "bench" / "overhead" / "stub.py"
 MODEL = "soak"
 PROMPTS = 64
 CONFIG = """\
@@ -53,7 +64,7 @@ token = "soak-bench"
 
 [[backends]]
 id = "sim"
-kind = "vllm"
+kind = "{kind}"
 url = "{url}"
 
 [[models]]
@@ -136,6 +147,12 @@ async def one(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> S
     return Stream(ttft, time.monotonic() - started, gap, "".join(parts), done)
 
 
+def cpu_s(pid: int) -> float:
+    """The process's CPU time so far (user + system), from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -155,6 +172,11 @@ async def soak(args: argparse.Namespace, turnout_url: str, sim_url: str, pid: in
 
         async def reference(n: int) -> str:
             url = sim_url + "/v1/chat/completions"
+            if args.upstream == "stub":  # the same answer to every prompt, asked as a stream
+                streamed = await one(client, url, body(n, args.tokens))
+                if streamed.error is not None or streamed.done != 1:
+                    raise SystemExit(f"the stub's reference answer failed: {streamed.error}")
+                return streamed.content
             answer = await client.post(url, json=body(n, args.tokens, False), timeout=whole)
             return str(answer.json()["choices"][0]["message"]["content"] or "")
 
@@ -162,6 +184,7 @@ async def soak(args: argparse.Namespace, turnout_url: str, sim_url: str, pid: in
         deadline = time.monotonic() + args.minutes * 60
         through, direct = Tally(), Tally()
         rss: dict[str, float] = {"idle": rss_mib(pid)}
+        cpu: dict[str, float] = {}
 
         async def worker(index: int, url: str, tally: Tally, share: int) -> None:
             await asyncio.sleep(stream_s * index / share)  # spread: one stream's length for all
@@ -174,15 +197,61 @@ async def soak(args: argparse.Namespace, turnout_url: str, sim_url: str, pid: in
         async def sample() -> None:
             await asyncio.sleep(stream_s * 1.5)  # every stream has started
             rss["open"] = rss["peak"] = rss_mib(pid)
+            cpu["open"], cpu["opened_at"] = cpu_s(pid), time.monotonic()
             while time.monotonic() < deadline:
                 await asyncio.sleep(5)
                 rss["peak"] = max(rss["peak"], rss_mib(pid))
                 rss["end"] = rss_mib(pid)
+                cpu["end"], cpu["ended_at"] = cpu_s(pid), time.monotonic()
 
         tasks = [worker(i, turnout_url, through, args.streams) for i in range(args.streams)]
         tasks += [worker(i, sim_url, direct, args.probes) for i in range(args.probes)]
         await asyncio.gather(sample(), *tasks)
-    return {"through": through, "direct": direct, "rss": rss}
+    return {"through": through, "direct": direct, "rss": rss, "cpu": cpu}
+
+
+class StubProcess:
+    """The overhead harness's upstream stub (``../shared/bench/overhead/stub.py``: raw asyncio protocol,
+    precomputed answers) on a free loopback port: ``tokens`` content chunks ``1 / decode_tok_s`` apart."""
+
+    def __init__(self, tokens: int, decode_tok_s: float) -> None:
+        self.port = free_port()
+        self.command = [
+            sys.executable,
+            str(STUB),
+            "--port",
+            str(self.port),
+            "--model",
+            MODEL,
+            "--chunks",
+            str(tokens + 2),
+            "--delay-ms",
+            str(1000 / decode_tok_s),
+        ]  # fmt: skip  (the stub's first and last chunks carry no content)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        if not STUB.exists():
+            raise SystemExit(f"--upstream stub needs the overhead harness: {STUB} is missing")
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL)
+        for _ in range(300):
+            if self.process.poll() is not None:
+                raise SystemExit(f"the stub exited with {self.process.returncode}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise SystemExit("the stub did not answer /health")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(30)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -193,7 +262,10 @@ def pct(values: list[float], p: float) -> float:
 
 
 def report(args: argparse.Namespace, result: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
-    through, direct, rss = result["through"], result["direct"], result["rss"]
+    through, direct, rss, cpu = result["through"], result["direct"], result["rss"], result["cpu"]
+    core = (cpu.get("end", math.nan) - cpu.get("open", math.nan)) / (
+        cpu.get("ended_at", math.nan) - cpu.get("opened_at", math.nan)
+    )  # share of one core while every stream was open
 
     def timings(tally: Tally) -> dict[str, float]:
         ok = [s for s in tally.streams if s.error is None and s.ttft is not None]
@@ -220,6 +292,7 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> tuple[str, dict[
         "stalls": stalls,
         "rss_mib": {k: round(v, 1) for k, v in rss.items()},
         "rss_growth": round(growth, 3),
+        "cpu_core_share": round(core, 3),
         "through": {k: round(v, 1) for k, v in mine.items()},
         "direct": {k: round(v, 1) for k, v in floor.items()},
         "added_p99_ms": {
@@ -234,6 +307,7 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> tuple[str, dict[
         and through.lost == 0
         and through.duplicated == 0
         and through.wrong == 0
+        and stalls == 0
         and abs(growth) <= 0.10
     )
     lines = [
@@ -245,6 +319,7 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> tuple[str, dict[
         f"- turnout RSS: {rss['idle']:.0f} MiB idle, {rss.get('open', math.nan):.0f} MiB with every stream "
         f"open, {rss.get('end', math.nan):.0f} MiB at the end ({growth:+.1%}), peak "
         f"{rss.get('peak', math.nan):.0f} MiB",
+        f"- turnout CPU while every stream was open: {core:.1%} of one core",
         f"- stalls (a gap over {args.stall_s:g} s between events): {stalls}",
         "| | TTFT p50 | TTFT p99 | total p50 | total p99 |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -255,7 +330,7 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> tuple[str, dict[
         ),
         f"- added p99: TTFT {summary['added_p99_ms']['ttft']:+.1f} ms, total "
         f"{summary['added_p99_ms']['total']:+.1f} ms",
-        f"- {'PASS' if ok else 'FAIL'}: nothing lost, duplicated or failed; RSS flat within 10%",
+        f"- {'PASS' if ok else 'FAIL'}: nothing lost, duplicated or failed, no stall; RSS flat within 10%",
     ]
     return "\n".join(lines), summary, ok
 
@@ -271,16 +346,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probes", type=int, default=20, help="workers sending straight to the simulator")
     parser.add_argument("--stall-s", type=float, default=5.0)
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    sim = SimProcess(
-        "vllm", MODEL, "--max-num-seqs", str(4 * (args.streams + args.probes)), "--batch-slowdown", "0",
-        "--decode-tok-s", str(args.decode_tok_s), "--prefill-tok-s", "1000000", "--no-tool-calls",
+    parser.add_argument(
+        "--upstream", choices=("sim", "stub"), default="sim",
+        help="what turnout relays: the vLLM simulator, or the overhead harness's raw-protocol stub "
+        "(thousands of streams: the simulator cannot serve them on a small machine)",
     )  # fmt: skip
+    args = parser.parse_args(argv)
+    sim: SimProcess | StubProcess
+    if args.upstream == "stub":
+        sim = StubProcess(args.tokens, args.decode_tok_s)
+    else:
+        sim = SimProcess(
+            "vllm", MODEL, "--max-num-seqs", str(4 * (args.streams + args.probes)), "--batch-slowdown", "0",
+            "--decode-tok-s", str(args.decode_tok_s), "--prefill-tok-s", "1000000", "--no-tool-calls",
+        )  # fmt: skip
     sim.start()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="turnout-soak-") as directory:
         config = Path(directory) / "turnout.toml"
-        config.write_text(CONFIG.format(port=port, url=sim.url, model=MODEL), encoding="utf-8")
+        kind = "openai" if args.upstream == "stub" else "vllm"
+        config.write_text(CONFIG.format(port=port, kind=kind, url=sim.url, model=MODEL), encoding="utf-8")
         server = subprocess.Popen(
             [str(REPO / ".venv" / "bin" / "turnout"), "serve", "--config", str(config)],
             stdout=subprocess.DEVNULL,
