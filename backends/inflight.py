@@ -25,6 +25,7 @@ would wait for its own previous turn).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 
 from policies.types import BackendSnapshot
@@ -52,6 +53,11 @@ class Sent:
         elapsed = now - self.started
         return max(self.prefill_s - max(elapsed - self.queue_s, 0.0), 0.0)
 
+    @property
+    def prefilled_by(self) -> float:
+        """When its prompt is predicted processed: no backlog left from then on."""
+        return self.started + self.queue_s + self.prefill_s
+
 
 @dataclass(frozen=True, slots=True)
 class Load:
@@ -69,15 +75,19 @@ class InFlight:
     """Turnout's requests in flight and the slots they recently left (module docstring).
 
     Kept per backend, in the order they were sent, with the ones still prefilling and the ones
-    pinned to a slot apart: laying them over a snapshot costs what those few and the requests sent
-    since the probe need, not one look at every request in flight (5,000 open streams made that
-    most of the gateway's CPU)."""
+    pinned to a slot apart, and a count of those sent since the backend's last probe: laying them
+    over a snapshot costs what the few pinned or still prefilling need, not one look at every
+    request in flight (5,000 open streams made that most of the gateway's CPU). A request leaves the
+    prefilling ones at its first token, or once its predicted prefill is over (it adds nothing more).
+    """
 
     def __init__(self) -> None:
         self._backend: dict[int, str] = {}  # token -> backend
         self._open: dict[str, dict[int, Sent]] = {}  # per backend, oldest first
         self._prefilling: dict[str, dict[int, Sent]] = {}  # per backend, no first token yet
         self._slotted: dict[str, dict[int, Sent]] = {}  # per backend, pinned to a slot
+        self._probed_at: dict[str, float] = {}  # per backend, when its last probe (``seen``) was taken
+        self._newer: dict[str, int] = {}  # per backend, requests open that began after that probe
         self._ended: dict[tuple[str, int], float] = {}
         self._tokens = itertools.count()
 
@@ -93,6 +103,8 @@ class InFlight:
             self._prefilling.setdefault(backend, {})[token] = request
         if request.slot is not None:
             self._slotted.setdefault(backend, {})[token] = request
+        if request.started > self._probed_at.get(backend, -math.inf):
+            self._newer[backend] = self._newer.get(backend, 0) + 1
         return token
 
     def prefilled(self, token: int) -> None:
@@ -116,7 +128,10 @@ class InFlight:
             return None
         self._prefilling.get(backend, {}).pop(token, None)
         self._slotted.get(backend, {}).pop(token, None)
-        return self._open[backend].pop(token)
+        request = self._open[backend].pop(token)
+        if request.started > self._probed_at.get(backend, -math.inf):
+            self._newer[backend] -= 1
+        return request
 
     def seen(self, snapshot: BackendSnapshot) -> None:
         """A new probe of this backend: what it saw no longer needs laying over; lost requests go."""
@@ -131,13 +146,29 @@ class InFlight:
             lost.append(token)
         for token in lost:
             self._drop(token)
+        self._probed_at[backend] = snapshot.taken_at
+        self._newer[backend] = self._count_newer(backend, snapshot.taken_at)
+
+    def _count_newer(self, backend: str, since: float) -> int:
+        """Requests open on ``backend`` that began after ``since`` (newest first: they were sent in order)."""
+        mine = reversed(self._open.get(backend, {}).values())
+        return sum(1 for _ in itertools.takewhile(lambda r: r.started > since, mine))
+
+    def _backlog(self, backend: str, now: float) -> float:
+        """Seconds of prompt processing still predicted for ``backend``'s requests; those whose
+        prediction is over leave the prefilling ones (they would only ever add 0)."""
+        prefilling = self._prefilling.get(backend)
+        if not prefilling:
+            return 0.0
+        over = [token for token, r in prefilling.items() if r.prefilled_by <= now]
+        for token in over:
+            del prefilling[token]
+        return sum(r.prefill_left_s(now) for r in prefilling.values())
 
     def load(self, now: float) -> dict[str, Load]:
         """This replica's requests per backend, for the other replicas."""
         return {
-            backend: Load(
-                sum(r.prefill_left_s(now) for r in self._prefilling.get(backend, {}).values()), len(requests)
-            )
+            backend: Load(self._backlog(backend, now), len(requests))
             for backend, requests in self._open.items()
             if requests
         }
@@ -155,8 +186,12 @@ class InFlight:
         for request in self._slotted.get(backend, {}).values():  # pinned to one slot: one after the other
             if request.slot is not None:
                 busy[request.slot] = busy.get(request.slot, 0.0) + request.busy_s(now)
-        newer = list(itertools.takewhile(lambda r: r.started > snapshot.taken_at, reversed(mine.values())))
-        pinned = {r.slot for r in newer if r.slot is not None}
+        slotted = self._slotted.get(backend, {}).values()
+        pinned = {r.slot for r in slotted if r.slot is not None and r.started > snapshot.taken_at}
+        if snapshot.taken_at == self._probed_at.get(backend):
+            newer = self._newer[backend]
+        else:  # a snapshot this never saw (not the fleet's latest)
+            newer = self._count_newer(backend, snapshot.taken_at)
         freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since
         slots = tuple(
             replace(
@@ -166,9 +201,8 @@ class InFlight:
             )
             for s in snapshot.slots
         )
-        prefilling = self._prefilling.get(backend, {}).values()
-        backlog = sum(r.prefill_left_s(now) for r in prefilling) + peers.backlog_s
-        running = snapshot.running + len(newer)
+        backlog = self._backlog(backend, now) + peers.backlog_s
+        running = snapshot.running + newer
         capacity = snapshot.total_slots
         queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued
         running = min(running, capacity) if capacity else running

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import httpx
 import structlog
 from litestar import Litestar, Request, Response, get, post
-from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.params import PathParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
@@ -75,41 +74,43 @@ def backend_specs(settings: Settings, catalog: Catalog) -> list[BackendSpec]:
     ]
 
 
-def _relay(state: State) -> Relay:
-    relay: Relay = state.relay
+def _relay(request: Request[Any, Any, Any]) -> Relay:
+    """The app's relay (from the request: a handler that asks for ``state`` has litestar build a
+    ``State`` per request)."""
+    relay: Relay = request.app.state.relay
     return relay
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    return await _relay(state).handle(request, Endpoint.CHAT)
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await _relay(request).handle(request, Endpoint.CHAT)
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    return await _relay(state).handle(request, Endpoint.COMPLETIONS)
+async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await _relay(request).handle(request, Endpoint.COMPLETIONS)
 
 
 @post("/v1/messages", status_code=200)
-async def messages(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+async def messages(request: Request[Any, Any, Any]) -> Response[Any]:
     """Anthropic Messages; x-api-key, anthropic-version, anthropic-beta and ?beta=true are accepted."""
-    return await _relay(state).handle(request, Endpoint.MESSAGES)
+    return await _relay(request).handle(request, Endpoint.MESSAGES)
 
 
 @post("/v1/messages/count_tokens", status_code=200)
-async def count_tokens(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    return await _relay(state).handle(request, Endpoint.COUNT_TOKENS)
+async def count_tokens(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await _relay(request).handle(request, Endpoint.COUNT_TOKENS)
 
 
 @post("/v1/responses", status_code=200)
-async def responses(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    return await _relay(state).handle(request, Endpoint.RESPONSES)
+async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await _relay(request).handle(request, Endpoint.RESPONSES)
 
 
 @get("/v1/models")
-async def list_models(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
     """Every model, in the shape of the API the client speaks (``anthropic-version``: Anthropic's)."""
-    relay = _relay(state)
+    relay = _relay(request)
     key = relay.access.authenticate(request.headers)
     catalog = relay.catalog.visible(lambda name: relay.access.allows(key, name))
     snapshots = relay.fleet.snapshots()
@@ -122,10 +123,10 @@ async def list_models(request: Request[Any, Any, Any], state: State) -> Response
 
 @get("/v1/models/{model_id:path}")
 async def get_model(
-    request: Request[Any, Any, Any], state: State, model_id: Annotated[Path, PathParameter()]
+    request: Request[Any, Any, Any], model_id: Annotated[Path, PathParameter()]
 ) -> Response[Any]:
     """One model by name or alias (names may hold slashes, as ``Qwen/Qwen3.5-27B`` does)."""
-    relay = _relay(state)
+    relay = _relay(request)
     key = relay.access.authenticate(request.headers)
     name = str(model_id).lstrip("/")
     model = relay.catalog.resolve(name)
@@ -136,9 +137,9 @@ async def get_model(
 
 
 @get("/metrics")
-async def metrics(state: State) -> Response[bytes]:
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus metrics (docs/metrics.md): requests, TTFT, tokens, prediction error, fleet gauges."""
-    relay = _relay(state)
+    relay = _relay(request)
     router = relay.router
     fleet = []
     for snapshot in relay.fleet.snapshots():
@@ -162,10 +163,10 @@ async def metrics(state: State) -> Response[bytes]:
 
 
 @get("/health")
-async def health(state: State) -> Response[Any]:
+async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     """200 while at least one backend is ready (or not yet probed); 503 otherwise, and while the
     gateway drains before it exits (``draining``)."""
-    relay = _relay(state)
+    relay = _relay(request)
     snapshots = relay.fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
     circuits = {s.backend_id: s.circuit for s in snapshots}

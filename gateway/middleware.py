@@ -4,7 +4,7 @@ limit on the size of request headers."""
 from __future__ import annotations
 
 import re
-import uuid
+import secrets
 from collections.abc import Callable
 
 import structlog
@@ -24,7 +24,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send)
             return
         incoming = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"").decode("latin-1")
-        request_id = incoming if _VALID_ID.match(incoming) else uuid.uuid4().hex
+        request_id = incoming if _VALID_ID.match(incoming) else secrets.token_hex(16)  # uuid4().hex, cheaper
         header = (b"x-request-id", request_id.encode())
 
         async def send_with_id(message: Message) -> None:

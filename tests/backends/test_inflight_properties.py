@@ -55,7 +55,7 @@ def snapshot(backend: str, taken_at: float) -> BackendSnapshot:
 Step = tuple[str, str, int | None, float, float, int]
 steps = st.lists(
     st.tuples(
-        st.sampled_from(["begin", "begin", "prefilled", "end"]),
+        st.sampled_from(["begin", "begin", "prefilled", "end", "probe", "look"]),
         st.sampled_from(BACKENDS),
         st.sampled_from([None, 0, 1]),
         st.floats(0, 5),
@@ -70,11 +70,19 @@ steps = st.lists(
 def test_the_overlay_is_what_one_look_at_every_request_gives(
     script: list[Step], taken_at: float, now: float
 ) -> None:
+    """Whatever was sent, prefilled, ended and probed, in any order, and however often the overlay
+    was looked at meanwhile (it forgets requests whose predicted prefill is over)."""
     inflight = InFlight()
     live: dict[int, Sent] = {}
     ended: dict[tuple[str, int], float] = {}
     tokens: list[int] = []
+    probed: dict[str, BackendSnapshot] = {}
     clock = 0.0
+
+    def same(backend: str, at: float) -> None:
+        seen = probed.get(backend) or snapshot(backend, taken_at)
+        assert inflight.overlay(seen, at) == naive_overlay(list(live.values()), ended, seen, at)
+
     for kind, backend, slot, total, prefill, pick in script:
         clock += 1.0
         if kind == "begin":
@@ -82,6 +90,11 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
             token = inflight.begin(request)
             live[token] = request
             tokens.append(token)
+        elif kind == "probe":  # taken a little before now: requests sent since it count as newer
+            probed[backend] = snapshot(backend, clock - total)
+            inflight.seen(probed[backend])
+        elif kind == "look":
+            same(backend, clock)
         elif tokens:
             token = tokens[pick % len(tokens)]
             if kind == "prefilled" and token in live:
@@ -91,9 +104,9 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
                 request = live.pop(token)
                 if request.slot is not None:
                     ended[(request.backend_id, request.slot)] = clock
+    now = max(now, clock)  # the clock does not go back
     for backend in BACKENDS:
-        seen = snapshot(backend, taken_at)
-        assert inflight.overlay(seen, now) == naive_overlay(list(live.values()), ended, seen, now)
+        same(backend, now)
     load = inflight.load(now)
     for backend in BACKENDS:
         mine = [r for r in live.values() if r.backend_id == backend]
