@@ -8,6 +8,7 @@ that need a real socket between client and server (``httpx.ASGITransport`` buffe
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 import time
@@ -87,6 +88,15 @@ class GracefulServer(uvicorn.Server):
         self.should_exit = True
 
 
+def settle_heap() -> None:
+    """Put what start-up built (modules, the app, its routes, models and schemas: most of the heap)
+    out of the cyclic garbage collector's way (``gc.freeze``): a full collection no longer walks it.
+    Under load this took the gateway's full collections from ~72 ms to ~17 ms (p50) and its p99 at
+    c1 from 6.7 to 2.0 ms (docs/benchmarks.md, "Garbage collection")."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_gateway(settings: Settings) -> None:
     """Serve the gateway in the foreground until SIGINT/SIGTERM (drained first: ``GracefulServer``)."""
     from gateway.app import create_app
@@ -103,4 +113,5 @@ def run_gateway(settings: Settings) -> None:
         timeout_graceful_shutdown=5,
         limit_concurrency=settings.limits.max_connections,
     )
+    settle_heap()
     GracefulServer(config, app, settings.limits.shutdown_grace_s).run()
