@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ is importable
 from backends.transport import AiohttpTransport
@@ -207,7 +208,32 @@ async def soak(args: argparse.Namespace, turnout_url: str, sim_url: str, pid: in
         tasks = [worker(i, turnout_url, through, args.streams) for i in range(args.streams)]
         tasks += [worker(i, sim_url, direct, args.probes) for i in range(args.probes)]
         await asyncio.gather(sample(), *tasks)
-    return {"through": through, "direct": direct, "rss": rss, "cpu": cpu}
+        scraped = await client.get(turnout_url + "/metrics")
+    return {"through": through, "direct": direct, "rss": rss, "cpu": cpu, "gc": gc_pauses(scraped.text)}
+
+
+def gc_pauses(exposition: str) -> dict[str, dict[str, float]]:
+    """Per generation, from turnout's ``turnout_gc_pause_seconds``: collections, seconds in all, and
+    the smallest bucket bound every pause was under."""
+    samples = [
+        sample
+        for family in text_string_to_metric_families(exposition)
+        if family.name == "turnout_gc_pause_seconds"
+        for sample in family.samples
+    ]
+    pauses: dict[str, dict[str, float]] = {}
+    for sample in samples:
+        mine = pauses.setdefault(sample.labels["generation"], {})
+        if sample.name.endswith("_count"):
+            mine["collections"] = sample.value
+        elif sample.name.endswith("_sum"):
+            mine["seconds"] = round(sample.value, 3)
+    for sample in samples:  # cumulative buckets, ascending: the first that holds them all
+        mine = pauses[sample.labels["generation"]]
+        done = "longest_under_s" in mine or sample.value < mine.get("collections", 0)
+        if sample.name.endswith("_bucket") and not done:
+            mine["longest_under_s"] = float(sample.labels["le"])
+    return pauses
 
 
 class StubProcess:
@@ -293,6 +319,7 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> tuple[str, dict[
         "rss_mib": {k: round(v, 1) for k, v in rss.items()},
         "rss_growth": round(growth, 3),
         "cpu_core_share": round(core, 3),
+        "gc_pauses": result["gc"],
         "through": {k: round(v, 1) for k, v in mine.items()},
         "direct": {k: round(v, 1) for k, v in floor.items()},
         "added_p99_ms": {
@@ -320,6 +347,12 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> tuple[str, dict[
         f"open, {rss.get('end', math.nan):.0f} MiB at the end ({growth:+.1%}), peak "
         f"{rss.get('peak', math.nan):.0f} MiB",
         f"- turnout CPU while every stream was open: {core:.1%} of one core",
+        "- turnout's garbage collector: "
+        + ", ".join(
+            f"gen{g} {p.get('collections', 0):,.0f} collections, {p.get('seconds', 0) * 1000:,.0f} ms, "
+            f"longest <= {p.get('longest_under_s', 0):g} s"
+            for g, p in sorted(result["gc"].items())
+        ),
         f"- stalls (a gap over {args.stall_s:g} s between events): {stalls}",
         "| | TTFT p50 | TTFT p99 | total p50 | total p99 |",
         "| --- | ---: | ---: | ---: | ---: |",

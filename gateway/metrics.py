@@ -4,7 +4,8 @@ Per request (observed once, when its log line is written): requests by model, ba
 status and route reason; TTFT and duration histograms per backend; the TTFT prediction error
 (actual - predicted); prompt, cached and completion tokens; retries; client disconnects. At scrape
 time (a collector reading the latest probes and the state store): backend health and load, drained
-backends, llama.cpp slot leases in use. Names and labels are documented in docs/metrics.md.
+backends, llama.cpp slot leases in use; the garbage collector's pauses (``gateway.gc_pauses``).
+Names and labels are documented in docs/metrics.md.
 
 Each gateway has its own registry (tests start many in one process); label values are bounded:
 models and backends come from the config, reasons from ``policies.Reason``.
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.gc_pauses import PAUSES, GcCollector
 from gateway.record import RequestRecord
 from policies import Endpoint
 
@@ -103,6 +105,8 @@ class Metrics:
             self.retries.labels(endpoint.value)
             self.disconnects.labels(endpoint.value)
         self.registry.register(FleetCollector(lambda: self._rows))
+        PAUSES.install()
+        self.registry.register(GcCollector())
 
     def observe(self, record: RequestRecord, duration_s: float) -> None:
         """One finished request (``RequestRecord.observer``)."""

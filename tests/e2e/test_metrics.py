@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 
 import openai
@@ -77,3 +78,17 @@ def test_a_refused_request_is_counted_with_its_status(stack: Stack) -> None:
         before.get("turnout_requests_total", {}), status="400"
     )
     assert refused == 1
+
+
+def test_garbage_collector_pauses_are_timed(stack: Stack) -> None:
+    """``turnout_gc_pause_seconds``: every collection of the process, per generation, in buckets."""
+    before = scrape(stack)
+    gc.collect()  # a full collection: generation 2
+    after = scrape(stack)
+    full = (("generation", "2"),)
+    assert after["turnout_gc_pause_seconds_count"][full] >= before["turnout_gc_pause_seconds_count"][full] + 1
+    assert after["turnout_gc_pause_seconds_sum"][full] > before["turnout_gc_pause_seconds_sum"][full]
+    buckets = {k: v for k, v in after["turnout_gc_pause_seconds_bucket"].items() if ("generation", "2") in k}
+    by_bound = sorted((float(dict(k)["le"]), v) for k, v in buckets.items())
+    assert [v for _, v in by_bound] == sorted(v for _, v in by_bound)  # cumulative
+    assert by_bound[-1][1] == after["turnout_gc_pause_seconds_count"][full]
