@@ -88,13 +88,26 @@ class GracefulServer(uvicorn.Server):
         self.should_exit = True
 
 
+FULL_COLLECTION_EVERY = 100
+"""Young-generation collections between two full ones (Python's default: 10)."""
+
+
 def settle_heap() -> None:
-    """Put what start-up built (modules, the app, its routes, models and schemas: most of the heap)
-    out of the cyclic garbage collector's way (``gc.freeze``): a full collection no longer walks it.
-    Under load this took the gateway's full collections from ~72 ms to ~17 ms (p50) and its p99 at
-    c1 from 6.7 to 2.0 ms (docs/benchmarks.md, "Garbage collection")."""
+    """Set the cyclic garbage collector up for a server (docs/decisions.md; "Garbage collection" in
+    docs/benchmarks.md has the measurements):
+
+    - what start-up built (modules, the app, its routes, models and schemas: most of the heap) is
+      frozen (``gc.freeze``), so no collection walks it again: full collections under load went
+      from ~72 to ~17 ms (p50), the c1 p99 from 6.7 to 2.0 ms;
+    - full collections come after ``FULL_COLLECTION_EVERY`` middle-generation ones instead of 10:
+      each walks every object alive, ~0.4-0.5 s with 5,000 streams open, and every request and
+      stream waits meanwhile (14 in a 4-minute soak at 10, 1 at 100). Almost all garbage is freed
+      by reference counting the moment it is dropped; only reference cycles wait for a collection.
+    """
     gc.collect()
     gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
 def run_gateway(settings: Settings) -> None:
