@@ -17,7 +17,6 @@ from typing import Any
 import structlog
 from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
 from backends.base import Adapter, UpstreamRequest
 from backends.errors import UpstreamError, UpstreamStatusError, UpstreamStreamError, UpstreamUnavailable
@@ -43,6 +42,7 @@ from gateway.metrics import Metrics
 from gateway.record import RequestRecord
 from gateway.requests import parse_body, read_body
 from gateway.routing import Routed, Router, decision_entry, engine_counted
+from gateway.streaming import EventStream
 from gateway.timeline import turn_record
 from policies import Decision, Endpoint, Reason, RequestFeatures, extract
 from policies.types import Outcome, Rejection
@@ -288,7 +288,7 @@ class Relay:
             headers = self._headers(opened)
             if opened.relay.request.stream:
                 await watch.stop()
-                return Stream(
+                return EventStream(
                     self._stream(opened, record, _api(endpoint)),
                     media_type="text/event-stream",
                     headers={**SSE_HEADERS, **headers},
