@@ -52,6 +52,7 @@ def test_the_app_is_built_then_frozen_and_full_collections_are_rarer(
         assert isinstance(self.app, Litestar)  # built before the freeze, so frozen with the rest
 
     monkeypatch.setattr(serving.GracefulServer, "run", serve)
+    monkeypatch.setattr("gateway.logging.configure_logging", lambda *_: None)  # global: the suite's own stays
     config = tmp_path / "turnout.toml"
     config.write_text(CONFIG, encoding="utf-8")
     assert gc.get_freeze_count() == 0
