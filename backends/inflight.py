@@ -16,7 +16,8 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   prompt chunks of earlier requests first, so a new request's first token waits for that backlog.
 
 Other gateway replicas on the same engines publish their requests' ``Load`` (``gateway.replicas``):
-their prefill backlog adds to this one's. Their running requests and busy slots are not laid over:
+their prefill backlog adds to this one's, less the time since they measured it (the engine works it
+off meanwhile; a request that has finished since must not keep a session off its warm slot). Their running requests and busy slots are not laid over:
 the engines' own counts, in the next probe, include them, while a replica's publication is up to a
 second old (a slot its request just left would look busy, and a session that alternates replicas
 would wait for its own previous turn).
@@ -66,9 +67,17 @@ class Load:
 
     backlog_s: float = 0.0
     running: int = 0
+    at: float = 0.0
+    """When it was measured (wall clock; 0: now): the engine works the backlog off meanwhile."""
+
+    def backlog_at(self, now: float) -> float:
+        """The backlog left at ``now``: the prefill predicted when measured, less the time since. A
+        replica's word is up to a second old; its request may have long passed its prompt."""
+        return max(0.0, self.backlog_s - max(0.0, now - self.at)) if self.at else self.backlog_s
 
     def __add__(self, other: Load) -> Load:
-        return Load(self.backlog_s + other.backlog_s, self.running + other.running)
+        at = max(self.at, other.at)  # both as of the later measurement
+        return Load(self.backlog_at(at) + other.backlog_at(at), self.running + other.running, at)
 
 
 class InFlight:
@@ -168,7 +177,7 @@ class InFlight:
     def load(self, now: float) -> dict[str, Load]:
         """This replica's requests per backend, for the other replicas."""
         return {
-            backend: Load(self._backlog(backend, now), len(requests))
+            backend: Load(self._backlog(backend, now), len(requests), now)
             for backend, requests in self._open.items()
             if requests
         }
@@ -201,7 +210,7 @@ class InFlight:
             )
             for s in snapshot.slots
         )
-        backlog = self._backlog(backend, now) + peers.backlog_s
+        backlog = self._backlog(backend, now) + peers.backlog_at(now)
         running = snapshot.running + newer
         capacity = snapshot.total_slots
         queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued

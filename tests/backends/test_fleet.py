@@ -121,6 +121,17 @@ def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
 
 def test_loads_add_up() -> None:
     assert Load(1.0, 1) + Load(0.5, 2) == Load(1.5, 3)
+    assert Load(1.0, 1, at=NOW - 0.25) + Load(0.5, 2, at=NOW) == Load(0.75 + 0.5, 3, at=NOW)
+
+
+def test_another_replicas_backlog_is_worked_off_while_its_word_travels(fleet: Fleet) -> None:
+    """A replica publishes its prefill backlog twice a second; by the time another routes on it, the
+    engine has worked through part of it (a request that finished since must not hold a slot's
+    session off its warm slot: two replicas alternating one session)."""
+    fleet.peers = {"llama": Load(1.0, 1, at=NOW - 0.4)}
+    assert fleet.snapshots()[0].prefill_backlog_s == pytest.approx(0.6)
+    fleet.peers = {"llama": Load(1.0, 1, at=NOW - 2.0)}
+    assert fleet.snapshots()[0].prefill_backlog_s == 0.0
 
 
 def test_an_engine_whose_work_counter_went_back_restarted(fleet: Fleet) -> None:
