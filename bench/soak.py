@@ -25,7 +25,7 @@ an ``openai`` backend; the same answer to every prompt, checked byte for byte al
 simulator cannot serve thousands of streams on a 2-core machine, the stub can. The scale target
 (5,000 streams in one process, < 1 GB RSS, no stall)::
 
-    .venv/bin/python bench/soak.py --upstream stub --streams 5000 --minutes 3 --tokens 16 \
+    .venv/bin/python bench/soak.py --upstream stub --streams 5000 --minutes 4 --tokens 16 \
         --decode-tok-s 0.2 --stall-s 10
 """
 
