@@ -17,10 +17,10 @@ looked idle, and a slot turnout's own request just left would still look busy. S
 
 Other gateway replicas on the same engines publish their requests' ``Load`` (``gateway.replicas``):
 their prefill backlog adds to this one's, less the time since they measured it (the engine works it
-off meanwhile; a request that has finished since must not keep a session off its warm slot). Their running requests and busy slots are not laid over:
-the engines' own counts, in the next probe, include them, while a replica's publication is up to a
-second old (a slot its request just left would look busy, and a session that alternates replicas
-would wait for its own previous turn).
+off meanwhile; a request that has finished since must not keep a session off its warm slot).
+Their running requests and busy slots are not laid over: the engines' own counts, in the next probe,
+include them, while a replica's publication is up to a second old (a slot its request just left
+would look busy, and a session that alternates replicas would wait for its own previous turn).
 """
 
 from __future__ import annotations
