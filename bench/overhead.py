@@ -1,6 +1,6 @@
 """What the gateway adds to a near-free upstream, beside nginx in the same run (issue #15).
 
-    .venv/bin/python bench/overhead.py [--no-nginx] [--md-out FILE] [harness options ...]
+    .venv/bin/python bench/overhead.py [--no-nginx] [--floor] [--before DIR] [--md-out FILE] [harness options ...]
 
 Runs the shared harness (``../shared/bench/overhead``, see its README: wrk, its stub on
 127.0.0.1:9000, CPU pinning) against ``turnout serve`` with a config this script writes (one
@@ -12,6 +12,10 @@ Needs ``wrk`` and ``nginx`` (Debian packages: ``apt-get install -y wrk nginx``).
 ``--before DIR`` adds an earlier turnout to the same run as ``turnout-before`` (a checkout, e.g.
 ``git worktree add /tmp/before <rev>``, run with this venv's packages on port 8485): before and after
 measured side by side, on the same machine load.
+
+``--floor`` adds ``bench/floor.py`` as ``floor``: a bare ASGI relay on uvicorn and aiohttp, the
+stack turnout is built on with nothing of turnout's, so what the stack costs and what turnout adds
+to it are told apart in one run.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 HARNESS = REPO.parent / "shared" / "bench" / "overhead"
 PORT = 8484
 BEFORE_PORT = 8485
+FLOOR_PORT = 8486
 TEMPLATE = """\
 log_level = "warning"
 port = {port}
@@ -55,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-nginx", action="store_true", help="measure turnout (and direct) only")
     parser.add_argument("--before", type=Path, default=None, help="an earlier turnout checkout to compare")
+    parser.add_argument(
+        "--floor", action="store_true", help="add bench/floor.py: uvicorn + aiohttp alone, no gateway"
+    )
     args, harness_args = parser.parse_known_args(argv)
     for tool in ("wrk", *(() if args.no_nginx else ("nginx",))):
         if shutil.which(tool) is None:
@@ -76,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
                 "--target", f"turnout-before=http://127.0.0.1:{BEFORE_PORT}/v1",
                 "--start", f"turnout-before=env -C {checkout} PYTHONPATH={checkout} {python} -m gateway serve"
                 f" --config {before}",  # -C: ``-m`` puts the working directory first on the path
+            ]  # fmt: skip
+        if args.floor:
+            python = REPO / ".venv" / "bin" / "python"
+            command += [
+                "--target", f"floor=http://127.0.0.1:{FLOOR_PORT}/v1",
+                "--start", f"floor={python} {REPO / 'bench' / 'floor.py'} --port {FLOOR_PORT}",
             ]  # fmt: skip
         if not args.no_nginx:
             prefix = Path(directory) / "nginx"

@@ -53,7 +53,8 @@ def message_text(content: Any) -> str:
     return ""
 
 
-def _tool_calls(message: Mapping[str, Any]) -> str:
+def tool_calls_text(message: Mapping[str, Any]) -> str:
+    """A message's tool calls as ``render`` puts them: ``name(arguments)``, joined by ``;``."""
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return ""
@@ -84,7 +85,7 @@ def render(messages: Iterable[Any], tools: Any = None) -> bytes:
         if not isinstance(message, Mapping):
             continue
         parts.append(f"\x1e{message.get('role', '')}\x1f{message_text(message.get('content'))}")
-        if calls := _tool_calls(message):
+        if calls := tool_calls_text(message):
             parts.append(f"\x1d{calls}")
         if call_id := message.get("tool_call_id"):
             parts.append(f"\x1c{call_id}")

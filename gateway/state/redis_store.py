@@ -325,8 +325,13 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-Packed = tuple[int, list[tuple[str, int, int, tuple[int, ...], bool]]]
-"""A PromptShape as msgpack arrays (field names repeated per message would double it)."""
+class Packed(msgspec.Struct, array_like=True):
+    """A PromptShape as msgpack arrays (field names repeated per message would double it). Records
+    written before shapes said how they were digested have two fields: their digests are BLAKE2b (1)."""
+
+    tools: int
+    messages: list[tuple[str, int, int, tuple[int, ...], bool]]
+    digests: int = 1
 
 
 def pack(session: SessionView) -> bytes:
@@ -334,7 +339,8 @@ def pack(session: SessionView) -> bytes:
     shape = session.shape
     packed: Packed | None = None
     if shape is not None:
-        packed = (shape.tools, [(m.role, m.chars, m.digest, m.pieces, m.reasoning) for m in shape.messages])
+        messages = [(m.role, m.chars, m.digest, m.pieces, m.reasoning) for m in shape.messages]
+        packed = Packed(shape.tools, messages, shape.digests)
     return msgspec.msgpack.encode((replace(session, shape=None), packed))
 
 
@@ -342,8 +348,8 @@ def unpack(raw: Any) -> SessionView:
     session, packed = msgspec.msgpack.decode(_bytes(raw), type=tuple[SessionView, Packed | None])
     if packed is None:
         return session
-    tools, messages = packed
-    return replace(session, shape=PromptShape(tools, tuple(MessageMark(*m) for m in messages)))
+    marks = tuple(MessageMark(*m) for m in packed.messages)
+    return replace(session, shape=PromptShape(packed.tools, marks, packed.digests))
 
 
 def _bytes(value: Any) -> bytes:

@@ -1,0 +1,84 @@
+"""The stack's floor: what uvicorn and aiohttp alone cost per relayed request (issue #15).
+
+    .venv/bin/python bench/floor.py [--port 8486] [--upstream http://127.0.0.1:9000]
+
+A bare ASGI callable on the server turnout runs on (uvicorn with uvloop and httptools, one process)
+that sends each POST to the upstream through one aiohttp session (the client turnout's transport
+uses) and relays the answer as it comes: status, content type, body chunks. Nothing else: no
+framework, no routing, no parsing, no logging, no metrics. ``bench/overhead.py --floor`` runs it
+beside turnout and nginx in one harness run, so what turnout adds to the stack it is built on is
+measured apart from what the stack itself costs. Loopback only; not a gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import aiohttp
+import uvicorn
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class Floor:
+    """The relay (module docstring): one upstream session, opened in the serving loop."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False
+            )
+        async with self.session.post(
+            self.upstream + scope["path"], data=bytes(body), headers={"content-type": "application/json"}
+        ) as answer:
+            kind = answer.headers.get("content-type", "application/json").encode()
+            await send({"type": "http.response.start", "status": answer.status, "headers": [(b"content-type", kind)]})
+            async for chunk in answer.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.session is not None:
+                    await self.session.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--port", type=int, default=8486)
+    parser.add_argument("--upstream", default="http://127.0.0.1:9000")
+    args = parser.parse_args(argv)
+    uvicorn.run(
+        Floor(args.upstream), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
