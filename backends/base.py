@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import httpx
 import msgspec
+from msgspec.structs import replace
 
 from backends.errors import UpstreamStatusError, UpstreamUnavailable, parse_error_body
 from backends.parsers.openai import ServedModel, parse_models
@@ -57,8 +58,7 @@ class BackendSpec:
     deployments: tuple[Deployment, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class UpstreamRequest:
+class UpstreamRequest(msgspec.Struct, frozen=True):
     """A request ready to send, and the rewrites its response needs on the way back."""
 
     backend_id: str
@@ -72,7 +72,7 @@ class UpstreamRequest:
     """``(b'"model":"<upstream>"', b'"model":"<client>"')`` when the names differ."""
     anthropic_from_chat: str | None = None
     """Sent as chat completions for an Anthropic client: translate the answer back (client's model name)."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = msgspec.field(default_factory=dict)
 
 
 def model_rename(upstream: str, client: str) -> tuple[bytes, bytes] | None:

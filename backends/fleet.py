@@ -10,10 +10,10 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import httpx
 import structlog
+from msgspec.structs import replace
 
 from backends.base import Adapter, BackendSpec, Poster
 from backends.breaker import Breaker

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+
+import msgspec
+from msgspec.structs import replace
 
 from policies.types import BackendSnapshot
 
@@ -35,8 +37,7 @@ OVERDUE_FLOOR = 0.3
 FORGET_AFTER_S = 3600.0  # a request not ended by then was lost
 
 
-@dataclass(frozen=True, slots=True)
-class Sent:
+class Sent(msgspec.Struct, frozen=True):
     """One request in flight, with what routing predicted for it (seconds)."""
 
     backend_id: str
@@ -60,8 +61,7 @@ class Sent:
         return self.started + self.queue_s + self.prefill_s
 
 
-@dataclass(frozen=True, slots=True)
-class Load:
+class Load(msgspec.Struct, frozen=True):
     """Requests in flight on one backend, as another replica sees them: their prefill backlog (what
     the engines cannot report) and how many."""
 

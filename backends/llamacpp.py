@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import msgspec
+from msgspec.structs import replace
 
 from backends.anthropic_chat import to_chat
 from backends.base import UPSTREAM_PATHS, Adapter, UpstreamRequest

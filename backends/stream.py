@@ -20,12 +20,12 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import httpx
 import msgspec
 import structlog
+from msgspec.structs import replace
 
 from backends.anthropic_chat import StreamTranslator, to_message
 from backends.base import UpstreamRequest

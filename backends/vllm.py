@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, ClassVar
+
+from msgspec.structs import replace
 
 from backends.base import Adapter
 from backends.parsers.vllm import parse_metrics

@@ -50,7 +50,9 @@ class Floor:
             self.upstream + scope["path"], data=bytes(body), headers={"content-type": "application/json"}
         ) as answer:
             kind = answer.headers.get("content-type", "application/json").encode()
-            await send({"type": "http.response.start", "status": answer.status, "headers": [(b"content-type", kind)]})
+            await send(
+                {"type": "http.response.start", "status": answer.status, "headers": [(b"content-type", kind)]}
+            )
             async for chunk in answer.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
@@ -74,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8486)
     parser.add_argument("--upstream", default="http://127.0.0.1:9000")
     args = parser.parse_args(argv)
-    uvicorn.run(
-        Floor(args.upstream), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
-    )
+    uvicorn.run(Floor(args.upstream), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
     return 0
 
 

@@ -1,6 +1,6 @@
 """What the gateway adds to a near-free upstream, beside nginx in the same run (issue #15).
 
-    .venv/bin/python bench/overhead.py [--no-nginx] [--floor] [--before DIR] [--md-out FILE] [harness options ...]
+    .venv/bin/python bench/overhead.py [--no-nginx] [--floor] [--before DIR] [--md-out FILE] [harness opts]
 
 Runs the shared harness (``../shared/bench/overhead``, see its README: wrk, its stub on
 127.0.0.1:9000, CPU pinning) against ``turnout serve`` with a config this script writes (one

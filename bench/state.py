@@ -82,7 +82,7 @@ async def memory_per_session(url: str, sessions: int) -> float:
     after = (await client.info("memory"))["used_memory"]
     await store.close()
     await client.aclose()
-    return (after - before) / sessions
+    return float(after - before) / sessions
 
 
 def main(argv: list[str] | None = None) -> int:

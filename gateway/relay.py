@@ -11,12 +11,13 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
+from msgspec.structs import replace
 
 from backends.base import Adapter, UpstreamRequest
 from backends.errors import UpstreamError, UpstreamStatusError, UpstreamStreamError, UpstreamUnavailable
@@ -141,8 +142,7 @@ def in_flight(decision: Decision) -> Sent:
     return replace(request, total_s=estimate.total_s, queue_s=estimate.queue_s, prefill_s=estimate.prefill_s)
 
 
-@dataclass(frozen=True, slots=True)
-class Opened:
+class Opened(msgspec.Struct, frozen=True):
     routed: Routed
     relay: ResponseRelay
     token: int  # the fleet's note of this in-flight request

@@ -11,10 +11,11 @@ import hashlib
 import itertools
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
 import structlog
+from msgspec.structs import replace
 
 from backends.errors import UpstreamStatusError
 from backends.fleet import Fleet
@@ -48,8 +49,7 @@ NEAR_LIMIT_LEARNED = 0.1  # ... or within 10% once the model's characters per to
 MIN_COUNTED_PROMPT = 512
 
 
-@dataclass(frozen=True, slots=True)
-class Routed:
+class Routed(msgspec.Struct, frozen=True):
     """A decision with the session it was made for."""
 
     decision: Decision

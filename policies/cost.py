@@ -75,28 +75,47 @@ def expected_output(features: RequestFeatures, learned: LearnedState) -> int:
     return max(1, min(features.max_tokens, typical) if features.max_tokens is not None else typical)
 
 
-def _objective(option: SlotOption, features: RequestFeatures, situation: Situation, horizon: float) -> float:
-    stats = situation.stats
-    queue = option.queue_s * stats.queue_factor.value
-    ttft = queue + (features.prompt_tokens - option.cached) / stats.prefill_tok_s.value
-    future = _future(features, situation, option.cached_next, queue)
-    return ttft + horizon * future + option.evict_cost_s
+class _Objective:
+    """One candidate's objective for each of its options: this turn's TTFT, the turns to come
+    (``horizon`` of them, behind the same queue) and what an eviction costs. The next turn's prefill
+    depends only on what it would find cached (``cached_next``: the same for every slot of a
+    backend), so it is worked out once per value, and not at all without a horizon."""
+
+    __slots__ = ("_next", "_queue_factor", "_rate", "features", "horizon", "situation")
+
+    def __init__(self, features: RequestFeatures, situation: Situation, horizon: float) -> None:
+        self.features, self.situation, self.horizon = features, situation, horizon
+        self._rate = situation.stats.prefill_tok_s.value
+        self._queue_factor = situation.stats.queue_factor.value
+        self._next: dict[int, float] = {}
+
+    def __call__(self, option: SlotOption) -> float:
+        queue = option.queue_s * self._queue_factor
+        ttft = queue + (self.features.prompt_tokens - option.cached) / self._rate
+        if not self.horizon:
+            return ttft + option.evict_cost_s
+        return ttft + self.horizon * self.future(option.cached_next, queue) + option.evict_cost_s
+
+    def future(self, cached_next: int, queue_s: float) -> float:
+        """Predicted TTFT of the session's next turn (module docstring): its prefill, behind a queue
+        as long as this turn's (contention lasts longer than one turn)."""
+        prefill = self._next.get(cached_next)
+        if prefill is None:
+            prefill = self._next[cached_next] = _next_prefill(self.features, self.situation, cached_next)
+        return queue_s + prefill
 
 
-def _future(features: RequestFeatures, situation: Situation, cached_next: int, queue_s: float) -> float:
-    """Predicted TTFT of the session's next turn (module docstring): its prefill, behind a queue as
-    long as this turn's (contention lasts longer than one turn)."""
+def _next_prefill(features: RequestFeatures, situation: Situation, cached_next: int) -> float:
+    """The prefill of the session's next turn, were ``cached_next`` tokens of it cached."""
     session, stats = situation.session, situation.stats
     if session is None:
         return 0.0
     prompt = features.prompt_tokens
     growth = prompt - session.prompt_tokens if session.turns > 0 else round(prompt * GROWTH_PRIOR)
     next_prompt = prompt + max(growth, 1)
-    if situation.snapshot.kind is EngineKind.LLAMACPP:
-        reused = reuse(cached_next, stats, stats.reuse.value, token_exact=True)
-    else:
-        reused = reuse(cached_next, stats, stats.reuse.value, token_exact=False)
-    return queue_s + (next_prompt - min(reused, next_prompt - 1)) / stats.prefill_tok_s.value
+    token_exact = situation.snapshot.kind is EngineKind.LLAMACPP
+    reused = reuse(cached_next, stats, stats.reuse.value, token_exact=token_exact)
+    return (next_prompt - min(reused, next_prompt - 1)) / stats.prefill_tok_s.value
 
 
 def estimate(
@@ -122,13 +141,14 @@ def estimate(
     )
     chance = 1.0 if proven(features, session) else follow if session is not None else 0.0
     horizon = LOOKAHEAD_TURNS * keep * chance
+    objective = _Objective(features, situation, horizon)
     if snapshot.kind is EngineKind.LLAMACPP:
         options = llama_options(features, situation)
         last_used = {lease.slot: lease.last_used for lease in leases}
         option = min(
             options,
             key=lambda o: (
-                round(_objective(o, features, situation, horizon), 6),
+                round(objective(o), 6),
                 o.slot is None,
                 last_used.get(o.slot, -1.0) if o.slot is not None else 0.0,
             ),
@@ -156,7 +176,7 @@ def estimate(
         total_s=total,
         prefill_s=prefill,
         shared_prefix_tokens=shared,
-        future_s=_future(features, situation, option.cached_next, queue) if horizon else 0.0,
+        future_s=objective.future(option.cached_next, queue) if horizon else 0.0,
         horizon=horizon,
         contended=snapshot.running > 0 or snapshot.queued > 0,
         slot=option.slot,

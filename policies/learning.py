@@ -50,8 +50,10 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+
+import msgspec
+from msgspec.structs import replace
 
 from policies.types import Architecture, Deployment, EngineKind, Estimate, Outcome
 
@@ -87,8 +89,7 @@ def prior_reuse(kind: EngineKind, architecture: Architecture) -> float:
     return 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Ewma:
+class Ewma(msgspec.Struct, frozen=True):
     value: float
     prior: float
     samples: int = 0
@@ -116,15 +117,14 @@ def reusable(tokens: int, block: int) -> int:
     return max(tokens - 1, 0) // size * size
 
 
-@dataclass(frozen=True, slots=True)
-class DeploymentStats:
+class DeploymentStats(msgspec.Struct, frozen=True):
     prefill_tok_s: Ewma
     decode_tok_s: Ewma
     reuse: Ewma
     service_s: Ewma
-    ram_reuse: Ewma = field(default_factory=lambda: Ewma(0.0, 0.0, ratio=True))
-    ram_tokens: Ewma = field(default_factory=lambda: Ewma(PRIOR_RAM_TOKENS, PRIOR_RAM_TOKENS))
-    queue_factor: Ewma = field(default_factory=lambda: Ewma(1.0, 1.0))
+    ram_reuse: Ewma = msgspec.field(default_factory=lambda: Ewma(0.0, 0.0, ratio=True))
+    ram_tokens: Ewma = msgspec.field(default_factory=lambda: Ewma(PRIOR_RAM_TOKENS, PRIOR_RAM_TOKENS))
+    queue_factor: Ewma = msgspec.field(default_factory=lambda: Ewma(1.0, 1.0))
     block: int = 0  # 0: no hit seen yet
 
     @classmethod
@@ -143,17 +143,15 @@ class DeploymentStats:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ModelStats:
+class ModelStats(msgspec.Struct, frozen=True):
     chars_per_token: Ewma
     completion_tokens: Ewma
 
 
-@dataclass(frozen=True, slots=True)
-class LearnedState:
-    deployments: Mapping[str, DeploymentStats] = field(default_factory=lambda: MappingProxyType({}))
-    models: Mapping[str, ModelStats] = field(default_factory=lambda: MappingProxyType({}))
-    speed: Ewma = field(default_factory=lambda: Ewma(1.0, 1.0))
+class LearnedState(msgspec.Struct, frozen=True):
+    deployments: Mapping[str, DeploymentStats] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    models: Mapping[str, ModelStats] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    speed: Ewma = msgspec.field(default_factory=lambda: Ewma(1.0, 1.0))
     """Measured prefill rates over their priors, across deployments: scales an unmeasured one's prior."""
 
     def for_deployment(self, deployment: Deployment, kind: EngineKind) -> DeploymentStats:

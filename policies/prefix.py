@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 CHUNK_BYTES = 1024
 """Bytes per chunk (about 280 tokens of English or code)."""
 HASH_BYTES = 8
@@ -105,8 +107,7 @@ def _digest(data: bytes | memoryview) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=HASH_BYTES).digest(), "big")
 
 
-@dataclass(frozen=True, slots=True)
-class PromptMark:
+class PromptMark(msgspec.Struct, frozen=True):
     """A prompt known by its hashes alone: its length in bytes, its last full chunk, its whole digest."""
 
     length: int

@@ -8,7 +8,8 @@ routing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from policies.filters import FILTERS
 from policies.scorers import SCORERS
@@ -21,8 +22,7 @@ class ProfileError(ValueError):
     """A profile names a filter or scorer that does not exist, or gives a bad weight."""
 
 
-@dataclass(frozen=True, slots=True)
-class Profile:
+class Profile(msgspec.Struct, frozen=True):
     """A validated routing configuration."""
 
     name: str

@@ -7,8 +7,9 @@ same decision. Ties keep the snapshot order (the order backends are configured i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
+
+import msgspec
 
 from policies.cost import estimate
 from policies.filters import FILTERS, Candidate
@@ -30,16 +31,15 @@ from policies.types import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingContext:
+class RoutingContext(msgspec.Struct, frozen=True):
     """What routing knows beyond the request and the snapshots: the session, slot leases, what each
     backend holds of the prompt (the prefix index), learning."""
 
     session: SessionView | None = None
-    leases: Mapping[str, tuple[SlotLease, ...]] = field(default_factory=lambda: MappingProxyType({}))
-    learned: LearnedState = field(default_factory=LearnedState)
+    leases: Mapping[str, tuple[SlotLease, ...]] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    learned: LearnedState = msgspec.field(default_factory=LearnedState)
     sequence: int = 0  # a request counter, for round-robin
-    matches: Mapping[str, PrefixMatch] = field(default_factory=lambda: MappingProxyType({}))
+    matches: Mapping[str, PrefixMatch] = msgspec.field(default_factory=lambda: MappingProxyType({}))
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S
     drained: frozenset[str] = frozenset()  # backends an admin drained: no new requests
     live_sessions: int = 0  # sessions that sent a turn within ``lease_idle_s``, this one included

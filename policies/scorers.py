@@ -19,13 +19,13 @@ them with the profile's weights, so a scorer only states its formula.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from policies.types import BackendSnapshot, Deployment, EngineKind, Estimate, RequestFeatures
 
 
-@dataclass(frozen=True, slots=True)
-class CandidateView:
+class CandidateView(msgspec.Struct, frozen=True):
     """A candidate as scorers see it: the deployment, its backend's snapshot, the cost estimate."""
 
     deployment: Deployment

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from policies.prefix import message_text, render, tool_calls_text
 
@@ -36,8 +37,7 @@ def _digest(data: bytes, previous: int = 0) -> int:
     return zlib.crc32(data, previous)
 
 
-@dataclass(frozen=True, slots=True)
-class MessageMark:
+class MessageMark(msgspec.Struct, frozen=True):
     role: str
     chars: int
     digest: int
@@ -45,15 +45,13 @@ class MessageMark:
     reasoning: bool = False  # the message carried reasoning (``reasoning_content``, thinking blocks)
 
 
-@dataclass(frozen=True, slots=True)
-class PromptShape:
+class PromptShape(msgspec.Struct, frozen=True):
     tools: int
     messages: tuple[MessageMark, ...]
     digests: int = DIGESTS  # how they were made (``DIGESTS``)
 
 
-@dataclass(frozen=True, slots=True)
-class Break:
+class Break(msgspec.Struct, frozen=True):
     """Where a prompt stopped extending the previous one.
 
     ``kind``: ``tools-changed``, ``edited``, ``dropped`` (a message of the previous prompt is gone),

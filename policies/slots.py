@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from policies.learning import DeploymentStats, reusable
 from policies.types import (
@@ -58,8 +59,7 @@ RECENCY_HALF_LIFE = 0.1
 """A lease's holder is half as likely to come back after idling this fraction of ``lease_idle_s``."""
 
 
-@dataclass(frozen=True, slots=True)
-class Situation:
+class Situation(msgspec.Struct, frozen=True):
     """Everything one candidate's estimate reads besides the request and the deployment."""
 
     snapshot: BackendSnapshot
@@ -121,8 +121,7 @@ def proven(features: RequestFeatures, session: SessionView | None) -> bool:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class SlotOption:
+class SlotOption(msgspec.Struct, frozen=True):
     """One way to send the request to a llama.cpp backend; ``note()`` explains it (built only for
     the option a candidate settles on: most options of a decision are never shown)."""
 
@@ -206,8 +205,7 @@ def consults_ram(match: SlotMatch, prompt_tokens: int) -> bool:
     return match.tokens / match.held < 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class _Reuse:
+class _Reuse(msgspec.Struct, frozen=True):
     """What a slot choice reuses: ``cached`` tokens from ``source``, of ``usable`` by the engine's
     rules; ``potential``: what the RAM cache would give were its entry there (for learning)."""
 
@@ -217,8 +215,7 @@ class _Reuse:
     potential: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Ram:
+class _Ram(msgspec.Struct, frozen=True):
     """The RAM cache's best entry for this prompt, the same for every slot: what a restore would
     give (``potential``, by the slot rules of ``usable`` at ``ram_reuse``), its usable tokens, and
     whether it is still there (``_in_ram``)."""

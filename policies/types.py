@@ -6,8 +6,9 @@ functions in this package. Nothing here does I/O or reads a clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import StrEnum
+
+import msgspec
 
 from policies.prefix import EMPTY_CHAIN, PromptChain, PromptMark
 from policies.shape import PromptShape
@@ -83,8 +84,7 @@ class SessionSource(StrEnum):
     NONE = "none"
 
 
-@dataclass(frozen=True, slots=True)
-class Deployment:
+class Deployment(msgspec.Struct, frozen=True):
     """One model on one backend: the facts routing needs about that pair."""
 
     model: str
@@ -97,8 +97,7 @@ class Deployment:
     params_active_b: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SlotState:
+class SlotState(msgspec.Struct, frozen=True):
     """One llama-server slot as ``/slots`` reported it.
 
     ``busy_s``: when turnout itself has a request running there, the predicted seconds it still
@@ -111,8 +110,7 @@ class SlotState:
     busy_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class BackendSnapshot:
+class BackendSnapshot(msgspec.Struct, frozen=True):
     """An immutable view of one backend at one instant, produced by its probe.
 
     ``deployments`` are the configured deployments on this backend, with context windows corrected
@@ -147,8 +145,7 @@ class BackendSnapshot:
         return next((d for d in self.deployments if d.model == model), None)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestFeatures:
+class RequestFeatures(msgspec.Struct, frozen=True):
     """What a policy may know about one request, extracted once from its body.
 
     ``chain`` is the prompt as content-addressed chunks (``policies.prefix``): a request that
@@ -170,8 +167,7 @@ class RequestFeatures:
     needs_response_store: bool = False  # a Responses request with previous_response_id
 
 
-@dataclass(frozen=True, slots=True)
-class SessionView:
+class SessionView(msgspec.Struct, frozen=True):
     """What the gateway remembers of a session: where it went last, and its last prompt.
 
     ``prompt_tokens`` is the engine's count of the session's last prompt, ``prompt`` that prompt's
@@ -195,8 +191,7 @@ class SessionView:
     saved_s: float = 0.0  # prefill seconds its cached tokens saved, at the learned rates
 
 
-@dataclass(frozen=True, slots=True)
-class SlotLease:
+class SlotLease(msgspec.Struct, frozen=True):
     """A llama.cpp slot held by one session since its last request there (``tokens``: its last prompt)."""
 
     slot: int
@@ -205,8 +200,7 @@ class SlotLease:
     tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class SlotMatch:
+class SlotMatch(msgspec.Struct, frozen=True):
     """What one llama.cpp slot holds of a prompt, by turnout's prefix index.
 
     ``tokens``: the prompt's longest prefix the slot holds; ``whole``: the slot's whole prompt is a
@@ -219,8 +213,7 @@ class SlotMatch:
     held: int = 0  # tokens of the prompt the slot holds (0: turnout sent nothing there)
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixMatch:
+class PrefixMatch(msgspec.Struct, frozen=True):
     """What one backend holds of a prompt, by turnout's prefix index.
 
     ``slots``: per llama.cpp slot, what turnout last sent there; ``recent``: the longest prefix of
@@ -243,8 +236,7 @@ class PrefixMatch:
         return SlotMatch(-1, self.recent, self.recent_whole, self.recent_held)
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
+class Rejection(msgspec.Struct, frozen=True):
     """A candidate a filter dropped, and why (``window``: the context window it was measured against)."""
 
     backend_id: str
@@ -253,8 +245,7 @@ class Rejection:
     window: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Estimate:
+class Estimate(msgspec.Struct, frozen=True):
     """The cost model's prediction for one candidate.
 
     ``slot`` is the llama.cpp slot the request would be pinned to (``None`` for other engines);
@@ -291,8 +282,7 @@ class Estimate:
         return self.total_s + self.horizon * self.future_s + self.evict_cost_s
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredCandidate:
+class ScoredCandidate(msgspec.Struct, frozen=True):
     """A candidate that passed every filter, with its weighted score (higher is better)."""
 
     deployment: Deployment
@@ -301,15 +291,14 @@ class ScoredCandidate:
     estimate: Estimate | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     """The outcome of routing: the chosen deployment (or none), every candidate and every rejection."""
 
     profile: str
     chosen: Deployment | None
     reason: Reason
     candidates: tuple[ScoredCandidate, ...] = ()
-    rejected: tuple[Rejection, ...] = field(default=())
+    rejected: tuple[Rejection, ...] = ()
 
     @property
     def chosen_candidate(self) -> ScoredCandidate | None:
@@ -342,8 +331,7 @@ class Decision:
         return details or "no backend serves this model"
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True):
     """Token counts (and engine timings, where the engine reports them) of one finished request.
 
     ``cached_tokens`` is the prompt prefix the engine reused; ``None`` when the engine did not say
@@ -358,8 +346,7 @@ class Usage:
     predicted_ms: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """What one routed request really did, for learning: measured by the gateway, told by the engine."""
 
     backend_id: str

@@ -20,7 +20,8 @@ backend it was sent to (``tests/gateway/test_prefix_index.py`` measures it); ``m
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+
+import msgspec
 
 from policies.prefix import CHUNK_BYTES, PromptChain, PromptMark
 from policies.types import PrefixMatch, SlotMatch
@@ -30,8 +31,7 @@ LONGER = 1 << 40  # the held size of a match that ends inside some longer prompt
 TIPS_PER_KEY = 8
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
+class Held(msgspec.Struct, frozen=True):
     """One prompt turnout sent: its chain, its byte length and the engine's token count."""
 
     hashes: tuple[int, ...]

@@ -31,11 +31,11 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import msgspec
 import redis.asyncio as redis
+from msgspec.structs import replace
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError

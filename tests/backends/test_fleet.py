@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import httpx
 import pytest
+from msgspec.structs import replace
 
 from backends.base import BackendSpec
 from backends.fleet import Fleet

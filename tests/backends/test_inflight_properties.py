@@ -4,10 +4,9 @@ what one look at all of them would (``naive_overlay``, the module docstring's ru
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from backends.inflight import FORGET_AFTER_S, InFlight, Sent
 from policies.types import BackendSnapshot, EngineKind, Health, SlotState

@@ -197,6 +197,26 @@ def test_a_body_that_trickles_in_gets_408(limited: Stack) -> None:
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
             b'content-length: 100\r\n\r\n{"model":'
         )
-        answer = conn.recv(4096)
+        answer = read_answer(conn)
     assert answer.startswith(b"HTTP/1.1 408")
     assert b"did not arrive within 0.5 s" in answer
+
+
+def read_answer(conn: socket.socket) -> bytes:
+    """One whole HTTP answer: its headers and ``content-length`` bytes of body (they may arrive in
+    separate segments on a busy machine)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer and (chunk := conn.recv(4096)):
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    while len(body) < length and (chunk := conn.recv(4096)):
+        body += chunk
+    return head + b"\r\n\r\n" + body

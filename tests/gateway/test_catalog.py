@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from gateway.catalog import Catalog, max_output_tokens
 from gateway.settings import ModelConfig
