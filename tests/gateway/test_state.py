@@ -8,11 +8,13 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
+import msgspec
 import pytest
+from msgspec.structs import replace
 
 from gateway.state import MemoryStore, StateStore
 from gateway.state.memory import MAX_TURNS
-from gateway.state.redis_store import RedisStore
+from gateway.state.redis_store import RedisStore, pack, unpack
 from policies.prefix import chain_of
 from policies.shape import shape_of
 from policies.types import SessionView
@@ -249,6 +251,17 @@ def test_a_session_comes_back_whole(store_factory: Callable[..., StateStore]) ->
     run(store.save_session(session))
     assert run(store.get_session("s")) == session
     assert run(store.sessions(1)) == [session]
+
+
+def test_a_session_written_before_shapes_said_how_they_were_digested_reads_back() -> None:
+    """Redis records of an older turnout pack the shape in two fields; their digests are BLAKE2b's (1),
+    which today's shapes are never compared with (``policies.shape.DIGESTS``)."""
+    shape = shape_of([{"role": "user", "content": "fix"}])
+    session = SessionView("s", backend_id="llama", shape=shape)
+    messages = [(m.role, m.chars, m.digest, m.pieces, m.reasoning) for m in shape.messages]
+    older = msgspec.msgpack.encode((replace(session, shape=None), (shape.tools, messages)))
+    assert unpack(older) == replace(session, shape=replace(shape, digests=1))
+    assert unpack(pack(session)) == session
 
 
 async def _until(condition: Callable[[], Coroutine[Any, Any, bool]], within_s: float = 5.0) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from policies.shape import PIECE_CHARS, shape_of, where_it_breaks
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. " * 40}
@@ -43,3 +45,27 @@ def test_dropped_messages_tools_and_stripped_reasoning() -> None:
     stripped = where_it_breaks(shape_of(turn(a, thinking, c)), shape_of(turn(a, b, c)))
     assert stripped is not None
     assert (stripped.kind, stripped.message) == ("reasoning-stripped", 2)
+
+
+def test_a_changed_role_tool_call_or_call_id_is_an_edit() -> None:
+    read = {"function": {"name": "read", "arguments": "a"}}
+    call = {"role": "assistant", "content": "", "tool_calls": [read]}
+    result = {"role": "tool", "content": "42", "tool_call_id": "call_1"}
+    before = shape_of(turn(call, result))
+    other_call = {**call, "tool_calls": [{"function": {"name": "read", "arguments": "b"}}]}
+    other_id = {**result, "tool_call_id": "call_2"}
+    for changed, index in ((turn(other_call, result), 1), (turn(call, other_id), 2)):
+        found = where_it_breaks(before, shape_of(changed))
+        assert found is not None
+        assert (found.kind, found.message) == ("edited", index)
+    assert where_it_breaks(before, shape_of(turn(call, {**result, "role": "user"}))) is not None
+
+
+def test_shapes_digested_differently_are_not_compared() -> None:
+    """A session last seen by a turnout that digested with BLAKE2b (``digests`` 1): its digests
+    differ from today's for the same text, which is no edit."""
+    first = turn({"role": "user", "content": "fix the bug"})
+    older = replace(shape_of(first), digests=1)
+    edited = shape_of(turn({"role": "user", "content": "something else"}))
+    assert where_it_breaks(older, edited) is None
+    assert where_it_breaks(shape_of(first), edited) is not None
