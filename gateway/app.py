@@ -32,7 +32,7 @@ from gateway.key_limits import Counter, MemoryCounter
 from gateway.key_limits.redis_counter import RedisCounter
 from gateway.key_limits.resilient import ResilientCounter
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.middleware import header_limit, request_id_middleware
+from gateway.middleware import request_context
 from gateway.model_api import (
     anthropic_listing,
     anthropic_model,
@@ -326,7 +326,7 @@ def create_app(settings: Settings) -> Litestar:
             *([admin_router] if settings.admin.enabled else []),
         ],
         lifespan=[lifespan],
-        middleware=[request_id_middleware, header_limit(settings.limits.max_header_bytes)],
+        middleware=[request_context(settings.limits.max_header_bytes)],
         exception_handlers={
             GatewayError: _gateway_error,
             HTTPException: _http_error,
