@@ -116,7 +116,13 @@ class Adapter(ABC):
             (("authorization", f"Bearer {spec.api_key}"),) if spec.api_key else ()
         )
         # a backstop: the watchdog (backends.watchdog) ends a silent request first, saying why
-        self._timeout = httpx.Timeout(spec.read_timeout + READ_BACKSTOP_S, connect=spec.connect_timeout)
+        backstop = spec.read_timeout + READ_BACKSTOP_S
+        self._timeout = httpx.Timeout(backstop, connect=spec.connect_timeout)
+        self._stream_timeout = httpx.Timeout(
+            connect=spec.connect_timeout, read=None, write=backstop, pool=backstop
+        )
+        """A stream is read under the watchdog from its headers to its last event (``gateway.relay``):
+        no socket read timer, which aiohttp cancels and re-arms on every chunk it receives."""
         self._probe_timeout = httpx.Timeout(spec.probe_timeout)
 
     # -- requests ---------------------------------------------------------------------------
@@ -160,7 +166,8 @@ class Adapter(ABC):
         for an error status (its body read and normalised).
         """
         try:
-            response = await self.poster.post(request.url, request.body, request.headers, self._timeout)
+            timeout = self._stream_timeout if request.stream else self._timeout
+            response = await self.poster.post(request.url, request.body, request.headers, timeout)
         except httpx.TimeoutException as exc:
             raise UpstreamUnavailable(self.spec.id, f"timed out: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:

@@ -5,14 +5,16 @@ way an engine can fail surfacing as the httpx exception the adapters handle."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
 import pytest
 
-from backends.base import HttpxPoster, Poster
+from backends.base import BackendSpec, HttpxPoster, Poster, UpstreamRequest
+from backends.registry import create_adapter
 from backends.transport import AiohttpTransport, UpstreamResponse
+from policies import EngineKind
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUTS = httpx.Timeout(2.0, connect=1.0)
@@ -186,3 +188,29 @@ def test_a_body_read_to_its_end_gives_the_connection_back(way: str) -> None:
 
     assert serve(handler, way, check) == [b"{}"] * 3
     assert len(connections) == 1
+
+
+class _Recorder:
+    """A poster that records the timeouts each request was sent with and answers 200."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[httpx.Timeout] = []
+
+    async def post(
+        self, url: str, content: bytes, headers: Sequence[tuple[str, str]], timeouts: httpx.Timeout
+    ) -> UpstreamResponse:
+        self.timeouts.append(timeouts)
+        return httpx.Response(200, content=b"{}")
+
+
+def test_a_stream_has_no_socket_read_timer_and_a_whole_answer_has_the_backstop() -> None:
+    """A stream is read under the watchdog; aiohttp would re-arm a read timer on every chunk."""
+    recorder = _Recorder()
+    spec = BackendSpec("b", EngineKind.OPENAI, "http://127.0.0.1:9", read_timeout=100.0, connect_timeout=3.0)
+    adapter = create_adapter(spec, httpx.AsyncClient(), recorder)
+    for stream in (True, False):
+        request = UpstreamRequest("b", "http://127.0.0.1:9/v1/chat/completions", b"{}", stream)
+        asyncio.run(adapter.send(request))
+    stream_timeouts, whole = recorder.timeouts
+    assert (stream_timeouts.read, stream_timeouts.connect, stream_timeouts.pool) == (None, 3.0, 105.0)
+    assert (whole.read, whole.connect) == (105.0, 3.0)
