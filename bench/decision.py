@@ -2,13 +2,15 @@
 
     .venv/bin/python bench/decision.py [--requests 5000] [--sessions 10000] [--backends 16]
 
-1. **A decision**: features (``policies.extract``), the session lookup and the decision itself
-   (``Router.resolve_session`` + ``Router.decide``: prefix match, slot leases, every candidate's
-   estimate, the slot claim) against the in-memory state, no I/O, with ``--backends`` backends (half
-   llama.cpp with 4 slots, half vLLM) serving one model and ``--sessions`` sessions known (each with
-   its prompt in the prefix index; the slots leased). Prints p50/p99/max per request (target: p99
-   <= 100 us). ``--in-flight N``: with N streams already in flight (spread over the backends, past
-   their prefill, as in the streaming soak): what laying them over the snapshots costs a decision.
+1. **A decision**: features (``policies.extract``, without the per-message shape: the relay
+   digests it once the request is on its way, as nothing routing decides reads it), the session
+   lookup and the decision itself (``Router.resolve_session`` + ``Router.decide``: prefix match, slot
+   leases, every candidate's estimate, the slot claim) against the in-memory state, no I/O, with
+   ``--backends`` backends (half llama.cpp with 4 slots, half vLLM) serving one model and
+   ``--sessions`` sessions known (each with its prompt in the prefix index; the slots leased).
+   Prints p50/p99/max per request (target: p99 <= 100 us). ``--in-flight N``: with N streams
+   already in flight (spread over the backends, past their prefill, as in the streaming soak): what
+   laying them over the snapshots costs a decision.
 2. **A 60k-token request**: the gateway's CPU for the body decode, the shape checks and the features
    (canonical prompt, chained prefix hashes, per-message shape) of a ~60k-token chat body (target:
    <= 5 ms), as process time over repeated runs.
@@ -97,7 +99,7 @@ async def decisions(requests: int, sessions: int, backends: int, in_flight: int 
         n = (i * 7919) % len(bodies)
         headers = {"x-session-id": f"s{n}"}
         started = time.perf_counter()
-        features = extract(bodies[n], Endpoint.CHAT, model=MODEL, headers=headers)
+        features = extract(bodies[n], Endpoint.CHAT, model=MODEL, headers=headers, shape=False)
         features, session = await router.resolve_session(features)
         await router.decide(features, session)
         took.append(time.perf_counter() - started)

@@ -46,6 +46,7 @@ from gateway.routing import Routed, Router, decision_entry, engine_counted
 from gateway.streaming import EventStream
 from gateway.timeline import turn_record
 from policies import Decision, Endpoint, Reason, RequestFeatures, extract
+from policies.features import with_shape
 from policies.types import Outcome, Rejection
 
 log = structlog.get_logger(__name__)
@@ -225,6 +226,9 @@ class Relay:
                     record.retries = attempt
                     log.warning("upstream.failed", backend=exc.backend_id, error=exc.message)
                     continue
+                # the prompt's per-message shape (diagnostics, kept with the session) once it is on
+                # its way: no decision reads it, and the engine prefills meanwhile
+                routed = replace(routed, features=with_shape(routed.features, body))
                 return Opened(routed, relay, token)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
@@ -255,7 +259,9 @@ class Relay:
         chars_per_token = self.router.learned.for_model(
             model.name, model.chars_per_token
         ).chars_per_token.value
-        features = extract(body, endpoint, model=model.name, headers=headers, chars_per_token=chars_per_token)
+        features = extract(
+            body, endpoint, model=model.name, headers=headers, chars_per_token=chars_per_token, shape=False
+        )
         if endpoint is Endpoint.COUNT_TOKENS:  # no inference: no session, no slot, nothing to learn
             return await self.router.decide(features, None)
         features, session = await self.router.resolve_session(features)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from msgspec.structs import replace
+
 from policies.prefix import chain_of, message_text, render, render_completion
 from policies.sessions import explicit_session, responses_messages
 from policies.shape import shape_of
@@ -86,6 +88,18 @@ def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
     return None
 
 
+SHAPED = frozenset({Endpoint.CHAT, Endpoint.MESSAGES, Endpoint.RESPONSES})
+"""Endpoints whose prompt is a conversation with a per-message shape (not text completions or counts)."""
+
+
+def with_shape(features: RequestFeatures, body: Mapping[str, Any]) -> RequestFeatures:
+    """``features`` with the prompt's per-message shape, if it has none yet and its endpoint has one."""
+    if features.shape is not None or features.endpoint not in SHAPED:
+        return features
+    messages = conversation(body, features.endpoint)
+    return replace(features, shape=shape_of(messages, body.get("tools")))
+
+
 def extract(
     body: Mapping[str, Any],
     endpoint: Endpoint,
@@ -93,11 +107,14 @@ def extract(
     model: str,
     headers: Mapping[str, str] | None = None,
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN,
+    shape: bool = True,
 ) -> RequestFeatures:
     """Build the :class:`RequestFeatures` of a validated request body.
 
     ``model`` is the canonical model name (aliases already resolved by the caller); ``headers``
     have lower-case names. The session key is the explicit one, if any (see :mod:`policies.sessions`).
+    ``shape``: also digest each message (:func:`shape_of`, for diagnostics only: no decision reads
+    it); the gateway leaves it for later (:func:`with_shape`) and routes without it.
     """
     chars, overhead = prompt_size(body, endpoint)
     key, source = explicit_session(headers or {}, body)
@@ -115,7 +132,7 @@ def extract(
             if endpoint is Endpoint.COMPLETIONS
             else render(messages, body.get("tools"))
         ),
-        shape=None if endpoint is Endpoint.COMPLETIONS else shape_of(messages, body.get("tools")),
+        shape=shape_of(messages, body.get("tools")) if shape and endpoint in SHAPED else None,
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,
     )

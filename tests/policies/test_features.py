@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from policies import Endpoint, extract
-from policies.features import MESSAGE_OVERHEAD_TOKENS, estimate_prompt_tokens, requested_max_tokens
+from policies.features import (
+    MESSAGE_OVERHEAD_TOKENS,
+    estimate_prompt_tokens,
+    requested_max_tokens,
+    with_shape,
+)
 
 
 def test_chat_estimate_counts_text_parts_tool_calls_and_tools() -> None:
@@ -50,3 +55,13 @@ def test_max_tokens(body: dict[str, object], expected: int | None) -> None:
 def test_extract() -> None:
     features = extract({"stream": True, "max_tokens": 5, "prompt": "abcd"}, Endpoint.COMPLETIONS, model="m")
     assert (features.model, features.stream, features.max_tokens) == ("m", True, 5)
+
+
+def test_the_shape_can_wait_until_the_request_is_sent() -> None:
+    """Routing needs no shape; ``with_shape`` adds the one ``extract`` would have made, where there is one."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "read"}]}
+    routed = extract(chat, Endpoint.CHAT, model="m", shape=False)
+    assert routed.shape is None
+    assert with_shape(routed, chat) == extract(chat, Endpoint.CHAT, model="m")
+    completion = extract({"model": "m", "prompt": "hi"}, Endpoint.COMPLETIONS, model="m", shape=False)
+    assert with_shape(completion, {"model": "m", "prompt": "hi"}).shape is None
