@@ -51,7 +51,7 @@ class RoutingContext(msgspec.Struct, frozen=True):
 def _clamp(value: float) -> float:
     if value != value:  # NaN scores as the worst value, never poisons a sum
         return 0.0
-    return min(1.0, max(0.0, value))
+    return 1.0 if value > 1.0 else value if value > 0.0 else 0.0
 
 
 def route(
@@ -107,17 +107,13 @@ def route(
         for deployment, snapshot in candidates
     ]
     total_weight = sum(weight for _, weight in profile.scorers)
-    columns = [
-        [_clamp(v) for v in SCORERS[name](features, views, context.sequence)] for name, _ in profile.scorers
-    ]
+    names = [name for name, _ in profile.scorers]
+    weights = [weight for _, weight in profile.scorers]
+    columns = [[_clamp(v) for v in SCORERS[name](features, views, context.sequence)] for name in names]
     scored: list[ScoredCandidate] = []
-    for index, view in enumerate(views):
-        components = tuple(
-            (name, column[index]) for (name, _), column in zip(profile.scorers, columns, strict=True)
-        )
-        score = sum(
-            value * weight for (_, value), (_, weight) in zip(components, profile.scorers, strict=True)
-        )
+    for view, values in zip(views, zip(*columns, strict=True), strict=True):
+        score = sum(value * weight for value, weight in zip(values, weights, strict=True))
+        components = tuple(zip(names, values, strict=True))
         scored.append(ScoredCandidate(view.deployment, score / total_weight, components, view.estimate))
 
     best = max(range(len(scored)), key=lambda i: (scored[i].score, -i))
