@@ -163,13 +163,31 @@ class SlotOption(msgspec.Struct, frozen=True):
         return "; ".join(notes)
 
 
-def _slot_queue(situation: Situation, state: SlotState | None) -> tuple[float, bool]:
+def _slot_queue(situation: Situation, state: SlotState | None, mine: bool) -> tuple[float, bool]:
     """An idle slot starts now, behind the prompt chunks already in the engine (the prefill backlog);
-    a busy one when its request is predicted to end (and then it ``waits``)."""
-    if state is None or not state.is_processing:
+    a busy one when its request is predicted to end (and then it ``waits``). The session's own slot
+    (``mine``) seen busy by a probe taken before the session's last turn ended is idle, unless this
+    replica has a request there: what the probe saw was that turn (``_busy_with_last_turn``)."""
+    if state is None or not state.is_processing or (mine and _busy_with_last_turn(situation, state)):
         return situation.snapshot.prefill_backlog_s, False
     wait = state.busy_s if state.busy_s is not None else situation.stats.service_s.value / 2
     return wait, True
+
+
+def _busy_with_last_turn(situation: Situation, state: SlotState) -> bool:
+    """Whether the work a probe saw on the session's slot was the session's own last turn, ended
+    since: the probe is older than that turn's end, and no request this replica knows of runs there
+    (``busy_s``). A session's turns may alternate replicas behind a load balancer, and a replica only
+    knows its own requests ended (``backends.inflight``); the session's record says when its last
+    turn ended on any of them. Its slot is leased to it, so no other session's request runs there."""
+    session = situation.session
+    return (
+        state.busy_s is None
+        and session is not None
+        and session.slot == state.id
+        and session.backend_id == situation.snapshot.backend_id
+        and session.last_seen > situation.snapshot.taken_at
+    )
 
 
 def ram_span(match: PrefixMatch) -> int:
@@ -284,9 +302,9 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         held = matches.get(slot) or SlotMatch(slot, 0)
         consults = consults_ram(held, features.prompt_tokens)
         got = _best_reuse(situation, held, ram if consults else None, hybrid)
-        queue, waits = _slot_queue(situation, state)
-        queue += got.cached / RESTORE_TOK_S if got.source == "ram" else 0.0
         mine = own is not None and lease is own
+        queue, waits = _slot_queue(situation, state, mine)
+        queue += got.cached / RESTORE_TOK_S if got.source == "ram" else 0.0
         evicts, cost = None, 0.0
         if lease is not None and not mine:
             cost = _eviction(lease, situation, shares=not consults)

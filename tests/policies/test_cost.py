@@ -164,6 +164,30 @@ class TestReuse:
         assert (result.slot, result.queue_s) == (0, 0.1)
         assert "waits ~0.1 s for slot 0" in result.note
 
+    def test_own_slot_busy_with_the_sessions_last_turn_is_idle(self) -> None:
+        """The probe (at 0.0) saw slot 0 busy; the session's last turn ended after it (at 1.0), on
+        another replica, say: that turn was the work it saw, and the warm slot is free."""
+        busy = llama_snapshot((True, False))
+        ended_since = replace(SESSION, last_seen=1.0)
+        result = llama(leases=(SlotLease(0, "s", 1.0, 9000),), snapshot=busy, session=ended_since)
+        assert (result.slot, result.warm, result.queue_s) == (0, True, 0.0)
+        assert "waits" not in result.note
+
+    def test_own_slot_busy_with_something_else_waits(self) -> None:
+        """Seen busy after the session's last turn ended, or running a request of this replica's:
+        the slot is busy with something else, and waiting for it is predicted (or another slot
+        re-prefills, whichever is cheaper), never a free warm slot."""
+        lease = (SlotLease(0, "s", 1.0, 9000),)
+        probed_later = replace(llama_snapshot((True, False)), taken_at=2.0)
+        ours_there = replace(
+            llama_snapshot((True, False)), slots=(SlotState(0, 32768, True, 0.5), SlotState(1, 32768, False))
+        )
+        ended = replace(SESSION, last_seen=1.0)
+        for snapshot in (probed_later, ours_there):
+            result = llama(leases=lease, snapshot=snapshot, session=ended, learned=NO_RAM)
+            assert (result.slot, result.queue_s) != (0, 0.0)
+            assert result.slot != 0 or "waits ~" in result.note
+
     def test_unproven_implicit_session_takes_no_slot_from_anyone(self) -> None:
         leases = (SlotLease(0, "a", 9.0, 100), SlotLease(1, "b", 9.0, 100))
         result = llama(NOTHING, leases, session=SessionView("s"), source=SessionSource.IMPLICIT)
