@@ -7,9 +7,11 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   the slot count as queued;
 - a slot whose request of turnout's ended after the snapshot is idle again;
 - a slot running a request of turnout's says how long it is still predicted to be busy, ``busy_s``:
-  the sum over turnout's requests pinned there (they run one after the other) of each one's
-  predicted total minus the time since it was sent, never less than ``OVERDUE_FLOOR`` of that
-  total (an overdue request is still running: the prediction was short);
+  turnout's requests pinned there run one after the other, in the order sent, each starting when
+  it was sent or when the one before it is predicted to end, whichever is later, and taking its
+  predicted total (``busy_until``); one past its predicted end is still running (the prediction
+  was short) and is given ``OVERDUE_FLOOR`` of its total more. A request queued behind others
+  has not started: the time it has waited does not count against its own total;
 - every backend says how many seconds of prompt processing turnout's requests there still need,
   ``prefill_backlog_s``: each request's predicted prefill time, less what has passed since its
   predicted queue wait ended, and nothing once its first token arrived. Both engines process the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 
 import msgspec
 from msgspec.structs import replace
@@ -47,10 +50,6 @@ class Sent(msgspec.Struct, frozen=True):
     queue_s: float = 0.0
     prefill_s: float = 0.0
 
-    def busy_s(self, now: float) -> float:
-        elapsed = now - self.started
-        return max(self.total_s - elapsed, OVERDUE_FLOOR * self.total_s, 0.0)
-
     def prefill_left_s(self, now: float) -> float:
         elapsed = now - self.started
         return max(self.prefill_s - max(elapsed - self.queue_s, 0.0), 0.0)
@@ -59,6 +58,18 @@ class Sent(msgspec.Struct, frozen=True):
     def prefilled_by(self) -> float:
         """When its prompt is predicted processed: no backlog left from then on."""
         return self.started + self.queue_s + self.prefill_s
+
+
+def busy_until(requests: Iterable[Sent], now: float) -> float:
+    """When a slot running ``requests`` (pinned there, in the order sent) is predicted free: each
+    starts when it was sent or when the one before it ends, whichever is later, and takes its
+    predicted total; a request past its predicted end is still running, ``OVERDUE_FLOOR`` of its
+    total more (module docstring). ``now`` or later."""
+    end = -math.inf
+    for request in requests:
+        start = max(request.started, end)
+        end = max(start + request.total_s, now + OVERDUE_FLOOR * request.total_s)
+    return max(end, now)
 
 
 class Load(msgspec.Struct, frozen=True):
@@ -191,11 +202,12 @@ class InFlight:
         if not mine and not ended and peers is None:
             return snapshot
         peers = peers or Load()
-        busy: dict[int, float] = {}
-        for request in self._slotted.get(backend, {}).values():  # pinned to one slot: one after the other
-            if request.slot is not None:
-                busy[request.slot] = busy.get(request.slot, 0.0) + request.busy_s(now)
         slotted = self._slotted.get(backend, {}).values()
+        chains: dict[int, list[Sent]] = {}  # per slot, in the order sent: they run one after the other
+        for request in slotted:
+            if request.slot is not None:
+                chains.setdefault(request.slot, []).append(request)
+        busy = {slot: busy_until(chain, now) - now for slot, chain in chains.items()}
         pinned = {r.slot for r in slotted if r.slot is not None and r.started > snapshot.taken_at}
         if snapshot.taken_at == self._probed_at.get(backend):
             newer = self._newer[backend]

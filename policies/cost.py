@@ -187,4 +187,5 @@ def estimate(
         ram_tokens=option.ram_potential,
         ram_span=ram_span(situation.match) if option.ram_potential else 0,
         note=option.note(),
+        primed=stats.primed,
     )

@@ -27,7 +27,12 @@ Per deployment (``backend/model``):
 - ``queue_factor``: how much longer than predicted a predicted queue really was,
   ``(ttft - predicted ttft + predicted queue) / modelled queue`` on streams that were predicted to
   wait at least ``MIN_QUEUE_S`` (clamped to ``[1/QUEUE_SPREAD, QUEUE_SPREAD]``): queues build on
-  queues, and a saturated engine's waits are longer than the sum of their parts.
+  queues, and a saturated engine's waits are longer than the sum of their parts. Only predictions
+  made on the deployment's own measurements teach it (``Estimate.primed``: ``PRIMED_SAMPLES``
+  outcomes in), and only queues predicted at least as long as the rest of the TTFT: one made on
+  priors is off by what the priors are, and a short queue's sample by the prefill prediction's
+  error, not by what the queue model misses; a burst of either would scale every later queue by
+  that error.
 
 Across deployments: ``speed``, each measured prefill rate over its prior; a deployment not measured
 yet starts from its priors times ``speed`` (on a machine twice as fast as the reference box, or in a
@@ -77,6 +82,8 @@ MERGE_WEIGHT_CAP = 10
 NOTHING_PREDICTED = Estimate(expected_cached_tokens=0, queue_s=0.0, ttft_s=0.0, total_s=0.0)
 MIN_QUEUE_S = 0.01
 QUEUE_SPREAD = 10.0
+PRIMED_SAMPLES = 3
+"""A deployment's outcomes before its predictions are made on measurements, not priors."""
 
 
 def prior_reuse(kind: EngineKind, architecture: Architecture) -> float:
@@ -126,6 +133,11 @@ class DeploymentStats(msgspec.Struct, frozen=True):
     ram_tokens: Ewma = msgspec.field(default_factory=lambda: Ewma(PRIOR_RAM_TOKENS, PRIOR_RAM_TOKENS))
     queue_factor: Ewma = msgspec.field(default_factory=lambda: Ewma(1.0, 1.0))
     block: int = 0  # 0: no hit seen yet
+
+    @property
+    def primed(self) -> bool:
+        """Measured: ``PRIMED_SAMPLES`` outcomes in (module docstring, ``queue_factor``)."""
+        return self.service_s.samples >= PRIMED_SAMPLES
 
     @classmethod
     @functools.lru_cache(maxsize=256)  # immutable: every unmeasured deployment of a kind shares one
@@ -199,6 +211,18 @@ def _ram_capacity(capacity: Ewma, outcome: Outcome, predicted: Estimate) -> Ewma
     return Ewma(value, capacity.prior, capacity.samples + 1)
 
 
+def _queue_sample(outcome: Outcome, predicted: Estimate) -> float | None:
+    """How much longer the queue was than modelled (module docstring, ``queue_factor``): the TTFT
+    less the predicted rest of it (prefill and first step), over the modelled queue. Only where the
+    queue was predicted on measurements and at least as long as that rest: a short queue's sample
+    is mostly the error of the prefill prediction (a prefill faster than predicted reads as a queue
+    that was not there)."""
+    queue, rest = predicted.modelled_queue_s, predicted.ttft_s - predicted.queue_s
+    if not outcome.stream or outcome.ttft_s is None or not predicted.primed or queue < max(MIN_QUEUE_S, rest):
+        return None
+    return min(max((outcome.ttft_s - rest) / queue, 1 / QUEUE_SPREAD), QUEUE_SPREAD)
+
+
 def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> LearnedState:
     """The state after one more outcome of ``deployment``."""
     usage = outcome.usage
@@ -220,9 +244,8 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
             stats = replace(stats, ram_reuse=stats.ram_reuse.update(ratio))
         elif not from_ram:
             stats = replace(stats, reuse=stats.reuse.update(ratio))
-    if outcome.stream and outcome.ttft_s is not None and predicted.modelled_queue_s >= MIN_QUEUE_S:
-        waited = outcome.ttft_s - (predicted.ttft_s - predicted.queue_s)
-        sample = min(max(waited / predicted.modelled_queue_s, 1 / QUEUE_SPREAD), QUEUE_SPREAD)
+    sample = _queue_sample(outcome, predicted)
+    if sample is not None:
         stats = replace(stats, queue_factor=stats.queue_factor.update(sample))
     if predicted.ram_tokens and usage.cached_tokens is not None:
         stats = replace(stats, ram_tokens=_ram_capacity(stats.ram_tokens, outcome, predicted))

@@ -271,6 +271,7 @@ class Estimate(msgspec.Struct, frozen=True):
     ram_tokens: int = 0  # what llama.cpp's RAM cache would give, were the entry still there
     ram_span: int = 0  # tokens sent to the backend since that entry began (it must fit in the cache)
     note: str = ""
+    primed: bool = False  # made on the deployment's measurements, not priors (teaches queue_factor)
 
     @property
     def objective_ttft_s(self) -> float:

@@ -96,6 +96,20 @@ def test_busy_slots_and_the_prefill_backlog_come_from_the_predictions(fleet: Fle
     assert vllm.prefill_backlog_s == pytest.approx(4.0, abs=0.1)  # still in its predicted queue
 
 
+def test_requests_queued_on_one_slot_start_when_the_one_before_ends(fleet: Fleet) -> None:
+    """llama-server runs the requests pinned to one slot one after the other: a request queued
+    behind another has not started, and the time it waited does not count against its own run (a
+    burst of one-off requests queued on a slot looked nearly free: each one's total counted down
+    from when it was sent)."""
+    fleet.begin(Sent("llama", 0, NOW - 1.0, total_s=2.0))  # running, 1 s to go
+    fleet.begin(Sent("llama", 0, NOW - 0.9, total_s=2.0))  # then 2 s
+    fleet.begin(Sent("llama", 0, NOW - 0.8, total_s=2.0))  # then 2 s
+    assert fleet.snapshots()[0].slots[0].busy_s == pytest.approx(5.0)
+    fleet.begin(Sent("llama", 1, NOW - 9.0, total_s=2.0))  # overdue: still running
+    fleet.begin(Sent("llama", 1, NOW - 8.0, total_s=2.0))  # behind it, from when it ends
+    assert fleet.snapshots()[0].slots[1].busy_s == pytest.approx(OVERDUE_FLOOR * 2.0 + 2.0)
+
+
 def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
     """What one replica publishes (``Fleet.load``) and another lays over its snapshots: the prefill
     backlog adds up; the other replica's slots are left to the probes (its word is up to a second

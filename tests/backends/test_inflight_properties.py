@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from backends.inflight import FORGET_AFTER_S, InFlight, Sent
+from backends.inflight import FORGET_AFTER_S, InFlight, Sent, busy_until
 from policies.types import BackendSnapshot, EngineKind, Health, SlotState
 
 BACKENDS = ("llama", "vllm")
@@ -22,9 +22,8 @@ def naive_overlay(
     if not mine and not gone:
         return snapshot
     busy: dict[int, float] = {}
-    for r in mine:
-        if r.slot is not None:
-            busy[r.slot] = busy.get(r.slot, 0.0) + r.busy_s(now)
+    for slot in {r.slot for r in mine if r.slot is not None}:
+        busy[slot] = busy_until([r for r in mine if r.slot == slot], now) - now
     newer = [r for r in mine if r.started > snapshot.taken_at]
     pinned = {r.slot for r in newer if r.slot is not None}
     freed = gone - set(busy)

@@ -19,7 +19,7 @@ from policies import (
     route,
 )
 from policies.cost import estimate
-from policies.learning import LearnedState, learn
+from policies.learning import PRIMED_SAMPLES, LearnedState, learn
 from policies.route import RoutingContext
 from policies.slots import keep_chance
 from policies.types import (
@@ -264,10 +264,43 @@ def test_a_queue_longer_than_predicted_teaches_the_queue_factor() -> None:
     """Predicted 1 s of queue (of 1.5 s TTFT) and waited 3 s: later queues count three times."""
     outcome = Outcome(
         "llama", "m", EngineKind.LLAMACPP, Usage(1000, 8, 0), 3.5, 4.0, 0, 0, True,
-        predicted=Estimate(0, queue_s=1.0, ttft_s=1.5, total_s=2.0, modelled_queue_s=1.0),
+        predicted=Estimate(0, queue_s=1.0, ttft_s=1.5, total_s=2.0, modelled_queue_s=1.0, primed=True),
     )  # fmt: skip
     stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
     assert stats.queue_factor.value == pytest.approx(3.0)
+
+
+def test_a_queue_shorter_than_the_prefill_teaches_nothing() -> None:
+    """0.08 s of backlog predicted before 0.11 s of prefill, and the first token came at 0.08 s: the
+    prefill was faster than predicted; read as a queue it would say queues are a tenth of what is
+    modelled (and it did, in the chat replay: a burst then queued on llama.cpp's slots)."""
+    outcome = Outcome(
+        "llama", "m", EngineKind.LLAMACPP, Usage(4000, 8, 0), 0.08, 0.5, 0, 0, True,
+        predicted=Estimate(0, queue_s=0.08, ttft_s=0.19, total_s=0.3, modelled_queue_s=0.08, primed=True),
+    )  # fmt: skip
+    stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
+    assert stats.queue_factor.samples == 0
+
+
+def test_a_queue_predicted_on_priors_teaches_nothing() -> None:
+    """A burst at start-up, predicted on the priors (20x off in a replay's compressed time): the
+    queues were far shorter than predicted, which says how wrong the priors were, not how the queue
+    model errs. Scaling later queues by it sent a burst of one-off requests to a llama.cpp slot
+    predicted ~10x shorter than it was (the chat replay, 1 run in 4)."""
+    outcome = Outcome(
+        "llama", "m", EngineKind.LLAMACPP, Usage(1000, 8, 0), 0.6, 1.0, 0, 0, True,
+        predicted=Estimate(0, queue_s=5.0, ttft_s=5.5, total_s=6.0, modelled_queue_s=5.0),
+    )  # fmt: skip
+    learned = learn(LearnedState(), outcome, LLAMA)
+    assert learned.for_deployment(LLAMA, EngineKind.LLAMACPP).queue_factor.samples == 0
+    for _ in range(PRIMED_SAMPLES - 1):
+        learned = learn(learned, outcome, LLAMA)
+    stats = learned.for_deployment(LLAMA, EngineKind.LLAMACPP)
+    assert stats.primed
+    result = estimate(
+        features(1000), LLAMA, llama_snapshot((True, True)), session=None, leases=(), learned=learned
+    )
+    assert result.primed  # predictions from now on teach it
 
 
 def test_learning_reads_llama_timings() -> None:
