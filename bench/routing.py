@@ -303,6 +303,18 @@ NOTES = """\
   #15, docs/benchmarks.md "Gateway overhead": the aiohttp transport) and cost's mean TTFT on chat went
   13.3 -> 7.6 s, mixed 12.1 -> 6.6 s, Mooncake 14.5 -> 2.5 s: the queueing these rows magnify is
   mostly the gateway's own.
+- **Queue predictions under bursts (2026-12-02).** A full run that morning measured chat at 0.63x
+  the best single engine; the chat row alone, 9 runs across session 6-8's code, missed in 2 (cost
+  sent 30-41% to llama.cpp instead of ~15%). Two causes, both fixed (docs/routing.md): requests
+  queued on one llama.cpp slot each counted down their predicted total from when they were sent, as
+  if running (a queued burst looked nearly free), and the learned queue factor fell to 0.1 on
+  samples that measured the priors (a start-up burst) or a faster prefill (a short queue), so every
+  later queue was scaled down tenfold. After the fix the same row gave 13-14% to llama.cpp in 6 runs
+  of 6. **Mooncake stays the noisiest row** (no target rides on it): in this run cost's mean TTFT is
+  15.6 s against prefer-vllm's 3.6 s; the row re-run minutes later gave 10.7 against 5.6, and
+  session 6's code (ab2b7e5), run right after, 29.4 against 24.5 (its table had 2.5 against 3.3).
+  Measured inside the gateway (first token from its request's arrival), cost's Mooncake TTFT was
+  1.5-2.3 s in 3 runs: what the clients see on top is the one shared process's queueing.
 """
 
 
