@@ -1,6 +1,6 @@
 """The stack's floor: what uvicorn and aiohttp alone cost per relayed request (issue #15).
 
-    .venv/bin/python bench/floor.py [--port 8486] [--upstream http://127.0.0.1:9000]
+    .venv/bin/python bench/floor.py [--port 8486] [--upstream http://127.0.0.1:9000] [--litestar]
 
 A bare ASGI callable on the server turnout runs on (uvicorn with uvloop and httptools, one process)
 that sends each POST to the upstream through one aiohttp session (the client turnout's transport
@@ -8,17 +8,23 @@ uses) and relays the answer as it comes: status, content type, body chunks. Noth
 framework, no routing, no parsing, no logging, no metrics. ``bench/overhead.py --floor`` runs it
 beside turnout and nginx in one harness run, so what turnout adds to the stack it is built on is
 measured apart from what the stack itself costs. Loopback only; not a gateway.
+
+``--litestar``: the same relay as one litestar ``@post`` handler (no middleware, no OpenAPI, no
+logging), answering with a ``Response`` or, for an event stream, a ``Stream``: the floor of the
+framework turnout is built on as well (``bench/overhead.py --floor`` runs both).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import aiohttp
 import uvicorn
+from litestar import Litestar, Request, Response, post
+from litestar.response import Stream
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -69,14 +75,49 @@ class Floor:
                 return
 
 
+def litestar_floor(upstream: str) -> Litestar:
+    """The relay as a litestar app (module docstring): what litestar adds to the bare floor."""
+    relay = Floor(upstream)
+
+    @post("/{path:path}")
+    async def forward(request: Request[Any, Any, Any], path: str) -> Response[bytes] | Stream:
+        body = await request.body()
+        if relay.session is None:
+            relay.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False
+            )
+        answer = await relay.session.post(
+            relay.upstream + request.url.path, data=body, headers={"content-type": "application/json"}
+        )
+        kind = answer.headers.get("content-type", "application/json")
+        if not kind.startswith("text/event-stream"):
+            async with answer:
+                return Response(await answer.read(), status_code=answer.status, media_type=kind)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async with answer:
+                async for chunk in answer.content.iter_any():
+                    yield chunk
+
+        return Stream(chunks(), status_code=answer.status, media_type=kind)
+
+    async def close() -> None:
+        if relay.session is not None:
+            await relay.session.close()
+
+    return Litestar(route_handlers=[forward], openapi_config=None, on_shutdown=[close])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--port", type=int, default=8486)
     parser.add_argument("--upstream", default="http://127.0.0.1:9000")
+    parser.add_argument("--litestar", action="store_true", help="the relay as a litestar handler")
     args = parser.parse_args(argv)
-    uvicorn.run(Floor(args.upstream), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    app = litestar_floor(args.upstream) if args.litestar else Floor(args.upstream)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
     return 0
 
 

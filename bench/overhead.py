@@ -15,7 +15,8 @@ measured side by side, on the same machine load.
 
 ``--floor`` adds ``bench/floor.py`` as ``floor``: a bare ASGI relay on uvicorn and aiohttp, the
 stack turnout is built on with nothing of turnout's, so what the stack costs and what turnout adds
-to it are told apart in one run.
+to it are told apart in one run; and as ``floor-litestar`` the same relay as one litestar handler
+(the framework turnout is built on, nothing of turnout's).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ HARNESS = REPO.parent / "shared" / "bench" / "overhead"
 PORT = 8484
 BEFORE_PORT = 8485
 FLOOR_PORT = 8486
+LITESTAR_FLOOR_PORT = 8487
 TEMPLATE = """\
 log_level = "warning"
 port = {port}
@@ -90,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             command += [
                 "--target", f"floor=http://127.0.0.1:{FLOOR_PORT}/v1",
                 "--start", f"floor={python} {REPO / 'bench' / 'floor.py'} --port {FLOOR_PORT}",
+                "--target", f"floor-litestar=http://127.0.0.1:{LITESTAR_FLOOR_PORT}/v1",
+                "--start", f"floor-litestar={python} {REPO / 'bench' / 'floor.py'} --litestar"
+                f" --port {LITESTAR_FLOOR_PORT}",
             ]  # fmt: skip
         if not args.no_nginx:
             prefix = Path(directory) / "nginx"
