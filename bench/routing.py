@@ -304,10 +304,11 @@ NOTES = """\
   13.3 -> 7.6 s, mixed 12.1 -> 6.6 s, Mooncake 14.5 -> 2.5 s: the queueing these rows magnify is
   mostly the gateway's own.
 - **Queue predictions under bursts (2026-12-02).** A full run that morning measured chat at 0.63x
-  the best single engine; the chat row alone, 9 runs across session 6-8's code, missed in 2 (cost
-  sent 30-41% to llama.cpp instead of ~15%). Two causes, both fixed (docs/routing.md): requests
-  queued on one llama.cpp slot each counted down their predicted total from when they were sent, as
-  if running (a queued burst looked nearly free), and the learned queue factor fell to 0.1 on
+  the best single engine; at that code the chat row went wrong in 4 runs of 8 (cost sent 28-41%
+  to llama.cpp instead of ~15%), while one run at each of 7 earlier commits did not. Two causes,
+  both fixed (docs/routing.md): requests queued on one llama.cpp slot each counted down their
+  predicted total from when they were sent, as if running (a queued burst looked nearly free), and
+  the learned queue factor fell to 0.1 on
   samples that measured the priors (a start-up burst) or a faster prefill (a short queue), so every
   later queue was scaled down tenfold. After the fix the same row gave 13-14% to llama.cpp in 6 runs
   of 6. **Mooncake stays the noisiest row** (no target rides on it): in this run cost's mean TTFT is

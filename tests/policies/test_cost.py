@@ -286,7 +286,7 @@ def test_a_queue_predicted_on_priors_teaches_nothing() -> None:
     """A burst at start-up, predicted on the priors (20x off in a replay's compressed time): the
     queues were far shorter than predicted, which says how wrong the priors were, not how the queue
     model errs. Scaling later queues by it sent a burst of one-off requests to a llama.cpp slot
-    predicted ~10x shorter than it was (the chat replay, 1 run in 4)."""
+    predicted ~10x shorter than it was (the chat replay, 4 runs in 8)."""
     outcome = Outcome(
         "llama", "m", EngineKind.LLAMACPP, Usage(1000, 8, 0), 0.6, 1.0, 0, 0, True,
         predicted=Estimate(0, queue_s=5.0, ttft_s=5.5, total_s=6.0, modelled_queue_s=5.0),
