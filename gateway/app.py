@@ -7,7 +7,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,6 +46,7 @@ from gateway.settings import Settings, is_loopback
 from gateway.state import MemoryStore, StateStore
 from gateway.state.redis_store import RedisStore
 from gateway.state.resilient import ResilientStore
+from gateway.version import turnout_version
 from policies import Endpoint
 
 JSON = "application/json"
@@ -333,7 +333,7 @@ def create_app(settings: Settings) -> Litestar:
             Exception: _internal_error,
         },
         request_max_body_size=None,
-        openapi_config=openapi_config(version("turnout")),  # /schema/openapi.json (gateway.api.document)
+        openapi_config=openapi_config(turnout_version()),  # /schema/openapi.json (gateway.api.document)
         logging_config=None,  # structlog is configured by the CLI; no stdlib handlers of litestar's
         debug=False,
     )

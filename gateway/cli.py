@@ -83,9 +83,12 @@ def cmd_agents(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gateway.version import turnout_version
+
     parser = argparse.ArgumentParser(
         prog="turnout", description="Routing inference gateway for local LLM engines."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {turnout_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway (config from --config or TURNOUT_CONFIG)")

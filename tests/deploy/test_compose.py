@@ -23,26 +23,18 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.settings import load_settings
+from tests.deploy.compose_run import command_line, healthcheck_argv, interpolate, run_healthcheck
 from tests.real.llama_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((REPO / "compose.yaml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 SCHEMA = json.loads((Path(__file__).parent / "data" / "compose-spec.json").read_text())
-INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?[-?][^}]*)?\}")
 
 
-def expand(value: str, env: dict[str, str] | None = None) -> str:
-    """Compose's ``${VAR:-default}`` interpolation, as far as this file uses it."""
-
-    def one(match: re.Match[str]) -> str:
-        name, text = match.group(1), match.group(0)
-        if env and name in env:
-            return env[name]
-        default = re.match(r"\$\{[A-Z0-9_]+:?-(.*)\}", text)
-        return default.group(1) if default else ""
-
-    return INTERPOLATION.sub(one, value)
+def option(command: list[str], flag: str) -> str:
+    """The value after ``flag`` in an exec-form command (``--flag value``)."""
+    return str(command[command.index(flag) + 1])
 
 
 def test_compose_file_is_valid_against_the_compose_specification() -> None:
@@ -85,8 +77,13 @@ def test_both_engines_reserve_both_gpus_and_the_profiles_keep_a_laptop_gpu_free(
     assert SERVICES["turnout"]["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
-def flags(command: list[str]) -> list[str]:
-    return [expand(arg).split("=", 1)[0] for arg in command if arg.startswith("-")]
+def test_engine_options_are_separate_items() -> None:
+    """llama-server reads ``--flag value`` only (``--ctx-size=4096`` is "invalid argument"), so every
+    engine option is its own item with its value in the next (tests/real/test_deploy_commands.py
+    starts them)."""
+    for name in ("vllm", "llama"):
+        joined = [arg for arg in SERVICES[name]["command"] if arg.startswith("-") and "=" in arg]
+        assert joined == [], f"{name}: {joined}"
 
 
 def test_the_gateway_config_names_the_compose_services(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,8 +97,8 @@ def test_the_gateway_config_names_the_compose_services(monkeypatch: pytest.Monke
     grace = SERVICES["turnout"]["stop_grace_period"]
     assert int(grace.removesuffix("s")) > settings.limits.shutdown_grace_s  # drained before SIGKILL
     assert "redis" in SERVICES["turnout"]["depends_on"]
-    served = {arg.split("=", 1)[1] for s in ("vllm", "llama") for arg in SERVICES[s]["command"]
-              if arg.startswith(("--served-model-name=", "--alias="))}  # fmt: skip
+    served = {option(SERVICES["vllm"]["command"], "--served-model-name"),
+              option(SERVICES["llama"]["command"], "--alias")}  # fmt: skip
     assert {d.upstream_name for m in settings.models for d in m.deployments} == served
     monkeypatch.delenv("TURNOUT_ADMIN__TOKEN")
     with pytest.raises(Exception, match=r"admin\.token: required"):  # the compose file must pass one
@@ -112,21 +109,27 @@ def test_prometheus_scrapes_turnout_and_both_engines() -> None:
     config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
     targets = {c["job_name"]: c["static_configs"][0]["targets"] for c in config["scrape_configs"]}
     assert targets == {"turnout": ["turnout:8484"], "vllm": ["vllm:8000"], "llama": ["llama:8080"]}
-    assert "--metrics" in [flag.split("=")[0] for flag in SERVICES["llama"]["command"]]
+    assert "--metrics" in SERVICES["llama"]["command"]
+
+
+TURNOUT = Path(sys.executable).with_name("turnout")  # the image's ENTRYPOINT ["turnout"], installed here
+TOOLS_PATH = (
+    f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python` as in the image
+)
 
 
 @pytest.fixture(scope="module")
 def sim_service() -> Iterator[str]:
-    """The `sim` profile's turnout, run as its compose service would run it, outside docker (bound to
-    127.0.0.1: tests talk to loopback only)."""
+    """The `sim` profile's turnout, run as its compose service runs it (the image's entrypoint, the
+    service's command and environment), outside docker: bound to 127.0.0.1 on a free port instead of
+    0.0.0.0:8484 (tests talk to loopback only)."""
     service = SERVICES["turnout-sim"]
     port = free_port()
-    env = {**os.environ, **{k: expand(str(v)) for k, v in service["environment"].items()}}
+    env = {**os.environ, **{k: interpolate(str(v), os.environ) for k, v in service["environment"].items()}}
+    assert (env["TURNOUT_HOST"], env["TURNOUT_PORT"]) == ("0.0.0.0", "8484")
     env.update(TURNOUT_HOST="127.0.0.1", TURNOUT_PORT=str(port), TURNOUT_LOG_FORMAT="json")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", *service["command"]], env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    argv = command_line(service, env, image_entrypoint=[str(TURNOUT)])
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -143,6 +146,15 @@ def sim_service() -> Iterator[str]:
             process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def test_the_sim_profile_healthcheck_passes_on_the_service_and_fails_without_it(sim_service: str) -> None:
+    test = SERVICES["turnout-sim"]["healthcheck"]["test"]
+    port = str(httpx.URL(sim_service).port)
+    up = run_healthcheck(healthcheck_argv(test, {"127.0.0.1:8484": f"127.0.0.1:{port}"}), path=TOOLS_PATH)
+    assert up.returncode == 0, up.stderr
+    down = healthcheck_argv(test, {"127.0.0.1:8484": f"127.0.0.1:{free_port()}"})
+    assert run_healthcheck(down, path=TOOLS_PATH).returncode != 0
 
 
 def test_the_sim_profile_answers_the_openai_sdk(sim_service: str) -> None:

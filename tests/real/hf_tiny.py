@@ -75,7 +75,7 @@ def main(): return [x * 2 for x in range(10) if x % 3 == 0]  # code, punctuation
 """
 
 
-def _qwen3next_config(vocab_size: int) -> dict[str, Any]:
+def _qwen3next_config(vocab_size: int, max_positions: int) -> dict[str, Any]:
     return {
         "architectures": ["Qwen3NextForCausalLM"],
         "model_type": "qwen3_next",
@@ -101,13 +101,13 @@ def _qwen3next_config(vocab_size: int) -> dict[str, Any]:
         "moe_intermediate_size": 64,
         "shared_expert_intermediate_size": 64,
         "norm_topk_prob": True,
-        "max_position_embeddings": MAX_POSITIONS,
+        "max_position_embeddings": max_positions,
         "rms_norm_eps": 1e-6,
         "tie_word_embeddings": False,
     }
 
 
-def _qwen3_config(vocab_size: int) -> dict[str, Any]:
+def _qwen3_config(vocab_size: int, max_positions: int) -> dict[str, Any]:
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -119,7 +119,7 @@ def _qwen3_config(vocab_size: int) -> dict[str, Any]:
         "num_key_value_heads": 2,
         "head_dim": 32,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "max_position_embeddings": MAX_POSITIONS,
+        "max_position_embeddings": max_positions,
         "rms_norm_eps": 1e-6,
         "tie_word_embeddings": False,
     }
@@ -151,7 +151,7 @@ def build_tokenizer() -> Any:
     return tokenizer
 
 
-def _tokenizer_config() -> dict[str, Any]:
+def _tokenizer_config(max_positions: int) -> dict[str, Any]:
     added = {
         str(i): {
             "content": tok,
@@ -174,15 +174,18 @@ def _tokenizer_config() -> dict[str, Any]:
         "add_bos_token": False,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": MAX_POSITIONS,
+        "model_max_length": max_positions,
         "split_special_tokens": False,
         "errors": "replace",
         "chat_template": CHAT_TEMPLATE,
     }
 
 
-def write_model(out_dir: Path, arch: str = "qwen3next", seed: int = 0) -> Path:
-    """Write the model directory ``out_dir`` atomically (a temporary sibling, then a rename)."""
+def write_model(
+    out_dir: Path, arch: str = "qwen3next", seed: int = 0, max_positions: int = MAX_POSITIONS
+) -> Path:
+    """Write the model directory ``out_dir`` atomically (a temporary sibling, then a rename);
+    ``max_positions`` is the window vLLM derives from it (``--max-model-len`` may not exceed it)."""
     import torch  # type: ignore[import-not-found]  # the vLLM venv has it
     import transformers  # type: ignore[import-not-found]
 
@@ -192,7 +195,8 @@ def write_model(out_dir: Path, arch: str = "qwen3next", seed: int = 0) -> Path:
     vocab_size = tokenizer.get_vocab_size()
     eos_id = tokenizer.token_to_id("<|im_end|>")
     pad_id = tokenizer.token_to_id("<|endoftext|>")
-    fields = _qwen3next_config(vocab_size) if arch == "qwen3next" else _qwen3_config(vocab_size)
+    config_of = _qwen3next_config if arch == "qwen3next" else _qwen3_config
+    fields = config_of(vocab_size, max_positions)
     fields.update(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
     config_cls = transformers.Qwen3NextConfig if arch == "qwen3next" else transformers.Qwen3Config
     model_cls = transformers.Qwen3NextForCausalLM if arch == "qwen3next" else transformers.Qwen3ForCausalLM
@@ -212,13 +216,20 @@ def write_model(out_dir: Path, arch: str = "qwen3next", seed: int = 0) -> Path:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save(str(tmp / "tokenizer.json"))
-        (tmp / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2) + "\n")
+        (tmp / "tokenizer_config.json").write_text(
+            json.dumps(_tokenizer_config(max_positions), indent=2) + "\n"
+        )
         special_map = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
         (tmp / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(
             json.dumps({"eos_token_id": eos_id, "pad_token_id": pad_id, "do_sample": False}, indent=2) + "\n"
         )
-        meta = {"generator_version": GENERATOR_VERSION, "arch": arch, "seed": seed}
+        meta = {
+            "generator_version": GENERATOR_VERSION,
+            "arch": arch,
+            "seed": seed,
+            "max_positions": max_positions,
+        }
         (tmp / "turnout_tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
         tmp.chmod(0o755)
         if out_dir.exists():
@@ -234,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--arch", choices=ARCHES, default="qwen3next")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-positions", type=int, default=MAX_POSITIONS)
     args = parser.parse_args(argv)
-    print(write_model(args.out_dir, arch=args.arch, seed=args.seed))
+    print(write_model(args.out_dir, arch=args.arch, seed=args.seed, max_positions=args.max_positions))
     return 0
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.hf_tiny import GENERATOR_VERSION
+from tests.real.hf_tiny import GENERATOR_VERSION, MAX_POSITIONS
 from tests.real.vllm_env import cache_root, cannot_prepare_reason, ensure_vllm_venv
 from tests.real.vllm_server import DEFAULT_MODEL_NAME, VllmServer, VllmServerFactory
 
@@ -43,13 +43,16 @@ def vllm_python() -> Path:
     return ensure_vllm_venv()  # a failing install raises: the test errors
 
 
-def tiny_model_path(arch: str, seed: int = TINY_SEED) -> Path:
-    return cache_root() / "models" / f"tiny-hf-{arch}-v{GENERATOR_VERSION}-seed{seed}"
+def tiny_model_path(arch: str, seed: int = TINY_SEED, max_positions: int = MAX_POSITIONS) -> Path:
+    window = "" if max_positions == MAX_POSITIONS else f"-pos{max_positions}"
+    return cache_root() / "models" / f"tiny-hf-{arch}-v{GENERATOR_VERSION}-seed{seed}{window}"
 
 
-def ensure_tiny_model(python: Path, arch: str, seed: int = TINY_SEED) -> Path:
+def ensure_tiny_model(
+    python: Path, arch: str, seed: int = TINY_SEED, max_positions: int = MAX_POSITIONS
+) -> Path:
     """Generate (once, under a file lock) the tiny model directory with the vLLM venv's python."""
-    path = tiny_model_path(arch, seed)
+    path = tiny_model_path(arch, seed, max_positions)
     if (path / "turnout_tiny.json").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +60,17 @@ def ensure_tiny_model(python: Path, arch: str, seed: int = TINY_SEED) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be writing it
         if not (path / "turnout_tiny.json").is_file():
             subprocess.run(
-                [str(python), str(HF_TINY), str(path), "--arch", arch, "--seed", str(seed)],
+                [
+                    str(python),
+                    str(HF_TINY),
+                    str(path),
+                    "--arch",
+                    arch,
+                    "--seed",
+                    str(seed),
+                    "--max-positions",
+                    str(max_positions),
+                ],
                 check=True,
                 capture_output=True,
             )

