@@ -44,6 +44,16 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return asyncio.run(check_backends(settings))
 
 
+def local_gateway_url() -> str:
+    """The gateway on this machine, where ``TURNOUT_HOST`` / ``TURNOUT_PORT`` put it (as for ``turnout
+    demo`` and ``turnout serve``); a wildcard host is reached on loopback."""
+    host = os.environ.get("TURNOUT_HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{os.environ.get('TURNOUT_PORT') or 8484}"
+
+
 def cmd_agents(args: argparse.Namespace) -> int:
     from gateway.agents.configs import (
         AGENTS,
@@ -61,7 +71,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
             url = args.url or f"http://{settings.host}:{settings.port}"
             models = from_settings(settings)
         else:
-            url = args.url or "http://127.0.0.1:8484"
+            url = args.url or local_gateway_url()
             models = from_gateway(url)
         target = Target(
             url=url.rstrip("/"),
@@ -123,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Settings for Claude Code, Codex, OpenCode and aider, with the windows of the running "
         "gateway (--url) or of a config file (--config). See docs/agents.md.",
     )
-    agents.add_argument("--url", help="the running gateway (default http://127.0.0.1:8484)")
+    agents.add_argument(
+        "--url", help="the running gateway (default http://127.0.0.1:8484, or TURNOUT_HOST / TURNOUT_PORT)"
+    )
     agents.add_argument("--config", help="read the windows from this config file instead of a gateway")
     agents.add_argument("--model", help="the model the agents use (default: the first one)")
     agents.add_argument("--small-model", help="for background chores (titles, summaries); default --model")

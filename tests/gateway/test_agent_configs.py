@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.agents.configs import AGENTS, ModelLimits, Target
-from gateway.cli import main
+from gateway.cli import local_gateway_url, main
 
 DEMO = Path(__file__).resolve().parents[2] / "gateway" / "demo.toml"
 TARGET = Target("http://gw:8484", "k", ModelLimits("big", 94_000, 8192), ModelLimits("small", 65_536, 4096))
@@ -68,3 +68,28 @@ def test_cli_errors_say_why(capsys: pytest.CaptureFixture[str]) -> None:
     assert "cannot read http://127.0.0.1:9/v1/models" in capsys.readouterr().err
     assert main(["agents", "--config", str(DEMO), "--model", "nope"]) == 1
     assert "no model `nope`; known: qwen3.8-27b, qwen3.8-flash-next" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "http://127.0.0.1:8484"),
+        ({"TURNOUT_PORT": "9001"}, "http://127.0.0.1:9001"),
+        (
+            {"TURNOUT_HOST": "0.0.0.0", "TURNOUT_PORT": "9001"},
+            "http://127.0.0.1:9001",
+        ),  # a wildcard: loopback
+        ({"TURNOUT_HOST": "::"}, "http://127.0.0.1:8484"),
+        ({"TURNOUT_HOST": "::1"}, "http://[::1]:8484"),
+        ({"TURNOUT_HOST": "10.1.2.3"}, "http://10.1.2.3:8484"),
+    ],
+)
+def test_without_url_agents_asks_the_gateway_where_turnout_host_and_port_put_it(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+) -> None:
+    """``TURNOUT_PORT=9001 turnout demo`` in one terminal, ``TURNOUT_PORT=9001 turnout agents`` in another."""
+    monkeypatch.delenv("TURNOUT_HOST", raising=False)
+    monkeypatch.delenv("TURNOUT_PORT", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert local_gateway_url() == expected
