@@ -5,9 +5,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 FUZZ_EXAMPLES ?= 250
+PROPERTY_EXAMPLES ?= 1000
+BUSY_RUNS ?= 3
 FUZZ_SEED     ?= $(shell date +%s)
 
-.PHONY: demo test fuzz check lint typecheck fmt llama-server vllm-env agents browser redis clean help
+.PHONY: demo test test-busy properties fuzz check lint typecheck fmt llama-server vllm-env agents browser redis clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -23,6 +25,12 @@ demo: $(STAMP)  ## run the gateway on two built-in simulated engines (Ctrl-C sto
 
 test: $(STAMP) llama-server vllm-env agents browser redis  ## install what the tests need (real engines and agents too), then run them all
 	$(BIN)/python -m pytest
+
+test-busy:  ## the whole suite BUSY_RUNS times on fresh clones of HEAD with a CPU hog on every core (docs/testing.md)
+	$(PYTHON) bench/busy_suite.py --runs $(BUSY_RUNS)
+
+properties: $(STAMP)  ## every Hypothesis property with PROPERTY_EXAMPLES examples and a fresh seed (printed)
+	TURNOUT_HYPOTHESIS_PROFILE=long TURNOUT_HYPOTHESIS_EXAMPLES=$(PROPERTY_EXAMPLES) $(BIN)/python -m pytest -m hypothesis tests
 
 fuzz: $(STAMP)  ## schemathesis against the gateway on the simulators: FUZZ_EXAMPLES per operation and mode, a fresh FUZZ_SEED
 	TURNOUT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TURNOUT_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest tests/e2e/test_fuzz.py -q

@@ -68,7 +68,7 @@ def _sim_command(backend: BackendConfig, settings: Settings, port: int) -> list[
     return args
 
 
-def _wait_ready(url: str, timeout: float = 20.0) -> None:
+def _wait_ready(url: str, timeout: float = 60.0) -> None:  # a busy machine starts Python slowly
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -58,7 +58,7 @@ def small() -> Iterator[AgentStack]:
         stop_stack(stack)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_claude_code_compacts_before_the_conversation_outgrows_the_window(
     claude: Path, agent_home: Path, small: AgentStack
 ) -> None:
@@ -78,7 +78,7 @@ def test_claude_code_compacts_before_the_conversation_outgrows_the_window(
         run_claude(claude, agent_home, f"And part {turn}:\n{paste(150)}", "--continue")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_claude_code_recovers_from_prompt_is_too_long(
     claude: Path, agent_home: Path, small: AgentStack
 ) -> None:

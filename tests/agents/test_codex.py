@@ -83,7 +83,7 @@ def compactions(stack: AgentStack) -> int:
     return sum(COMPACTION_PROMPT in body for tap in stack.stack.taps.values() for body in tap.requests)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_codex_compacts_before_the_conversation_outgrows_the_window(
     codex: Path, agent_home: Path, small: AgentStack
 ) -> None:
@@ -102,7 +102,7 @@ def test_codex_compacts_before_the_conversation_outgrows_the_window(
         turn_completed(run_codex(codex, agent_home, "resume", "--last", f"And part {turn}:\n{paste(60)}"))
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_codex_recovers_from_a_turn_too_long_for_the_window(
     codex: Path, agent_home: Path, small: AgentStack
 ) -> None:

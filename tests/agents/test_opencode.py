@@ -42,7 +42,7 @@ def run_opencode(opencode: Path, home: Path, prompt: str, *options: str) -> str:
     return done.stdout
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_opencode_sends_the_output_limit_and_keeps_one_slot(
     opencode: Path, agent_home: Path, roomy: AgentStack
 ) -> None:

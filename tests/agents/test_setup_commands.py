@@ -60,7 +60,7 @@ CASES = {
 }
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("agent", list(CASES))
 def test_the_printed_setup_runs_the_agent_through_turnout(
     agent: str, agent_home: Path, roomy: AgentStack

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -49,7 +50,7 @@ def test_a_request_appears_on_the_live_decisions_page(page: Any, stack: Stack) -
     log_in(page, stack)
     page.goto(stack.url + "/admin/decisions")
     request_id = ask(stack, **{"x-session-id": "live-1"})
-    row = page.wait_for_selector(f'tr[data-id="{request_id}"]', timeout=2000)  # no reload
+    row = page.wait_for_selector(f'tr[data-id="{request_id}"]', timeout=30_000)  # no reload: the live refresh
     assert "m-both" in row.inner_text()
     assert "vllm" in row.inner_text()
     assert "llama" in row.inner_text()
@@ -167,9 +168,11 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     page.wait_for_selector(".chart circle.actual", state="attached")
     screenshot(page, "overview")
     page.goto(stack.url + f"/admin/sessions/{label}")
-    page.click("#release")
-    page.wait_for_load_state()
-    assert "release-slot" in httpx.get(stack.url + "/admin/api/policy", headers=ADMIN).text
+    page.click("#release")  # a POST, then the page reloads: wait for the audit entry, not the reload
+    deadline = time.monotonic() + 30
+    while "release-slot" not in httpx.get(stack.url + "/admin/api/policy", headers=ADMIN, timeout=30).text:
+        assert time.monotonic() < deadline, "the release never reached the policy's audit log"
+        time.sleep(0.1)
     assert page.errors == []
 
 

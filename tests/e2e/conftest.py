@@ -85,6 +85,9 @@ class Stack:
         return httpx.Client(base_url=self.gateway.url, timeout=30, **kwargs)
 
 
+PROBE_TIMEOUT_S = 10.0
+
+
 def stack_settings(
     urls: dict[str, str],
     extra_backends: list[dict[str, Any]] | None = None,
@@ -92,7 +95,8 @@ def stack_settings(
     timeouts: dict[str, float] | None = None,
     **over: Any,
 ) -> Settings:
-    engine = {"probe_interval_s": 0.2, **({"timeouts": timeouts} if timeouts else {})}
+    # probes every 0.2 s, each given 10 s (the default 2 s would call a busy machine's engine down)
+    engine = {"probe_interval_s": 0.2, "timeouts": {"probe": PROBE_TIMEOUT_S, **(timeouts or {})}}
     backends = [  # extra backends first: ties go to configured order, so they are tried first
         *(extra_backends or []),
         {"id": "vllm", "kind": "vllm", "url": urls["vllm"], **engine},

@@ -117,7 +117,7 @@ class GatewayProcess:
             "[limits]\n"
             + "".join(f"{k} = {v}\n" for k, v in limits.items())
             + f'\n[[backends]]\nid = "llama"\nkind = "llamacpp"\nurl = "{engine_url}"\n'
-            + "probe_interval_s = 0.2\n"
+            + "probe_interval_s = 0.2\ntimeouts = { probe = 10.0 }\n"
             + '\n[[models]]\nname = "m"\n[[models.deployments]]\nbackend = "llama"\nupstream_name = "up"\n'
         )
         env = {**os.environ, "TURNOUT_PORT": str(self.port), "TURNOUT_LOG_FORMAT": "json"}

@@ -19,7 +19,15 @@ from tests.e2e.faulty import Fault, create_faulty_app
 from tests.servers import ADMIN, ServerThread
 
 MSG = [{"role": "user", "content": "hi"}]
-FAST = {"first_byte": 0.5, "stream_idle": 0.5, "read": 4.0}
+FAST = {"first_byte": 0.5, "stream_idle": 0.5, "read": 8.0}
+COOL_DOWN_S = 5.0  # long enough for a loaded machine to look at the open circuit before it half-opens
+
+
+def until(condition: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -31,7 +39,7 @@ def hung() -> Iterator[tuple[Stack, Fault]]:
         profile="least-loaded",  # ties keep configured order: the faulty engine is tried first
         extra_backends=[
             {"id": "faulty", "kind": "vllm", "url": server.url, "probe_interval_s": 0.2, "timeouts": FAST,
-             "circuit": {"failures": 2, "cool_down_s": 0.5}}
+             "circuit": {"failures": 2, "cool_down_s": COOL_DOWN_S}}
         ],
         extra_models=[
             {"name": "m-hung", "deployments": [{"backend": "faulty", "upstream_name": "up-faulty"},
@@ -47,7 +55,16 @@ def hung() -> Iterator[tuple[Stack, Fault]]:
 
 
 def last_decision(stack: Stack) -> dict[str, Any]:
-    return httpx.get(stack.url + "/admin/api/decisions?limit=1", headers=ADMIN).json()["data"][0]
+    return httpx.get(stack.url + "/admin/api/decisions?limit=1", headers=ADMIN, timeout=30).json()["data"][0]
+
+
+def faulty_backend(stack: Stack) -> dict[str, Any]:
+    backends = httpx.get(stack.url + "/admin/api/overview", headers=ADMIN, timeout=30).json()["backends"]
+    return next(b for b in backends if b["id"] == "faulty")
+
+
+def circuit(stack: Stack) -> str:
+    return str(httpx.get(stack.url + "/health", timeout=30).json()["circuits"]["faulty"])
 
 
 def test_a_hung_engine_is_left_for_another_backend(hung: tuple[Stack, Fault]) -> None:
@@ -71,7 +88,7 @@ def test_a_silent_engine_that_reports_work_is_waited_for(hung: tuple[Stack, Faul
     longest wait (``read``) ends it, with a clear error."""
     stack, fault = hung
     fault.hang, fault.running = True, 1
-    time.sleep(0.5)  # probed with its load
+    until(lambda: faulty_backend(stack)["running"] == 1, "a probe saw the engine's load")
     started = time.monotonic()
     answer = httpx.post(
         stack.url + "/v1/chat/completions", json={"model": "m-hung-only", "messages": MSG}, timeout=30
@@ -79,7 +96,7 @@ def test_a_silent_engine_that_reports_work_is_waited_for(hung: tuple[Stack, Faul
     took = time.monotonic() - started
     assert took >= FAST["read"]  # waited past first_byte (0.5 s), up to the longest wait
     assert answer.status_code in (502, 503)
-    assert "no answer in 4 s" in answer.json()["error"]["message"]
+    assert "no answer in 8 s" in answer.json()["error"]["message"]
 
 
 def test_a_stream_that_stalls_ends_with_an_error_event(hung: tuple[Stack, Fault]) -> None:
@@ -103,22 +120,24 @@ def test_a_request_queued_for_a_llama_slot_is_not_taken_for_a_hang() -> None:
     llama = SimConfig(kind="llamacpp", model="up-llama", time_scale=0.2, slots=1)
     running = start_stack(llama=llama, timeouts={"first_byte": 0.3})
     try:
+        before = len(running.events("llama"))
         slow = {"model": "m-llama", "messages": MSG, "max_tokens": 2000, "ignore_eos": True}  # ~4 s
         first = threading.Thread(
-            target=lambda: httpx.post(running.url + "/v1/chat/completions", json=slow, timeout=60)
+            target=lambda: httpx.post(running.url + "/v1/chat/completions", json=slow, timeout=120)
         )
         first.start()
-        time.sleep(0.3)
-        started = time.monotonic()
+        until(lambda: len(running.events("llama")) > before, "the long answer took the slot")
         second = httpx.post(
-            running.url + "/v1/chat/completions", json={"model": "m-llama", "messages": MSG}, timeout=60
+            running.url + "/v1/chat/completions", json={"model": "m-llama", "messages": MSG}, timeout=120
         )
-        waited = time.monotonic() - started
-        first.join(60)
+        first.join(120)
+        events = [(e.kind.value, e.completion_tokens) for e in running.events("llama")[before:]]
     finally:
         stop_stack(running)
     assert second.status_code == 200
-    assert waited > 0.3 + 1.0  # it queued longer than the first-byte deadline (and its check interval)
+    # the second started only when the first's 2000 tokens were done: it queued the whole time
+    # (seconds, past the 0.3 s first-byte deadline and its check interval) and was not taken for a hang
+    assert events == [("start", 0), ("finish", 2000), ("start", 0), ("finish", events[-1][1])]
 
 
 COMPLETION = {
@@ -133,27 +152,24 @@ def test_a_backend_that_keeps_failing_is_taken_out_then_tried_once(hung: tuple[S
     fault.status, fault.body = 500, json.dumps({"error": {"message": "CUDA out of memory"}}).encode()
     ask = {"model": "m-hung", "messages": MSG}
     for _ in range(2):  # each fails on the faulty engine and is answered by llama.cpp
-        assert (
-            httpx.post(stack.url + "/v1/chat/completions", json=ask).headers["x-turnout-backend"] == "llama"
-        )
+        answered = httpx.post(stack.url + "/v1/chat/completions", json=ask, timeout=30)
+        assert answered.headers["x-turnout-backend"] == "llama"
     assert len(fault.calls) == 2
-    answer = httpx.post(stack.url + "/v1/chat/completions", json=ask)
+    answer = httpx.post(stack.url + "/v1/chat/completions", json=ask, timeout=30)
     assert answer.headers["x-turnout-backend"] == "llama"
     assert len(fault.calls) == 2  # open: not even tried
     assert "faulty: circuit-open" in answer.headers["x-turnout-route-reason"]
     rejected = last_decision(stack)["rejected"]
     assert rejected[0]["reason"] == "circuit-open"
     assert "CUDA out of memory" in rejected[0]["detail"]
-    assert httpx.get(stack.url + "/health").json()["circuits"]["faulty"] == "open"
-    overview = httpx.get(stack.url + "/admin/api/overview", headers=ADMIN).json()["backends"]
-    assert {b["id"]: b["circuit"] for b in overview}["faulty"] == "open"  # the dashboard shows it
-    metrics = httpx.get(stack.url + "/metrics").text
+    assert circuit(stack) == "open"
+    assert faulty_backend(stack)["circuit"] == "open"  # the dashboard shows it
+    metrics = httpx.get(stack.url + "/metrics", timeout=30).text
     assert 'turnout_backend_circuit{backend="faulty",state="open"} 1.0' in metrics
     assert 'turnout_backend_circuit_trips_total{backend="faulty"} 1.0' in metrics
 
     fault.status, fault.body = 200, json.dumps(COMPLETION).encode()  # the engine recovered
-    time.sleep(0.6)  # the cool-down passed: half-open, one trial
-    assert httpx.get(stack.url + "/health").json()["circuits"]["faulty"] == "half-open"
-    trial = httpx.post(stack.url + "/v1/chat/completions", json=ask)
+    until(lambda: circuit(stack) == "half-open", "the cool-down passed: half-open, one trial")
+    trial = httpx.post(stack.url + "/v1/chat/completions", json=ask, timeout=30)
     assert (trial.status_code, trial.headers["x-turnout-backend"]) == (200, "faulty")
-    assert httpx.get(stack.url + "/health").json()["circuits"]["faulty"] == "closed"
+    assert circuit(stack) == "closed"

@@ -67,8 +67,8 @@ def set_fault(
     fault.body = body if isinstance(body, bytes) else json.dumps(body).encode()
     fault.events_before_break = events
     fault.media_type, fault.events_then_end, fault.garbage = media_type, events_then_end, garbage
-    deadline = time.monotonic() + 5
-    while httpx.get(stack.url + "/health").json()["backends"]["faulty"] != "ready":
+    deadline = time.monotonic() + 30
+    while httpx.get(stack.url + "/health", timeout=30).json()["backends"]["faulty"] != "ready":
         assert time.monotonic() < deadline, "the faulty backend was not probed back up"
         time.sleep(0.05)
 

@@ -15,6 +15,9 @@ from tests.e2e.processes import ProcessStack, start_process_stack
 from tests.servers import ADMIN
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 100}
+NO_TIMER_S = 10.0
+"""Ended "at once": by the engine's connection closing, well before any timer could have ended it (the
+first-byte deadline is 30 s, a stream's idle deadline 60 s), however busy the machine is."""
 
 
 @pytest.fixture
@@ -37,7 +40,7 @@ def ask(url: str, *, stream: bool, max_tokens: int = 8, session: str = "victim")
 
 
 def overview(url: str) -> dict[str, Any]:
-    backends = httpx.get(url + "/admin/api/overview", headers=ADMIN).json()["backends"]
+    backends = httpx.get(url + "/admin/api/overview", headers=ADMIN, timeout=30).json()["backends"]
     return {b["id"]: b for b in backends}
 
 
@@ -64,7 +67,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event_at_once
         killed = time.monotonic()
         events += [line for line in lines if line.startswith("data:")]
         ended = time.monotonic()
-    assert ended - killed < 1.0  # the error event and the end of the stream, within a second
+    assert ended - killed < NO_TIMER_S  # the error event and the end of the stream, at once
     assert events[-1] == "data: [DONE]"  # a clean end, after the error event
     error = json.loads(events[-2][5:])
     assert error["error"]["type"] == "upstream_error", error
@@ -80,8 +83,8 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_event_at_once
 
 
 def kill_while_answering(stack: ProcessStack, model: str) -> tuple[httpx.Response, float]:
-    """A plain (non-streamed) request of 2,000 tokens; llama.cpp killed half a second in. Returns the
-    response and how long after the kill it came."""
+    """A plain (non-streamed) request of 2,000 tokens; llama.cpp killed once a slot is generating it.
+    Returns the response and how long after the kill it came."""
     result: dict[str, Any] = {}
 
     def send() -> None:
@@ -92,20 +95,28 @@ def kill_while_answering(stack: ProcessStack, model: str) -> tuple[httpx.Respons
 
     sender = threading.Thread(target=send)
     sender.start()
-    time.sleep(0.5)  # generating by now: 2,000 tokens take seconds at this time scale
+    generating(stack.sims["llama"].url)  # 2,000 tokens take seconds at this time scale
     stack.sims["llama"].kill()
     killed = time.monotonic()
     sender.join(30)
     return result["response"], result["ended"] - killed
 
 
+def generating(llama: str, timeout: float = 30.0) -> None:
+    """Until one of the llama.cpp simulator's slots is processing a request."""
+    deadline = time.monotonic() + timeout
+    while not any(slot["is_processing"] for slot in httpx.get(llama + "/slots", timeout=30).json()):
+        assert time.monotonic() < deadline, "no slot started the request"
+        time.sleep(0.05)
+
+
 def test_an_engine_killed_during_a_plain_request_is_a_502_at_once(stack: ProcessStack) -> None:
-    """Only llama.cpp serves the model: a 502 in the API's shape within a second."""
+    """Only llama.cpp serves the model: a 502 in the API's shape at once."""
     warm_on_llama(stack)
     response, after = kill_while_answering(stack, "m-llama")
     assert response.status_code == 502
     assert response.json()["error"]["type"] == "upstream_error"
-    assert after < 1.0
+    assert after < NO_TIMER_S
     assert overview(stack.url)["llama"]["health"] == "down"
     assert overview(stack.url)["llama"]["in_flight"] == 0
 
@@ -134,7 +145,7 @@ def test_a_restarted_engine_is_known_to_hold_nothing(stack: ProcessStack) -> Non
         llama = overview(stack.url)["llama"]
         return llama["health"] != "ready" or victim in [lease["session"] for lease in llama["leases"]]
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while remembered():
         assert time.monotonic() < deadline, overview(stack.url)["llama"]
         one_off = {"model": "m-both", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}

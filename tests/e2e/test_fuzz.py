@@ -99,6 +99,7 @@ def aim(case: Any, model: str | None) -> None:
         case.path_parameters["model_id"] = model
 
 
+@pytest.mark.timeout(600)  # examples, shrinking and a 30 s call each: a busy machine needs the room
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @pytest.mark.parametrize(("method", "path"), sorted(OPERATIONS), ids=lambda v: str(v))
 def test_every_answer_is_documented(

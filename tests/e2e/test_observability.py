@@ -35,7 +35,7 @@ def completed_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def wait_for_lines(logs: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 30  # a stream's line is written after its last event, in the gateway's time
     while len(completed_lines(logs)) < count and time.monotonic() < deadline:
         time.sleep(0.01)
     return completed_lines(logs)

@@ -23,7 +23,7 @@ from tests.real.conftest import qwen35_model
 from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer
 from tests.servers import ADMIN, ServerThread
 
-pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(1200)]
 
 SLOT_CTX = 40_960  # Claude Code's instructions and tools are ~17k tokens, Codex's ~11k
 OUTPUT = 64
@@ -54,7 +54,15 @@ def real(llama_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def gateway(real: LlamaServer) -> Iterator[str]:
     settings = load_settings(
         None,
-        backends=[{"id": "llama", "kind": "llamacpp", "url": real.base_url, "probe_interval_s": 0.2}],
+        backends=[
+            {
+                "id": "llama",
+                "kind": "llamacpp",
+                "url": real.base_url,
+                "probe_interval_s": 0.2,
+                "timeouts": {"probe": 10.0},
+            }
+        ],
         models=[
             {
                 "name": MODEL,

@@ -38,7 +38,15 @@ def stack(llama_server_module: LlamaServerFactory) -> Iterator[tuple[LlamaServer
     server = llama_server_module(n_parallel=2, ctx_total=4096, extra_args=["--jinja"])
     settings = load_settings(
         None,
-        backends=[{"id": "llama", "kind": "llamacpp", "url": server.base_url, "probe_interval_s": 0.2}],
+        backends=[
+            {
+                "id": "llama",
+                "kind": "llamacpp",
+                "url": server.base_url,
+                "probe_interval_s": 0.2,
+                "timeouts": {"probe": 10.0},
+            }
+        ],
         models=[{"name": MODEL, "deployments": [{"backend": "llama", "upstream_name": DEFAULT_ALIAS}]}],
     )
     gateway = ServerThread(create_app(settings)).start()
@@ -116,11 +124,14 @@ def test_disconnect_frees_the_slot(
                 next(chunks)
             assert any(slot["is_processing"] for slot in httpx.get(server.base_url + "/slots").json())
         closed = time.monotonic()
-    while time.monotonic() - closed < 2:
+    while time.monotonic() - closed < 30:  # ends as soon as the slot is free
         if not any(slot["is_processing"] for slot in httpx.get(server.base_url + "/slots").json()):
             break
         time.sleep(0.05)
-    assert not any(slot["is_processing"] for slot in httpx.get(server.base_url + "/slots").json())
+    slots = httpx.get(server.base_url + "/slots").json()
+    assert not any(slot["is_processing"] for slot in slots)
+    # freed by the cancel, not by the answer's end
+    assert max(slot.get("next_token", [{}])[0].get("n_decoded", 0) for slot in slots) < 1500
 
 
 def test_anthropic_session_keeps_its_slot_and_reuse(stack: tuple[LlamaServer, ServerThread]) -> None:

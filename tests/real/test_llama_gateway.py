@@ -56,7 +56,15 @@ def real(llama_server_module: LlamaServerFactory) -> LlamaServer:
 def gateway(real: LlamaServer) -> Iterator[ServerThread]:
     settings = load_settings(
         None,
-        backends=[{"id": "llama", "kind": "llamacpp", "url": real.base_url, "probe_interval_s": 0.2}],
+        backends=[
+            {
+                "id": "llama",
+                "kind": "llamacpp",
+                "url": real.base_url,
+                "probe_interval_s": 0.2,
+                "timeouts": {"probe": 10.0},
+            }
+        ],
         models=[
             {
                 "name": MODEL,
@@ -146,7 +154,7 @@ def test_gateway_accounting_matches_the_server(gateway: ServerThread) -> None:
                     if b'"content":"' in part
                 )
                 messages.append({"role": "assistant", "content": content.decode()})
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 30  # a stream's line is written after its last event
         while (
             len([e for e in capture.entries if e["event"] == "request.completed"]) < 4
             and time.monotonic() < deadline
@@ -175,12 +183,13 @@ def test_disconnect_frees_the_slot(gateway: ServerThread, real: LlamaServer) -> 
             busy = httpx.get(real.base_url + "/slots").json()
             assert any(slot["is_processing"] for slot in busy)
         closed = time.monotonic()
-    while time.monotonic() - closed < 2:
+    while time.monotonic() - closed < 30:  # ends as soon as the slot is free
         if not any(slot["is_processing"] for slot in httpx.get(real.base_url + "/slots").json()):
             break
         time.sleep(0.05)
     slots = httpx.get(real.base_url + "/slots").json()
     assert not any(slot["is_processing"] for slot in slots)
+    # freed by the cancel, not by the answer's end
     assert max(slot.get("next_token", [{}])[0].get("n_decoded", 0) for slot in slots) < 4000
 
 

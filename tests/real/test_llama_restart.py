@@ -52,7 +52,8 @@ def test_a_restarted_llama_server_holds_no_warm_slot(
 ) -> None:
     settings = load_settings(
         None,
-        backends=[{"id": "llama", "kind": "llamacpp", "url": server.base_url, "probe_interval_s": 0.2}],
+        backends=[{"id": "llama", "kind": "llamacpp", "url": server.base_url, "probe_interval_s": 0.2,
+                   "timeouts": {"probe": 10.0}}],
         models=[{"name": "tiny", "architecture": "hybrid",
                  "deployments": [{"backend": "llama", "upstream_name": DEFAULT_ALIAS}]}],
     )  # fmt: skip
@@ -123,7 +124,7 @@ def test_a_real_llama_server_killed_mid_stream(llama_binary: Path, qwen35_gguf: 
             killed = time.monotonic()
             events += [line for line in lines if line.startswith("data:")]
             ended = time.monotonic() - killed
-        assert ended < 1.0
+        assert ended < 10  # at once: by the closed connection, not a timer (first byte 30 s, idle 60 s)
         assert events[-1] == "data: [DONE]"
         assert "upstream_error" in events[-2]
         health = httpx.get(gateway.url + "/health").json()

@@ -28,7 +28,15 @@ CHECKPOINT_SLACK = 4  # a checkpoint sits 4 tokens before each prompt end
 def gateway_for(server: LlamaServer) -> ServerThread:
     settings = load_settings(
         None,
-        backends=[{"id": "llama", "kind": "llamacpp", "url": server.base_url, "probe_interval_s": 0.2}],
+        backends=[
+            {
+                "id": "llama",
+                "kind": "llamacpp",
+                "url": server.base_url,
+                "probe_interval_s": 0.2,
+                "timeouts": {"probe": 10.0},
+            }
+        ],
         models=[
             {
                 "name": MODEL,
