@@ -22,10 +22,13 @@ LONG_TEXT = (
 
 @contextmanager
 def running(kind: str, **overrides: Any) -> Iterator[tuple[httpx.Client, BatchEngine]]:
-    """A simulator of ``kind`` on 127.0.0.1 (time_scale 0.001 unless overridden) and a client for it."""
+    """A simulator of ``kind`` on 127.0.0.1 (time_scale 0.001 unless overridden) and a client for it.
+
+    The client's 60 s timeout only bounds a hung test: a request that must not be answered sets its own.
+    """
     overrides.setdefault("time_scale", 0.001)
     app = create_sim_app(SimConfig(kind=kind, **overrides))  # type: ignore[arg-type]
-    with serve(app) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+    with serve(app) as server, httpx.Client(base_url=server.url, timeout=60) as client:
         yield client, app.state.sim
 
 
@@ -44,8 +47,12 @@ def user(text: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 1.0) -> bool:
-    """Poll ``predicate`` every 10 ms until true or ``timeout`` seconds passed."""
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Poll ``predicate`` every 10 ms until true or ``timeout`` seconds passed.
+
+    It returns as soon as the predicate holds, so the generous default costs nothing when the machine
+    is idle and keeps a busy one (another job on every core) from failing the test.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

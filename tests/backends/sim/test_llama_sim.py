@@ -10,8 +10,11 @@ from typing import Any
 import httpx
 
 from backends.sim.events import EventKind
+from backends.sim.llama_engine import LlamaEngine
 from tests.backends.sim.simhelp import LONG_TEXT, WEATHER_TOOL, running, sse_data, sse_json, user, wait_until
 
+LONG_ANSWER = {"max_tokens": 3000, "ignore_eos": True}
+"""30 s of answer at 100 tok/s: a request the test ends by closing its stream holds its slot until then."""
 TIMING_KEYS = [
     "cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
     "predicted_ms", "predicted_per_token_ms", "predicted_per_second",
@@ -161,9 +164,11 @@ class TestSlots:
             assert starts == [1, 0, 1]
 
     def test_pinned_request_waits_for_busy_slot(self) -> None:
-        """A request pinned to a busy slot is deferred although another slot is idle."""
+        """A request pinned to a busy slot is deferred although another slot is idle, and it starts on
+        that slot once the request holding it has left (here: closed its stream, so the first request
+        holds the slot for exactly as long as the test needs and never makes it wait for its answer)."""
         with running("llamacpp", slots=2, time_scale=1.0, decode_tok_s=100) as (client, engine):
-            payload = {"messages": [user("long one")], "id_slot": 0, "max_tokens": 40, "stream": True}
+            payload = {**LONG_ANSWER, "messages": [user("long one")], "id_slot": 0, "stream": True}
             with client.stream("POST", "/v1/chat/completions", json=payload) as first:
                 lines = first.iter_lines()
                 next(lines)
@@ -171,13 +176,14 @@ class TestSlots:
                 waiter = threading.Thread(target=lambda: result.update(chat(client, [user("x")], id_slot=0)))
                 waiter.start()
                 assert wait_until(lambda: "llamacpp:requests_deferred 1" in client.get("/metrics").text)
-                for _ in lines:
-                    pass
-            waiter.join(5)
+                assert not result
+            waiter.join(60)
+            assert not waiter.is_alive()
             starts = [e for e in engine.events if e.kind is EventKind.START]
-            finish_first = next(e for e in engine.events if e.kind is EventKind.FINISH)
+            end_first = next(e for e in engine.events if e.kind in (EventKind.FINISH, EventKind.CANCEL))
+            assert (end_first.kind, end_first.request_id) == (EventKind.CANCEL, starts[0].request_id)
             assert [e.slot for e in starts] == [0, 0]
-            assert starts[1].at >= finish_first.at
+            assert starts[1].at >= end_first.at
             assert result["choices"][0]["finish_reason"] == "stop"
 
 
@@ -216,16 +222,22 @@ class TestErrors:
             assert client.get("/props", headers={"X-Api-Key": "k"}).status_code == 200
 
     def test_loading_then_ready(self) -> None:
-        """Every path answers 503 Loading model until load_seconds pass (2 s: starting the server in
-        a thread on a busy machine once took longer than the 0.3 s this test used to allow)."""
-        with running("llamacpp", load_seconds=2.0, time_scale=1.0) as (client, _):
+        """Every path answers 503 Loading model until load_seconds pass, then the server is ready.
+
+        The load time counts from the engine's construction, before the server thread starts, so it
+        is 10 s: starting the server and the three requests fit in it even on a busy machine.
+        """
+        with running("llamacpp", load_seconds=10.0, time_scale=1.0) as (client, engine):
             for path in ("/health", "/v1/models", "/nowhere"):
                 response = client.get(path)
                 assert response.status_code == 503
                 assert response.json() == {
                     "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}
                 }
-            assert wait_until(lambda: client.get("/health").status_code == 200, timeout=5)
+            assert wait_until(lambda: client.get("/health").status_code == 200)
+            assert isinstance(engine, LlamaEngine)
+            assert time.monotonic() - engine.started_at >= 10.0
+            assert client.get("/v1/models").status_code == 200
 
     def test_not_found_and_bad_json(self) -> None:
         """Unknown path: 404 File Not Found; malformed JSON: 400 invalid_request_error."""
@@ -244,31 +256,32 @@ class TestErrors:
 
 class TestCancellation:
     def test_disconnect_mid_stream_frees_slot(self) -> None:
-        """Closing a stream records a cancel event within 1 s and the slot becomes idle."""
+        """Closing a stream records a cancel event and the slot becomes idle."""
         with running("llamacpp", slots=1, time_scale=1.0, decode_tok_s=100) as (client, engine):
-            payload = {"messages": [user("go")], "max_tokens": 40, "stream": True}
+            payload = {**LONG_ANSWER, "messages": [user("go")], "stream": True}
             with client.stream("POST", "/v1/chat/completions", json=payload) as response:
                 lines = response.iter_lines()
                 next(lines)
             assert wait_until(lambda: any(e.kind is EventKind.CANCEL for e in engine.events))
+            assert not [e for e in engine.events if e.kind is EventKind.FINISH]
             assert client.get("/slots").json()[0]["is_processing"] is False
 
     def test_disconnect_while_queued(self) -> None:
         """A queued request whose client leaves never starts; its stream had no headers."""
         with running("llamacpp", slots=1, time_scale=1.0, decode_tok_s=100) as (client, engine):
-            payload = {"messages": [user("go")], "max_tokens": 40, "stream": True}
+            payload = {**LONG_ANSWER, "messages": [user("go")], "stream": True}
             with client.stream("POST", "/v1/chat/completions", json=payload) as response:
                 lines = response.iter_lines()
                 next(lines)
-                started = time.monotonic()
                 try:
                     client.post(
-                        "/v1/chat/completions", json={**payload, "messages": [user("b")]}, timeout=0.2
+                        "/v1/chat/completions",
+                        json={**payload, "messages": [user("b")]},
+                        timeout=httpx.Timeout(30, read=0.2),
                     )
                     raise AssertionError("a queued stream must not get headers")
                 except httpx.ReadTimeout:
                     pass
-                assert time.monotonic() - started < 1
                 assert wait_until(lambda: len([e for e in engine.events if e.kind is EventKind.CANCEL]) == 1)
             assert len([e for e in engine.events if e.kind is EventKind.START]) == 1
 
