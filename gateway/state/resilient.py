@@ -13,6 +13,7 @@ made while Redis was away stay with the replica that made them.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -48,6 +49,7 @@ class ResilientStore(StateStore):
         self._clock = clock
         self._pending: dict[str, SessionView] = {}  # saved while Redis was away: written back on return
         self._pending_claims: dict[tuple[str, int], tuple[str, float, int]] = {}
+        self._recovering = asyncio.Lock()  # one call asks Redis and writes back; the others wait for it
 
     async def _shared(self, call: Callable[[], Awaitable[T]], fallback: Callable[[], Awaitable[T]]) -> T:
         if self.degraded:
@@ -72,6 +74,11 @@ class ResilientStore(StateStore):
 
     async def _recover(self) -> None:
         """If Redis answers again, write back the sessions saved and the slots claimed meanwhile."""
+        async with self._recovering:
+            if self.degraded and self._clock() >= self._retry_at:  # else a call before this one asked
+                await self._write_back()
+
+    async def _write_back(self) -> None:
         try:
             await self.redis.ping()
             for session in self._pending.values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,12 +50,14 @@ def test_a_wrong_or_missing_key_is_refused_in_each_apis_shape(stack: Stack) -> N
     claude = anthropic.Anthropic(base_url=stack.url, api_key="sk-nope", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         claude.messages.create(model="m-both", max_tokens=2, messages=MESSAGES)  # type: ignore[arg-type]
-    missing = httpx.post(stack.url + "/v1/chat/completions", json={"model": "m-both", "messages": MESSAGES})
+    missing = httpx.post(
+        stack.url + "/v1/chat/completions", json={"model": "m-both", "messages": MESSAGES}, timeout=30
+    )
     assert missing.status_code == 401
     assert missing.json()["error"]["message"].startswith("Missing API key")
-    assert httpx.get(stack.url + "/v1/models").status_code == 401
-    assert httpx.get(stack.url + "/health").status_code == 200  # not behind keys
-    assert httpx.get(stack.url + "/metrics").status_code == 200
+    assert httpx.get(stack.url + "/v1/models", timeout=30).status_code == 401
+    assert httpx.get(stack.url + "/health", timeout=30).status_code == 200  # not behind keys
+    assert httpx.get(stack.url + "/metrics", timeout=30).status_code == 200
 
 
 def test_a_key_sees_and_uses_only_its_models(stack: Stack) -> None:
@@ -86,8 +89,23 @@ def test_concurrent_requests_are_limited_and_released(stack: Stack) -> None:
             second = client.post("/v1/chat/completions", json={**body, "stream": False})
             assert second.status_code == 429
             open_stream.read()
+        ended(client, "bob")  # the first one's admission ended with it (just after its last bytes)
         again = client.post("/v1/chat/completions", json={**body, "stream": False})
-        assert again.status_code == 200  # the first one's admission ended with it
+        assert again.status_code == 200
+
+
+def ended(client: httpx.Client, key: str) -> None:
+    """Wait until none of ``key``'s requests is running: a stream's admission is released once it
+    has ended, which may be just after the client read its last bytes."""
+    deadline = time.monotonic() + 30
+    while True:
+        keys = client.get("/admin/api/keys", headers=ADMIN).json()["data"]
+        running = next(k["running"] for k in keys if k["name"] == key)
+        if running == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{key} still has {running} requests running")
+        time.sleep(0.02)
 
 
 def test_tokens_per_minute_and_usage_per_key(stack: Stack) -> None:
@@ -96,7 +114,8 @@ def test_tokens_per_minute_and_usage_per_key(stack: Stack) -> None:
     with pytest.raises(anthropic.RateLimitError) as limited:
         carol.messages.create(model="m-llama", max_tokens=30, messages=MESSAGES)  # type: ignore[arg-type]
     assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
-    usage = {k["name"]: k for k in httpx.get(stack.url + "/admin/api/keys", headers=ADMIN).json()["data"]}
+    keys = httpx.get(stack.url + "/admin/api/keys", headers=ADMIN, timeout=30).json()["data"]
+    usage = {k["name"]: k for k in keys}
     assert usage["carol"]["requests"] == 1
     assert usage["carol"]["prompt_tokens"] > 0
     assert usage["carol"]["last_minute"]["tokens"] >= 20
@@ -118,7 +137,7 @@ def test_two_gateways_on_one_redis_share_a_keys_limits(tmp_path: Path) -> None:
     with Redis gone each counts them itself, and no request fails for it."""
     server = RedisServer(tmp_path).start()
     keys = {"keys": [{"name": "erin", "key": "sk-erin", "requests_per_minute": 3}]}
-    running = start_stack(auth=keys, state={"url": server.url, "prefix": "limits"})
+    running = start_stack(auth=keys, state={"url": server.url, "prefix": "limits", "timeout_s": 5.0})
     second = ServerThread(create_app(running.settings)).start()
     running.servers.append(second)
     try:
@@ -128,13 +147,13 @@ def test_two_gateways_on_one_redis_share_a_keys_limits(tmp_path: Path) -> None:
         for client in replicas[1:]:  # the fourth, on either
             with pytest.raises(openai.RateLimitError):
                 client.chat.completions.create(model="m-both", messages=MESSAGES, max_tokens=2)  # type: ignore[arg-type]
-        usage = httpx.get(second.url + "/admin/api/keys", headers=ADMIN).json()["data"][0]
+        usage = httpx.get(second.url + "/admin/api/keys", headers=ADMIN, timeout=30).json()["data"][0]
         assert (usage["requests"], usage["last_minute"]["requests"]) == (3, 3)
         server.stop()
         with structlog.testing.capture_logs() as logs:
             answer = replicas[0].chat.completions.create(model="m-both", messages=MESSAGES, max_tokens=2)  # type: ignore[arg-type]
-            keys_page = httpx.get(running.url + "/admin/api/keys", headers=ADMIN)
-            health = httpx.get(running.url + "/health").json()
+            keys_page = httpx.get(running.url + "/admin/api/keys", headers=ADMIN, timeout=30)
+            health = httpx.get(running.url + "/health", timeout=30).json()
         assert answer.choices  # counted in this gateway's memory meanwhile
         assert keys_page.status_code == 200
         assert keys_page.json()["data"][0]["name"] == "erin"

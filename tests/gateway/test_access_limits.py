@@ -32,6 +32,9 @@ class Clock:
 
 LOOP = asyncio.new_event_loop()
 """One loop for the module: a Redis client belongs to the loop it was made in."""
+REDIS_TIMEOUT_S = 5.0
+"""The Redis counters' call timeout here: a reply slow on a busy machine is no failure (the default,
+0.25 s, is for a gateway, which counts locally meanwhile)."""
 
 
 def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -51,7 +54,7 @@ def make(request: pytest.FixtureRequest) -> Iterator[Make]:
         if request.param == "memory":
             return MemoryCounter(clock)
         server: RedisServer = request.getfixturevalue("redis_server")
-        made.append(RedisCounter(server.url, prefix=prefix, clock=clock))
+        made.append(RedisCounter(server.url, prefix=prefix, clock=clock, timeout_s=REDIS_TIMEOUT_S))
         return made[-1]
 
     yield counter
@@ -166,7 +169,10 @@ class TestSharedByReplicas:
 
     def test_replicas_share_a_keys_requests_per_minute(self, redis_server: RedisServer) -> None:
         prefix, clock = f"r{uuid.uuid4().hex[:8]}", Clock()
-        a, b = (RedisCounter(redis_server.url, prefix=prefix, clock=clock) for _ in range(2))
+        a, b = (
+            RedisCounter(redis_server.url, prefix=prefix, clock=clock, timeout_s=REDIS_TIMEOUT_S)
+            for _ in range(2)
+        )
         quota = Quota(requests_per_minute=3)
         try:
             assert [admit(c, quota)[1] for c in (a, a, b)] == [None, None, None]
@@ -179,7 +185,7 @@ class TestSharedByReplicas:
 
     def test_idle_keys_expire_but_usage_totals_stay(self, redis_server: RedisServer) -> None:
         prefix = f"x{uuid.uuid4().hex[:8]}"
-        counter = RedisCounter(redis_server.url, prefix=prefix)
+        counter = RedisCounter(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S)
         client = redis.Redis.from_url(redis_server.url)
 
         async def ttls() -> dict[str, int]:
@@ -204,7 +210,10 @@ class TestRedisAway:
     def test_requests_are_counted_locally_and_the_totals_written_back(self, tmp_path: Path) -> None:
         server = RedisServer(tmp_path).start()
         clock = Clock()
-        counter = ResilientCounter(RedisCounter(server.url, prefix="away"), MemoryCounter(clock), clock)
+        shared = RedisCounter(
+            server.url, prefix="away", timeout_s=REDIS_TIMEOUT_S
+        )  # refused at once while away
+        counter = ResilientCounter(shared, MemoryCounter(clock), clock)
         quota = Quota(requests_per_minute=2)
         try:
             before, _ = admit(counter, quota)  # admitted in Redis, ends while it is away
