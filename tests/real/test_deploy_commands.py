@@ -303,16 +303,15 @@ def turnout_service(
     argv = image["argv"]
     assert argv == ["turnout", "serve"]
     assert "command" not in service  # the image's CMD
-    log = (config.parent / "turnout.log").open("wb")
-    process = subprocess.Popen([str(TURNOUT), *argv[1:]], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_both_engines(url, process, config.parent / "turnout.log")
-        yield url, port
-    finally:
-        process.terminate()
-        process.wait(timeout=40)
-        log.close()
+    with (config.parent / "turnout.log").open("wb") as log:
+        process = subprocess.Popen([str(TURNOUT), *argv[1:]], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_for_both_engines(url, process, config.parent / "turnout.log")
+            yield url, port
+        finally:
+            process.terminate()
+            process.wait(timeout=40)
 
 
 def _wait_for_both_engines(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
