@@ -126,21 +126,27 @@ class Fleet:
         """Deadlines for one request to ``backend_id`` (``backends.watchdog``), judged by what the
         probes last saw of the engine."""
         spec = self.adapters[backend_id].spec
+        sent = self._clock()
         return Watchdog(
-            lambda: self.liveness(backend_id),
+            lambda: self.liveness(backend_id, since=sent),
             first_byte_s=spec.first_byte_timeout,
             longest_s=spec.read_timeout,
             idle_s=spec.stream_idle_timeout,
         )
 
-    def liveness(self, backend_id: str) -> bool | None:
+    def liveness(self, backend_id: str, since: float = 0.0) -> bool | None:
         """What the engine itself last reported (not turnout's own requests laid over it): None when
         it is down, else whether it runs or queues requests. An engine that reports no load (a generic
-        OpenAI-compatible server) or was not probed yet is taken to be working."""
+        OpenAI-compatible server) or was not probed yet is taken to be working, and so is one whose
+        last probe was taken before ``since`` (the request was sent): a probe that predates the
+        request cannot show it, so its "nothing running" is no sign of a hang (a busy gateway's
+        probes lag; a request taken for hung on such a probe was cut off while the engine worked)."""
         snapshot = self._snapshots[backend_id]
         if snapshot.health is Health.DOWN:
             return None
         if snapshot.kind is EngineKind.OPENAI or snapshot.health is Health.UNKNOWN:
+            return True
+        if snapshot.taken_at < since:
             return True
         return snapshot.running + snapshot.queued > 0
 

@@ -172,3 +172,27 @@ def test_the_first_probes_are_no_restart() -> None:
     for health in (Health.LOADING, Health.READY, Health.READY):
         fleet._store(replace(first, health=health, taken_at=NOW))
     assert fleet.generations["llama"] == 0
+
+
+class TestLiveness:
+    """What the watchdog asks: is the engine working on something (its own report), or down?"""
+
+    def test_a_probe_after_the_request_that_shows_nothing_running_is_silence(self, fleet: Fleet) -> None:
+        assert fleet.liveness("llama", since=NOW - 2) is False  # probed at NOW - 1: after it was sent
+
+    def test_a_probe_taken_before_the_request_cannot_show_it(self, fleet: Fleet) -> None:
+        """A busy gateway's probes lag: the last one predates the request, so its idle engine is no
+        sign of a hang (a non-streamed answer was cut off as hung while the engine generated it)."""
+        assert fleet.liveness("llama", since=NOW) is True
+        watchdog = fleet.watchdog("llama")  # sent at NOW, the last probe at NOW - 1
+        assert watchdog.liveness() is True
+
+    def test_an_engine_known_down_is_down_whenever_it_was_probed(self, fleet: Fleet) -> None:
+        llama = by_id(fleet)["llama"]
+        fleet._store(replace(llama, health=Health.DOWN))  # type: ignore[type-var]
+        assert fleet.liveness("llama", since=NOW) is None
+
+    def test_reported_work_keeps_a_request_waiting(self, fleet: Fleet) -> None:
+        llama = by_id(fleet)["llama"]
+        fleet._store(replace(llama, queued=1))  # type: ignore[type-var]
+        assert fleet.liveness("llama", since=NOW - 2) is True
