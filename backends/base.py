@@ -8,7 +8,6 @@ and status failure into :mod:`backends.errors`.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import httpx
 import msgspec
 from msgspec.structs import replace
 
+from backends.clock import WALL, Clock
 from backends.errors import UpstreamStatusError, UpstreamUnavailable, parse_error_body
 from backends.parsers.openai import ServedModel, parse_models
 from backends.transport import UpstreamResponse
@@ -108,8 +108,12 @@ class Adapter(ABC):
 
     kind: ClassVar[EngineKind]
 
-    def __init__(self, spec: BackendSpec, client: httpx.AsyncClient, poster: Poster | None = None) -> None:
+    def __init__(
+        self, spec: BackendSpec, client: httpx.AsyncClient, poster: Poster | None = None, clock: Clock = WALL
+    ) -> None:
         self.spec = spec
+        self.clock = clock
+        """Stamps the probes' snapshots (``taken_at``)."""
         self.client = client
         self.poster = poster or HttpxPoster(client)
         self._auth: tuple[tuple[str, str], ...] = (
@@ -232,7 +236,9 @@ class Adapter(ABC):
 
     async def probe(self) -> BackendSnapshot:
         """One probe: health, models and load, as an immutable snapshot. Never raises."""
-        base = BackendSnapshot(self.spec.id, self.kind, Health.UNKNOWN, time.time(), self.spec.deployments)
+        base = BackendSnapshot(
+            self.spec.id, self.kind, Health.UNKNOWN, self.clock.time(), self.spec.deployments
+        )
         try:
             health = await self.client.get(
                 self.spec.base_url + "/health", headers=dict(self._auth), timeout=self._probe_timeout

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import httpx
 import structlog
@@ -17,6 +16,7 @@ from msgspec.structs import replace
 
 from backends.base import Adapter, BackendSpec, Poster
 from backends.breaker import Breaker
+from backends.clock import WALL, Clock
 from backends.inflight import InFlight, Load, Sent
 from backends.registry import create_adapter
 from backends.watchdog import Watchdog
@@ -45,12 +45,15 @@ class Fleet:
         specs: Sequence[BackendSpec],
         client: httpx.AsyncClient,
         poster: Poster | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = WALL,
     ) -> None:
         """``poster`` sends inference requests (the gateway's aiohttp transport); else ``client``.
-        ``clock`` is wall time, which the in-flight predictions are measured against."""
-        self._clock = clock
-        self.adapters: dict[str, Adapter] = {spec.id: create_adapter(spec, client, poster) for spec in specs}
+        ``clock`` stamps the probes and the requests in flight (``time()``, what the in-flight
+        predictions are measured against) and times the breakers and watchdogs (``monotonic()``)."""
+        self.clock = clock
+        self.adapters: dict[str, Adapter] = {
+            spec.id: create_adapter(spec, client, poster, clock) for spec in specs
+        }
         self._snapshots: dict[str, BackendSnapshot] = {
             spec.id: BackendSnapshot(spec.id, spec.kind, Health.UNKNOWN, 0.0, spec.deployments)
             for spec in specs
@@ -63,7 +66,9 @@ class Fleet:
         (slot leases, the prefix index) forgets it when this moves (``restarted``)."""
         self._was_ready: dict[str, bool] = {}
         self.breakers: dict[str, Breaker] = {
-            spec.id: Breaker(spec.circuit_failures, spec.circuit_cool_down_s, spec.circuit_max_cool_down_s)
+            spec.id: Breaker(
+                spec.circuit_failures, spec.circuit_cool_down_s, spec.circuit_max_cool_down_s, clock.monotonic
+            )
             for spec in specs
         }
         """Per backend, whether its answers are any good (``backends.breaker``)."""
@@ -76,7 +81,7 @@ class Fleet:
         tripped = [b for b, breaker in self.breakers.items() if breaker.open_until is not None]
         if not self._inflight and not self.peers and not tripped:
             return self._view
-        now = self._clock()
+        now = self.clock.time()
         view = tuple(
             self._inflight.overlay(snapshot, now, self.peers.get(snapshot.backend_id))
             for snapshot in self._view
@@ -105,7 +110,7 @@ class Fleet:
 
     def load(self) -> dict[str, Load]:
         """This replica's requests in flight per backend (for the other replicas)."""
-        return self._inflight.load(self._clock())
+        return self._inflight.load(self.clock.time())
 
     def begin(self, request: Sent) -> int:
         """Note a request sent (with routing's predictions); returns the token :meth:`end` takes."""
@@ -118,7 +123,7 @@ class Fleet:
 
     def end(self, token: int) -> None:
         """The request ended (after :meth:`judge`, if it showed anything of the engine)."""
-        backend = self._inflight.end(token, self._clock())
+        backend = self._inflight.end(token, self.clock.time())
         if backend is not None:
             self.breakers[backend].ended()
 
@@ -126,12 +131,13 @@ class Fleet:
         """Deadlines for one request to ``backend_id`` (``backends.watchdog``), judged by what the
         probes last saw of the engine."""
         spec = self.adapters[backend_id].spec
-        sent = self._clock()
+        sent = self.clock.time()
         return Watchdog(
             lambda: self.liveness(backend_id, since=sent),
             first_byte_s=spec.first_byte_timeout,
             longest_s=spec.read_timeout,
             idle_s=spec.stream_idle_timeout,
+            clock=self.clock.monotonic,
         )
 
     def liveness(self, backend_id: str, since: float = 0.0) -> bool | None:
@@ -174,7 +180,7 @@ class Fleet:
     def report_failure(self, backend_id: str, error: str) -> None:
         """A request found the backend unreachable: route around it until the next probe says otherwise."""
         current = self._snapshots[backend_id]
-        self._store(replace(current, health=Health.DOWN, taken_at=self._clock(), error=error))
+        self._store(replace(current, health=Health.DOWN, taken_at=self.clock.time(), error=error))
 
     async def probe_all(self) -> tuple[BackendSnapshot, ...]:
         """Probe every backend once, concurrently, and store the results."""

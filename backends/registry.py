@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from backends.base import Adapter, BackendSpec, Poster
+from backends.clock import WALL, Clock
 from backends.llamacpp import LlamaCppAdapter
 from backends.openai import OpenAICompatAdapter
 from backends.vllm import VllmAdapter
@@ -17,5 +18,7 @@ ADAPTERS: dict[EngineKind, type[Adapter]] = {
 }
 
 
-def create_adapter(spec: BackendSpec, client: httpx.AsyncClient, poster: Poster | None = None) -> Adapter:
-    return ADAPTERS[spec.kind](spec, client, poster)
+def create_adapter(
+    spec: BackendSpec, client: httpx.AsyncClient, poster: Poster | None = None, clock: Clock = WALL
+) -> Adapter:
+    return ADAPTERS[spec.kind](spec, client, poster, clock)

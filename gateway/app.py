@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ from litestar.params import PathParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from backends.base import BackendSpec
+from backends.clock import WALL, Clock
 from backends.fleet import Fleet
 from backends.transport import AiohttpTransport
 from gateway.access import Access, Key
@@ -225,10 +225,12 @@ def admin_token(settings: Settings) -> str:
     return token
 
 
-def state_store(settings: Settings) -> StateStore:
-    """Redis when ``state.url`` is set (shared by replicas), else this process's memory."""
+def state_store(settings: Settings, clock: Clock = WALL) -> StateStore:
+    """Redis when ``state.url`` is set (shared by replicas), else this process's memory; sessions
+    expire, and Redis's retries are timed, on ``clock``."""
     state = settings.state
     common: dict[str, Any] = {
+        "clock": clock.time,
         "max_sessions": state.max_sessions,
         "session_ttl_s": state.session_ttl_s,
         "max_decisions": state.decision_log_size,
@@ -236,7 +238,8 @@ def state_store(settings: Settings) -> StateStore:
     }
     if state.url is not None:
         shared = RedisStore(state.url, prefix=state.prefix, timeout_s=state.timeout_s, **common)
-        return ResilientStore(shared, MemoryStore(**common, timeline_turns=state.timeline_turns))
+        local = MemoryStore(**common, timeline_turns=state.timeline_turns)
+        return ResilientStore(shared, local, clock.monotonic)
     return MemoryStore(**common, timeline_turns=state.timeline_turns)
 
 
@@ -253,11 +256,12 @@ UPSTREAM_HEADROOM = 64
 """Connections to the engines beyond ``limits.max_connections``: probes never wait behind requests."""
 
 
-def create_app(settings: Settings) -> Litestar:
-    """Build the gateway for ``settings``; engines are probed when the app starts."""
-    catalog = Catalog(settings.models, created=int(time.time()))
+def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
+    """Build the gateway for ``settings``; engines are probed when the app starts. ``clock``: what
+    everything timed reads (``backends.clock``)."""
+    catalog = Catalog(settings.models, created=int(clock.time()))
     profile = settings.routing_profile()
-    store = state_store(settings)
+    store = state_store(settings, clock)
 
     access = Access(
         [
@@ -286,7 +290,7 @@ def create_app(settings: Settings) -> Litestar:
         limits = httpx.Limits(max_connections=settings.limits.max_connections + UPSTREAM_HEADROOM)
         transport = AiohttpTransport(limits)  # backends.transport: httpx's API, aiohttp's pool
         async with httpx.AsyncClient(limits=limits, timeout=None, transport=transport) as client:
-            fleet = Fleet(backend_specs(settings, catalog), client, poster=transport)
+            fleet = Fleet(backend_specs(settings, catalog), client, poster=transport, clock=clock)
             router = Router(fleet, store, profile, lease_idle_s=settings.state.lease_idle_s)
             app.state.relay = Relay(
                 fleet,

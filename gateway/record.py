@@ -36,13 +36,14 @@ class RequestRecord:
     key: str | None = None  # the API key's name (never the key)
     ticket: Any = None  # the key's admission (gateway.access.Ticket), released when the request ends
     observer: Callable[[RequestRecord, float], None] | None = None  # the metrics, given the duration
+    clock: Callable[[], float] = time.monotonic  # what ``started`` was read from
     emitted: bool = False
 
     def emit(self) -> None:
         if self.emitted:
             return
         self.emitted = True
-        now = time.monotonic()
+        now = self.clock()
         if self.observer is not None:
             self.observer(self, now - self.started)
         usage = self.usage

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -132,11 +131,11 @@ def cap_output(body: dict[str, Any], endpoint: Endpoint, limit: int | None) -> N
         body[fields[0]] = limit
 
 
-def in_flight(decision: Decision) -> Sent:
-    """The fleet's note of a request sent along ``decision``, with what was predicted for it."""
+def in_flight(decision: Decision, now: float) -> Sent:
+    """The fleet's note of a request sent along ``decision`` at ``now``, with what was predicted for it."""
     chosen = decision.chosen_candidate
     assert decision.chosen is not None
-    request = Sent(decision.chosen.backend_id, decision.slot, time.time())
+    request = Sent(decision.chosen.backend_id, decision.slot, now)
     if chosen is None or chosen.estimate is None:
         return request
     estimate = chosen.estimate
@@ -206,7 +205,7 @@ class Relay:
                 upstream = adapter.prepare(endpoint, body, decision.chosen, body["model"], slot=decision.slot)
                 # in flight from now: a queued llama.cpp stream sends no headers until a slot takes
                 # it, and requests routed meanwhile must see it waiting there
-                token = self.fleet.begin(in_flight(decision))
+                token = self.fleet.begin(in_flight(decision, self.fleet.clock.time()))
                 try:
                     relay = await self._send(adapter, upstream)
                 except BaseException as exc:
@@ -241,7 +240,9 @@ class Relay:
         dog = self.fleet.watchdog(upstream.backend_id)
         try:
             with dog:
-                relay = ResponseRelay(upstream, await adapter.send(upstream), watchdog=dog)
+                relay = ResponseRelay(
+                    upstream, await adapter.send(upstream), self.fleet.clock.monotonic, watchdog=dog
+                )
         except Expired as exc:
             raise UpstreamUnavailable(upstream.backend_id, exc.message) from exc
         if upstream.stream:
@@ -276,7 +277,8 @@ class Relay:
         return routed
 
     async def handle(self, request: Request[Any, Any, Any], endpoint: Endpoint) -> Response[Any]:
-        record = RequestRecord(endpoint=endpoint.value, observer=self._observe)
+        clock = self.fleet.clock.monotonic
+        record = RequestRecord(endpoint.value, clock(), observer=self._observe, clock=clock)
         watch: DisconnectWatch | None = None
         routed: Routed | None = None
         try:
@@ -326,7 +328,9 @@ class Relay:
             record.status, record.error = exc.status, exc.message
             await self._end(record)
             if routed is not None:  # routed, then refused or failed before any byte: log the decision too
-                entry = decision_entry(routed, record.request_id, None, exc.status, exc.message)
+                entry = decision_entry(
+                    routed, record.request_id, None, exc.status, exc.message, at=self.fleet.clock.time()
+                )
                 await self.router.store.record_decision(entry)
             raise
         finally:
@@ -433,19 +437,20 @@ class Relay:
                 kind=self.fleet.adapter(chosen.deployment.backend_id).kind,
                 usage=relay.usage,
                 ttft_s=(relay.first_byte_at - record.started) if relay.first_byte_at else None,
-                duration_s=time.monotonic() - record.started,
+                duration_s=self.fleet.clock.monotonic() - record.started,
                 prompt_chars=opened.routed.features.prompt_chars,
                 shared_prefix_tokens=chosen.estimate.shared_prefix_tokens if chosen.estimate else 0,
                 stream=relay.request.stream,
                 contended=chosen.estimate.contended if chosen.estimate else False,
                 predicted=chosen.estimate,
             )
-        entry = decision_entry(opened.routed, record.request_id, outcome, record.status, record.error)
+        now = self.fleet.clock.time()
+        entry = decision_entry(opened.routed, record.request_id, outcome, record.status, record.error, at=now)
         if outcome is not None:
             routed, turn = opened.routed, None
             if routed.session is not None and chosen is not None:
                 rate = self.router.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
-                turn = turn_record(routed, outcome, record.request_id, rate)
+                turn = turn_record(routed, outcome, record.request_id, rate, at=now)
             await self.router.complete(routed, outcome, entry, turn)
         else:
             await self.router.store.record_decision(entry)

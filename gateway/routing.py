@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +16,7 @@ import msgspec
 import structlog
 from msgspec.structs import replace
 
+from backends.clock import Clock
 from backends.errors import UpstreamStatusError
 from backends.fleet import Fleet
 from gateway.live import FollowUps, LiveSessions
@@ -137,6 +137,8 @@ class Router:
         self, fleet: Fleet, store: StateStore, profile: Profile, *, lease_idle_s: float = DEFAULT_LEASE_IDLE_S
     ) -> None:
         self.fleet = fleet
+        self.clock: Clock = fleet.clock
+        """What routing, leases, sessions and the decision log read as now: the fleet's clock."""
         self.store = store
         self.profile = profile
         self.lease_idle_s = lease_idle_s
@@ -251,7 +253,7 @@ class Router:
             matches=matches,
             lease_idle_s=self.lease_idle_s,
             drained=self.drained,
-            live_sessions=self.live.count(time.time()),
+            live_sessions=self.live.count(self.clock.time()),
             follow_rate=self.follow_ups.rate,
         )
         return snapshots, context
@@ -278,7 +280,7 @@ class Router:
         overflowed: tuple[str, ...],
     ) -> Routed:
         if session is not None and proven(features, session):
-            self.live.touch(session.key, time.time())  # it competes for slots from now on
+            self.live.touch(session.key, self.clock.time())  # it competes for slots from now on
         if session is not None and features.session_source is SessionSource.IMPLICIT and not excluded:
             if session.turns == 0:  # counted once per request (a re-route excludes a backend)
                 self.follow_ups.first_turn()
@@ -286,7 +288,7 @@ class Router:
                 self.follow_ups.second_turn()
         for _ in range(CLAIM_ATTEMPTS):
             snapshots, context = await self._context(session, excluded, features.chain)
-            decision = route(features, snapshots, self.profile, time.time(), context)
+            decision = route(features, snapshots, self.profile, self.clock.time(), context)
             chosen = decision.chosen_candidate
             if (
                 chosen is None
@@ -300,7 +302,7 @@ class Router:
                 chosen.deployment.backend_id,
                 chosen.estimate.slot,
                 session.key,
-                time.time(),
+                self.clock.time(),
                 chosen.estimate.evicts,
                 features.prompt_tokens,
             )
@@ -328,7 +330,7 @@ class Router:
             await self.store.record_prompt(outcome.backend_id, decision.slot, chain, tokens, key)
         updated = None
         if session is not None and chosen is not None:
-            now, cached = time.time(), outcome.usage.cached_tokens or 0
+            now, cached = self.clock.time(), outcome.usage.cached_tokens or 0
             rate = self.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
             updated = SessionView(
                 key=session.key,
@@ -350,13 +352,20 @@ class Router:
 
 
 def decision_entry(
-    routed: Routed, request_id: str, outcome: Outcome | None, status: int, error: str | None = None
+    routed: Routed,
+    request_id: str,
+    outcome: Outcome | None,
+    status: int,
+    error: str | None = None,
+    *,
+    at: float,
 ) -> dict[str, Any]:
     """One decision log entry: the choice, every candidate's prediction, and what really happened
-    (``status``/``error``: how the request ended, also when no outcome was measured)."""
+    (``status``/``error``: how the request ended, also when no outcome was measured; ``at``: when,
+    epoch seconds)."""
     decision, features = routed.decision, routed.features
     return {
-        "at": time.time(),
+        "at": at,
         "request_id": request_id,
         "model": features.model,
         "endpoint": features.endpoint.value,

@@ -11,7 +11,6 @@ cache miss, an engine that keeps no prefix for the model.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from gateway.routing import Routed, outgrown
@@ -50,8 +49,10 @@ def _engine_cause(routed: Routed, outcome: Outcome) -> str:
     return "the engine reused less than it held"
 
 
-def turn_record(routed: Routed, outcome: Outcome, request_id: str, prefill_tok_s: float) -> dict[str, Any]:
-    """The timeline entry of one finished turn."""
+def turn_record(
+    routed: Routed, outcome: Outcome, request_id: str, prefill_tok_s: float, *, at: float
+) -> dict[str, Any]:
+    """The timeline entry of one finished turn (``at``: when it ended, epoch seconds)."""
     session, features = routed.session, routed.features
     chosen = routed.decision.chosen_candidate
     estimate = chosen.estimate if chosen else None
@@ -76,7 +77,7 @@ def turn_record(routed: Routed, outcome: Outcome, request_id: str, prefill_tok_s
             "lost_s": round(shortfall / prefill_tok_s, 3) if prefill_tok_s > 0 else None,
         }
     return {
-        "at": time.time(),
+        "at": at,
         "request_id": request_id,
         "backend": outcome.backend_id,
         "slot": routed.decision.slot,

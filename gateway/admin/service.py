@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -56,7 +55,7 @@ class AdminService:
         return sorted({*BUILTIN_PROFILES, *(p.name for p in self.settings.profiles)})
 
     def _record(self, identity: Identity, action: str, detail: str) -> None:
-        event = AuditEvent(time.time(), identity.who, identity.client, action, detail)
+        event = AuditEvent(self.relay.router.clock.time(), identity.who, identity.client, action, detail)
         self.audit.appendleft(event)
         log.info("admin.action", who=event.who, client=event.client, action=action, detail=detail)
 
@@ -83,7 +82,7 @@ class AdminService:
     async def _share(self) -> None:
         """Every replica applies it within ``POLICY_POLL_S`` (``follow_policy``)."""
         router = self.relay.router
-        self.applied_at = time.time()
+        self.applied_at = self.relay.router.clock.time()
         policy = {
             "profile": router.profile.name,
             "drained": sorted(router.drained),
@@ -151,7 +150,7 @@ class AdminService:
     async def overview(self) -> dict[str, Any]:
         router, fleet = self.relay.router, self.relay.fleet
         entries = await router.store.decisions(self.settings.state.decision_log_size)
-        now = time.time()
+        now = self.relay.router.clock.time()
         backends = []
         in_flight = fleet.load()
         for snapshot in fleet.snapshots():
@@ -200,7 +199,7 @@ class AdminService:
     async def series(self, minutes: int) -> dict[str, Any]:
         """Per backend: each request's predicted and actual TTFT, and the cache-hit ratio per minute."""
         entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
-        since = time.time() - minutes * 60
+        since = self.relay.router.clock.time() - minutes * 60
         out: dict[str, Any] = {}
         for entry in reversed(entries):  # oldest first
             outcome, backend = entry.get("outcome"), entry.get("chosen")

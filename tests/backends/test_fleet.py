@@ -9,6 +9,7 @@ import pytest
 from msgspec.structs import replace
 
 from backends.base import BackendSpec
+from backends.clock import VirtualClock
 from backends.fleet import Fleet
 from backends.inflight import OVERDUE_FLOOR, Load, Sent
 from policies import EngineKind, Health, SlotState
@@ -24,7 +25,7 @@ def fleet() -> Fleet:
         BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9"),
         BackendSpec("vllm", EngineKind.VLLM, "http://127.0.0.1:9"),
     ]
-    fleet = Fleet(specs, httpx.AsyncClient(), clock=lambda: NOW)
+    fleet = Fleet(specs, httpx.AsyncClient(), clock=VirtualClock(NOW, epoch=0.0))
     probed = NOW - 1
     for snapshot in fleet.snapshots():
         slots = (
@@ -118,7 +119,7 @@ def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
     other = Fleet(
         [BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")],
         httpx.AsyncClient(),
-        clock=lambda: NOW,
+        clock=VirtualClock(NOW, epoch=0.0),
     )
     other.begin(Sent("llama", 1, now - 1.0, total_s=5.0, queue_s=0.0, prefill_s=3.0))
     other.begin(Sent("llama", None, now, total_s=2.0, queue_s=0.0, prefill_s=1.0))

@@ -34,7 +34,7 @@ def outcome(cached: int, backend: str = "llama") -> Outcome:
 
 
 def test_a_turn_that_reused_its_previous_prompt_has_no_break() -> None:
-    record = turn_record(routed(SECOND), outcome(3600), "r1", prefill_tok_s=3000.0)
+    record = turn_record(routed(SECOND), outcome(3600), "r1", prefill_tok_s=3000.0, at=0.0)
     assert record["break"] is None  # 400 short: the checkpoint gap, not a break
     assert (record["prompt_tokens"], record["cached_tokens"], record["expected_cached_tokens"]) == (
         4100,
@@ -45,7 +45,7 @@ def test_a_turn_that_reused_its_previous_prompt_has_no_break() -> None:
 
 def test_an_edited_message_names_the_message_and_the_cost() -> None:
     edited = [SYSTEM, {"role": "user", "content": "fix it " * 100 + "CHANGED" + "fix it " * 400}, *SECOND[2:]]
-    record = turn_record(routed(edited), outcome(1000), "r1", prefill_tok_s=3000.0)
+    record = turn_record(routed(edited), outcome(1000), "r1", prefill_tok_s=3000.0, at=0.0)
     broke = record["break"]
     assert broke["kind"] == "edited"
     offset = 700 // PIECE_CHARS * PIECE_CHARS  # the edit is at character 700
@@ -55,17 +55,17 @@ def test_an_edited_message_names_the_message_and_the_cost() -> None:
 
 
 def test_with_the_prompt_intact_the_cause_is_the_routing_or_the_engine() -> None:
-    moved = turn_record(routed(SECOND, backend="vllm"), outcome(0, "vllm"), "r", 6600.0)["break"]
+    moved = turn_record(routed(SECOND, backend="vllm"), outcome(0, "vllm"), "r", 6600.0, at=0.0)["break"]
     assert moved["cause"] == "moved from llama to vllm"
     lost = turn_record(
-        routed(SECOND, note="session's slot was lost: full re-prefill"), outcome(0), "r", 3000.0
+        routed(SECOND, note="session's slot was lost: full re-prefill"), outcome(0), "r", 3000.0, at=0.0
     )
     assert lost["break"]["cause"] == "its slot was evicted"
     ram = turn_record(
-        routed(SECOND, source="ram", note="restore from the RAM cache"), outcome(0), "r", 3000.0
+        routed(SECOND, source="ram", note="restore from the RAM cache"), outcome(0), "r", 3000.0, at=0.0
     )
     assert ram["break"]["cause"].startswith("RAM cache miss")
     vllm = turn_record(
-        routed(SECOND, backend="vllm", previous_backend="vllm"), outcome(0, "vllm"), "r", 6600.0
+        routed(SECOND, backend="vllm", previous_backend="vllm"), outcome(0, "vllm"), "r", 6600.0, at=0.0
     )
     assert vllm["break"]["cause"].startswith("vLLM kept no prefix")
