@@ -90,6 +90,14 @@ class Poster(Protocol):
     ) -> UpstreamResponse: ...
 
 
+class Documents(Protocol):
+    """An engine's small endpoints answered in this process, without HTTP: ``(status, the decoded
+    JSON or the text)`` of a GET (``payload`` None) or of a small JSON POST (token counts). A
+    virtual-time replay probes the engine models this way (``backends.sim.inprocess``)."""
+
+    def __call__(self, path: str, payload: Mapping[str, Any] | None = None) -> tuple[int, Any]: ...
+
+
 class HttpxPoster:
     """A ``Poster`` over any ``httpx.AsyncClient``."""
 
@@ -109,9 +117,16 @@ class Adapter(ABC):
     kind: ClassVar[EngineKind]
 
     def __init__(
-        self, spec: BackendSpec, client: httpx.AsyncClient, poster: Poster | None = None, clock: Clock = WALL
+        self,
+        spec: BackendSpec,
+        client: httpx.AsyncClient,
+        poster: Poster | None = None,
+        clock: Clock = WALL,
+        documents: Documents | None = None,
     ) -> None:
         self.spec = spec
+        self.documents = documents
+        """Where probes and token counts are answered instead of over HTTP (``Documents``)."""
         self.clock = clock
         """Stamps the probes' snapshots (``taken_at``)."""
         self.client = client
@@ -194,6 +209,9 @@ class Adapter(ABC):
 
     async def _post_json(self, path: str, payload: Mapping[str, Any]) -> Any:
         """POST a small JSON request (counting, templating) with the probe timeout; None on any failure."""
+        if self.documents is not None:
+            status, data = self.documents(path, payload)
+            return None if status >= 400 else data
         try:
             response = await self.client.post(
                 self.spec.base_url + path,
@@ -210,6 +228,8 @@ class Adapter(ABC):
     # -- probes -----------------------------------------------------------------------------
     async def _get(self, path: str) -> tuple[int, Any]:
         """GET a probe path; returns (status, decoded JSON or text)."""
+        if self.documents is not None:
+            return self.documents(path)
         response = await self.client.get(
             self.spec.base_url + path, headers=dict(self._auth), timeout=self._probe_timeout
         )
@@ -240,11 +260,9 @@ class Adapter(ABC):
             self.spec.id, self.kind, Health.UNKNOWN, self.clock.time(), self.spec.deployments
         )
         try:
-            health = await self.client.get(
-                self.spec.base_url + "/health", headers=dict(self._auth), timeout=self._probe_timeout
-            )
-            if health.status_code >= 400:
-                error = parse_error_body(self.spec.id, health.status_code, health.content)
+            status, content = await self._health()
+            if status >= 400:
+                error = parse_error_body(self.spec.id, status, content)
                 return replace(base, health=self.health_for_status(error), error=error.message)
             served = await self.probe_models()
             snapshot = replace(
@@ -258,6 +276,16 @@ class Adapter(ABC):
             return replace(base, health=self.health_for_status(exc), error=exc.message)
         except (httpx.HTTPError, ValueError, msgspec.DecodeError) as exc:
             return replace(base, health=Health.DOWN, error=f"{type(exc).__name__}: {exc}"[:200])
+
+    async def _health(self) -> tuple[int, bytes]:
+        """``GET /health``: its status and raw body (an error body is parsed as the engine wrote it)."""
+        if self.documents is not None:
+            status, data = self.documents("/health")
+            return status, msgspec.json.encode(data)
+        response = await self.client.get(
+            self.spec.base_url + "/health", headers=dict(self._auth), timeout=self._probe_timeout
+        )
+        return response.status_code, response.content
 
     def health_for_status(self, error: UpstreamStatusError) -> Health:
         return Health.DOWN

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 import structlog
 from msgspec.structs import replace
 
-from backends.base import Adapter, BackendSpec, Poster
+from backends.base import Adapter, BackendSpec, Documents, Poster
 from backends.breaker import Breaker
 from backends.clock import WALL, Clock
 from backends.inflight import InFlight, Load, Sent
@@ -46,13 +46,16 @@ class Fleet:
         client: httpx.AsyncClient,
         poster: Poster | None = None,
         clock: Clock = WALL,
+        documents: Mapping[str, Documents] | None = None,
     ) -> None:
         """``poster`` sends inference requests (the gateway's aiohttp transport); else ``client``.
         ``clock`` stamps the probes and the requests in flight (``time()``, what the in-flight
-        predictions are measured against) and times the breakers and watchdogs (``monotonic()``)."""
+        predictions are measured against) and times the breakers and watchdogs (``monotonic()``).
+        ``documents``: backends probed in this process instead of over HTTP (``Documents``)."""
         self.clock = clock
         self.adapters: dict[str, Adapter] = {
-            spec.id: create_adapter(spec, client, poster, clock) for spec in specs
+            spec.id: create_adapter(spec, client, poster, clock, (documents or {}).get(spec.id))
+            for spec in specs
         }
         self._snapshots: dict[str, BackendSnapshot] = {
             spec.id: BackendSnapshot(spec.id, spec.kind, Health.UNKNOWN, 0.0, spec.deployments)
@@ -159,7 +162,8 @@ class Fleet:
     def adapter(self, backend_id: str) -> Adapter:
         return self.adapters[backend_id]
 
-    def _store(self, snapshot: BackendSnapshot) -> None:
+    def observe(self, snapshot: BackendSnapshot) -> None:
+        """Take in a probe's snapshot (the probe loop's, or a virtual-time replay's)."""
         previous = self._snapshots.get(snapshot.backend_id)
         if previous is None or previous.health != snapshot.health:
             log.info(
@@ -180,19 +184,19 @@ class Fleet:
     def report_failure(self, backend_id: str, error: str) -> None:
         """A request found the backend unreachable: route around it until the next probe says otherwise."""
         current = self._snapshots[backend_id]
-        self._store(replace(current, health=Health.DOWN, taken_at=self.clock.time(), error=error))
+        self.observe(replace(current, health=Health.DOWN, taken_at=self.clock.time(), error=error))
 
     async def probe_all(self) -> tuple[BackendSnapshot, ...]:
         """Probe every backend once, concurrently, and store the results."""
         results = await asyncio.gather(*(adapter.probe() for adapter in self.adapters.values()))
         for snapshot in results:
-            self._store(snapshot)
+            self.observe(snapshot)
         return self._view
 
     async def _loop(self, adapter: Adapter) -> None:
         while True:
             await asyncio.sleep(adapter.spec.probe_interval_s)
-            self._store(await adapter.probe())
+            self.observe(await adapter.probe())
 
     async def start(self) -> None:
         """Probe once (so routing starts with real snapshots), then keep probing in the background."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from backends.base import Adapter, BackendSpec, Poster
+from backends.base import Adapter, BackendSpec, Documents, Poster
 from backends.clock import WALL, Clock
 from backends.llamacpp import LlamaCppAdapter
 from backends.openai import OpenAICompatAdapter
@@ -19,6 +19,10 @@ ADAPTERS: dict[EngineKind, type[Adapter]] = {
 
 
 def create_adapter(
-    spec: BackendSpec, client: httpx.AsyncClient, poster: Poster | None = None, clock: Clock = WALL
+    spec: BackendSpec,
+    client: httpx.AsyncClient,
+    poster: Poster | None = None,
+    clock: Clock = WALL,
+    documents: Documents | None = None,
 ) -> Adapter:
-    return ADAPTERS[spec.kind](spec, client, poster, clock)
+    return ADAPTERS[spec.kind](spec, client, poster, clock, documents)

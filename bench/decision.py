@@ -65,7 +65,7 @@ def fleet_of(backends: int) -> Fleet:
         slots = (
             tuple(SlotState(s, 65536, False) for s in range(4)) if spec.kind is EngineKind.LLAMACPP else ()
         )
-        fleet._store(  # what a probe would store: ready, idle
+        fleet.observe(  # what a probe would store: ready, idle
             BackendSnapshot(
                 spec.id, spec.kind, Health.READY, now, spec.deployments, slots=slots, total_slots=len(slots)
             )

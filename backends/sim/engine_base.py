@@ -1,20 +1,26 @@
-"""The step loop both simulated engines share: continuous batching on asyncio, no threads.
+"""The step rules both simulated engines share: continuous batching as a state machine.
 
 Each step (1) lets the engine admit waiting tasks, (2) gives prompt chunks of the running tasks up to
 ``prefill_chunk`` tokens in arrival order, (3) gives one decode token to every running task whose
-prompt is done, then sleeps ``perf.step_seconds(prefill tokens, decoding tasks)``. After the sleep a task
-whose prompt finished emits its first token (it comes from the last prompt batch's logits, so it is
-free), and every decoding task emits one more. A task that emitted its whole answer finishes.
-Tasks aborted during the sleep are skipped.
+prompt is done; it lasts ``perf.prefill_seconds(prefill tokens) + perf.decode_step_seconds(decoding
+tasks)`` simulated seconds. At its end a task whose prompt finished emits its first token (it comes
+from the last prompt batch's logits, so it is free), and every decoding task emits one more. A task
+that emitted its whole answer finishes. Tasks cancelled during the step are skipped.
+
+``plan()`` is the start of a step (1-3, returning a :class:`~backends.sim.drive.Step`), ``apply()``
+its end; a driver (``backends.sim.drive``) lets the time pass between them: in wall time on asyncio
+(``start()`` / ``stop()``, what the HTTP apps use) or in virtual time on an event loop. Timestamps
+(the event log, start times) come from the ``clock`` the engine is given (the wall by default).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
+from backends.clock import WALL, Clock
 from backends.sim.config import SimConfig
+from backends.sim.drive import Step, WallDriver, idle
 from backends.sim.events import EventKind, EventLog, SimEvent
 from backends.sim.perf import PerfModel
 from backends.sim.task import SimTask, Update, UpdateKind
@@ -22,20 +28,22 @@ from backends.sim.tokenizer import Tokenizer
 
 
 class BatchEngine(ABC):
-    """Shared engine state: config, clock, running list, event log and the step loop."""
+    """Shared engine state: config, clock, running list, event log and the step rules."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, *, clock: Clock = WALL) -> None:
         self.config = config
+        self.clock = clock
         self.perf = PerfModel.from_config(config)
         self.tokenizer = Tokenizer()
-        self.log = EventLog()
+        self.log = EventLog(clock)
         self.running: list[SimTask] = []
         self.sim_clock = 0.0
         self.n_tasks = 0
         self.n_decode_calls = 0
         self.n_busy_in_decode = 0
-        self._wake: asyncio.Event | None = None
-        self._loop_task: asyncio.Task[None] | None = None
+        self.waker: Callable[[], None] = idle
+        """Called when there may be work; the driver running the engine sets it."""
+        self._wall: WallDriver | None = None
 
     @property
     def events(self) -> list[SimEvent]:
@@ -45,21 +53,18 @@ class BatchEngine(ABC):
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the step loop on the running event loop (app startup)."""
-        self._wake = asyncio.Event()
-        self._loop_task = asyncio.create_task(self._run(), name=f"sim-{self.config.kind}")
+        """Run the steps in wall time on the running event loop (app startup)."""
+        self._wall = WallDriver(self, self.perf.time_scale, name=f"sim-{self.config.kind}")
+        self._wall.start()
 
     async def stop(self) -> None:
-        """Stop the step loop (app shutdown)."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        """Stop the wall-time loop (app shutdown)."""
+        if self._wall is not None:
+            await self._wall.stop()
 
     def wake(self) -> None:
-        """Tell the loop there may be work."""
-        if self._wake is not None:
-            self._wake.set()
+        """Tell the driver there may be work."""
+        self.waker()
 
     # --- hooks -----------------------------------------------------------------------------------
 
@@ -75,22 +80,18 @@ class BatchEngine(ABC):
     def on_end(self, task: SimTask, kind: EventKind) -> None:
         """Called once a task left ``running`` (finished or cancelled): free its resources."""
 
-    # --- the loop --------------------------------------------------------------------------------
+    # --- the step --------------------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        assert self._wake is not None
-        while True:
-            self.admit()
-            if not self.running:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            await self._step()
+    def plan(self) -> Step | None:
+        """Start a step: admit, pick the prompt chunks and the decoding tasks, count the step.
 
-    async def _step(self) -> None:
+        None when nothing runs (nothing is counted then)."""
+        self.admit()
+        if not self.running:
+            return None
         budget = self.config.prefill_chunk
         chunks: list[tuple[SimTask, int]] = []
-        decoding = [t for t in self.running if t.prefill_left == 0]
+        decoding = tuple(t for t in self.running if t.prefill_left == 0)
         for task in self.running:
             if task.prefill_left > 0 and budget > 0:
                 n = min(task.prefill_left, budget)
@@ -100,24 +101,31 @@ class BatchEngine(ABC):
         sim_dt = self.perf.prefill_seconds(n_prefill) + self.perf.decode_step_seconds(len(decoding))
         self.n_decode_calls += 1
         self.n_busy_in_decode += len(self.running)
-        await asyncio.sleep(sim_dt * self.perf.time_scale)
-        self.sim_clock += sim_dt
-        for task, n in chunks:
+        return Step(tuple(chunks), decoding, sim_dt)
+
+    def apply(self, step: Step) -> None:
+        """End ``step``: advance the simulated clock, apply its chunks, emit its tokens (tasks
+        cancelled since the plan are skipped)."""
+        self.sim_clock += step.sim_dt
+        for task, n in step.chunks:
             if task in self.running:
                 task.prefill_left -= n
                 if task.prefill_left == 0:
                     task.sim_prompt_end = self.sim_clock
                     self.on_prompt_done(task)
                     self._emit(task)
-        for task in decoding:
+        for task in step.decoding:
             if task in self.running:
                 self._emit(task)
 
     def _emit(self, task: SimTask) -> None:
         if task.n_emitted < len(task.answer.tokens):
-            task.send(Update(UpdateKind.TOKEN, token=task.answer.tokens[task.n_emitted]))
+            token = task.answer.tokens[task.n_emitted]
             task.n_emitted += 1
             task.sim_last = self.sim_clock
+            task.send(Update(UpdateKind.TOKEN, token=token))
+            if task.finished:  # a listener cancelled it on this token
+                return
         if task.n_emitted >= len(task.answer.tokens):
             self.running.remove(task)
             task.finished = True

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
+
+from backends.clock import WALL, Clock
 
 
 class EventKind(StrEnum):
@@ -19,7 +20,7 @@ class EventKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class SimEvent:
-    """One lifecycle event. ``at`` is ``time.monotonic()``; ``slot`` is None for vLLM."""
+    """One lifecycle event. ``at`` is the engine clock's ``monotonic()``; ``slot`` is None for vLLM."""
 
     kind: EventKind
     request_id: str
@@ -35,9 +36,10 @@ class SimEvent:
 
 
 class EventLog:
-    """An append-only list of :class:`SimEvent` (``events`` is the live list)."""
+    """An append-only list of :class:`SimEvent` stamped by ``clock`` (``events`` is the live list)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = WALL) -> None:
+        self.clock = clock
         self.events: list[SimEvent] = []
 
     def record(
@@ -52,7 +54,7 @@ class EventLog:
     ) -> SimEvent:
         """Append and return an event stamped now."""
         event = SimEvent(
-            kind, request_id, time.monotonic(), prompt_tokens, cached_tokens, completion_tokens, slot
+            kind, request_id, self.clock.monotonic(), prompt_tokens, cached_tokens, completion_tokens, slot
         )
         self.events.append(event)
         return event

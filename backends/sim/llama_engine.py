@@ -13,9 +13,9 @@ Metrics follow ``server_task_result_metrics::to_metrics``.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
+from backends.clock import WALL, Clock
 from backends.sim.config import SimConfig
 from backends.sim.engine_base import BatchEngine
 from backends.sim.events import EventKind
@@ -46,15 +46,15 @@ def context_error(n_prompt: int, n_ctx: int) -> SimError:
 class LlamaEngine(BatchEngine):
     """The llama-server slot scheduler (see the module docstring)."""
 
-    def __init__(self, config: SimConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: SimConfig, *, clock: Clock = WALL) -> None:
+        super().__init__(config, clock=clock)
         self.slots = [Slot(i, config.context_window) for i in range(config.slots)]
         self.deferred: deque[SimTask] = deque()
         self.hybrid = config.architecture is Architecture.HYBRID
         sizes = StateSizes(config.state_bytes_per_token, config.recurrent_state_bytes if self.hybrid else 0)
         self.ram_cache = RamCache.for_flag(config.cache_ram_mib, config.context_window * config.slots, sizes)
-        self.started_at = time.monotonic()
-        self.process_start = time.time()
+        self.started_at = clock.monotonic()
+        self.process_start = clock.time()
         self._use_counter = 0
         self.n_prompt_processed = 0
         self.n_prompt_cached = 0
@@ -66,8 +66,8 @@ class LlamaEngine(BatchEngine):
 
     @property
     def is_loading(self) -> bool:
-        """True during the first ``load_seconds * time_scale`` wall seconds."""
-        return time.monotonic() - self.started_at < self.config.load_seconds * self.config.time_scale
+        """True during the first ``load_seconds * time_scale`` seconds on the engine's clock."""
+        return self.clock.monotonic() - self.started_at < self.config.load_seconds * self.config.time_scale
 
     def submit(self, task: SimTask) -> None:
         """Give ``task`` a slot now or defer it."""

@@ -6,7 +6,6 @@ Shapes follow ``get_res_props``, ``server_slot::to_json``, ``get_res_models`` (s
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from backends.sim.llama_engine import LlamaEngine
@@ -139,7 +138,7 @@ def models(engine: LlamaEngine) -> dict[str, Any]:
         "tags": [],
         "object": "model",
         "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
-        "created": int(time.time()),
+        "created": int(engine.clock.time()),
         "owned_by": "llamacpp",
         "meta": meta,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -42,6 +43,10 @@ class SimTask:
 
     Times are *simulated* seconds on the engine's clock (the sum of simulated step durations), so
     reported timings do not depend on ``time_scale``.
+
+    Updates go to ``outbox`` (an asyncio queue the HTTP handler reads), or, when ``listener`` is
+    given, to ``listener`` at once, from inside the engine's step (the virtual-time replay); such a
+    task has no ``outbox``. A listener may submit or cancel tasks.
     """
 
     id: str
@@ -50,7 +55,8 @@ class SimTask:
     number: int = 0
     id_slot: int = -1
     cache_prompt: bool = True
-    outbox: asyncio.Queue[Update] = field(default_factory=asyncio.Queue)
+    listener: Callable[[Update], None] | None = None
+    outbox: asyncio.Queue[Update] = field(init=False, repr=False)
     cached: int = 0
     prefill_left: int = 0
     n_emitted: int = 0
@@ -60,6 +66,10 @@ class SimTask:
     sim_last: float = 0.0
     started: bool = False
     finished: bool = False
+
+    def __post_init__(self) -> None:
+        if self.listener is None:
+            self.outbox = asyncio.Queue()
 
     @property
     def prompt_tokens(self) -> int:
@@ -72,5 +82,8 @@ class SimTask:
         return self.answer.tokens[: self.n_emitted]
 
     def send(self, update: Update) -> None:
-        """Queue an update for the handler."""
-        self.outbox.put_nowait(update)
+        """Give an update to the listener, or queue it for the handler."""
+        if self.listener is not None:
+            self.listener(update)
+        else:
+            self.outbox.put_nowait(update)

@@ -9,9 +9,9 @@ Counters follow ``vllm/v1/metrics/loggers.py``: ``prompt_tokens`` counts whole p
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
 
+from backends.clock import WALL, Clock
 from backends.sim.config import SimConfig
 from backends.sim.engine_base import BatchEngine
 from backends.sim.events import EventKind
@@ -25,15 +25,15 @@ KV_POOL_FACTOR = 3
 class VllmEngine(BatchEngine):
     """The vLLM scheduler + engine core (see the module docstring)."""
 
-    def __init__(self, config: SimConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: SimConfig, *, clock: Clock = WALL) -> None:
+        super().__init__(config, clock=clock)
         self.kv_pool_tokens = KV_POOL_FACTOR * config.context_window
         block = config.cache_block_size
         self.cache: BlockCache | None = (
             BlockCache(block, self.kv_pool_tokens // block) if config.prefix_caching else None
         )
         self.waiting: deque[SimTask] = deque()
-        self.created = time.time()
+        self.created = clock.time()
         self.prompt_tokens_total = 0
         self.prompt_tokens_cached_total = 0
         self.generation_tokens_total = 0

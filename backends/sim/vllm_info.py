@@ -8,7 +8,6 @@ are ``model_name`` then ``engine``, values are printed like Go floats (``0.0``, 
 from __future__ import annotations
 
 import secrets
-import time
 from typing import Any
 
 from backends.sim.vllm_engine import VllmEngine
@@ -19,7 +18,7 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 def models(engine: VllmEngine) -> dict[str, Any]:
     """``ModelList`` with one ``ModelCard`` (``max_model_len``, ``owned_by: vllm``, a permission entry)."""
     config = engine.config
-    now = int(time.time())
+    now = int(engine.clock.time())
     permission = {
         "id": f"modelperm-{secrets.token_hex(16)}", "object": "model_permission", "created": now,
         "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,

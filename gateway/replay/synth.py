@@ -3,8 +3,10 @@
 A block of ``n`` tokens is ``n - 1`` words of one to four lowercase letters, each after a space, and a
 final newline. Under the simulators' tokenizer (``backends.sim.tokenizer``) a space followed by at most
 four letters is exactly one token and a newline is one token, so a block is exactly ``n`` tokens and
-the tokens of a concatenation are the concatenation of the blocks' tokens. The words come from
-``random.Random(f"block-{id}")``: equal ids give equal text in every process.
+the tokens of a concatenation are the concatenation of the blocks' tokens. The words are
+``WORDS[b % 64]`` for the bytes ``b`` of ``random.Random(f"block-{id}").randbytes(n - 1)``: equal ids
+give equal text in every process, and the engine models of a virtual-time replay get the same
+tokens without tokenizing (``block_tokens``, ``prompt_tokens``).
 
 A request's prompt is its blocks' texts in order, the last one cut to the tokens left
 (``input_tokens - block * (len(hash_ids) - 1)``, at least one), sent as ONE user message. A cut block is
@@ -18,6 +20,7 @@ import random
 from functools import lru_cache
 from typing import Any
 
+from backends.sim import tokenizer
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest
 
 # fmt: off
@@ -31,12 +34,31 @@ WORDS = (
 # fmt: on
 
 
+PIECES = tuple(" " + w for w in WORDS)
+PIECE_IDS = tuple(tokenizer.piece_id(p) for p in PIECES)
+NEWLINE_ID = tokenizer.piece_id("\n")
+CHAT_HEAD = tokenizer.encode(f"{tokenizer.IM_START}user\n")
+CHAT_TAIL = tokenizer.encode(f"{tokenizer.IM_END}\n{tokenizer.IM_START}assistant\n")
+"""The simulators' chat template around one user message (``backends.sim.chat.render_chat``)."""
+
+
+@lru_cache(maxsize=8192)
+def _draw(block_id: int, tokens: int) -> bytes:
+    return random.Random(f"block-{block_id}").randbytes(max(tokens - 1, 0))
+
+
 @lru_cache(maxsize=8192)
 def block_text(block_id: int, tokens: int = BLOCK_TOKENS) -> str:
     """The text of block ``block_id``: exactly ``tokens`` simulator tokens, ending in a newline."""
-    rng = random.Random(f"block-{block_id}")
-    words = rng.choices(WORDS, k=max(tokens - 1, 0))
-    return "".join(" " + w for w in words) + "\n"
+    pieces = PIECES
+    return "".join([pieces[b & 63] for b in _draw(block_id, tokens)]) + "\n"
+
+
+@lru_cache(maxsize=8192)
+def block_tokens(block_id: int, tokens: int = BLOCK_TOKENS) -> tuple[int, ...]:
+    """The simulator tokens of :func:`block_text` (``tokenizer.encode`` of it, without tokenizing)."""
+    ids = PIECE_IDS
+    return (*[ids[b & 63] for b in _draw(block_id, tokens)], NEWLINE_ID)
 
 
 def prompt_text(request: TraceRequest, block: int = BLOCK_TOKENS) -> str:
@@ -53,10 +75,25 @@ def prompt_text(request: TraceRequest, block: int = BLOCK_TOKENS) -> str:
     return "".join(parts)
 
 
+def prompt_tokens(request: TraceRequest, block: int = BLOCK_TOKENS) -> list[int]:
+    """The tokens a simulated engine sees for :func:`request_messages` of a request without literal
+    ``messages``: the chat template around :func:`prompt_text`'s tokens (equal to tokenizing the
+    rendered chat, a test checks it)."""
+    ids = request.hash_ids
+    out = list(CHAT_HEAD)
+    if ids:
+        for i in ids[:-1]:
+            out += block_tokens(i, block)
+        last = max(request.input_tokens - block * (len(ids) - 1), 1)
+        out += block_tokens(ids[-1], block)[:last]
+    out += CHAT_TAIL
+    return out
+
+
 def _cut(text: str, tokens: int) -> str:
     """The first ``tokens`` tokens of a block text (each word piece starts with a space)."""
     pieces = text.split(" ")  # pieces[0] == "" (the text starts with a space)
-    return " ".join(pieces[: tokens + 1])
+    return " ".join(pieces[: tokens + 1]).removesuffix("\n")  # all the words: not the newline
 
 
 def request_messages(request: TraceRequest, block: int = BLOCK_TOKENS) -> list[dict[str, Any]]:

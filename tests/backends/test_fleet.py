@@ -33,7 +33,7 @@ def fleet() -> Fleet:
             if snapshot.kind is EngineKind.LLAMACPP
             else ()
         )
-        fleet._store(
+        fleet.observe(
             snapshot.__class__(
                 snapshot.backend_id, snapshot.kind, Health.READY, probed, slots=slots,
                 total_slots=len(slots) or None,
@@ -67,7 +67,7 @@ def test_a_newer_probe_takes_over(fleet: Fleet) -> None:
     fleet.begin(sent("vllm", None))
     snapshot = fleet.snapshots()[1]
     assert snapshot.running == 1
-    fleet._store(snapshot.__class__("vllm", EngineKind.VLLM, Health.READY, NOW + 1, running=1))
+    fleet.observe(snapshot.__class__("vllm", EngineKind.VLLM, Health.READY, NOW + 1, running=1))
     assert fleet.snapshots()[1].running == 1  # the probe's own count, not probe + turnout's
 
 
@@ -75,7 +75,7 @@ def test_a_slot_left_since_the_probe_is_idle_again(fleet: Fleet) -> None:
     """The probe saw turnout's request on slot 0; it has ended since: the slot is free."""
     token = fleet.begin(Sent("llama", 0, NOW - 5))  # began before the probe
     probed = fleet.snapshots()[0]
-    fleet._store(
+    fleet.observe(
         replace(probed, slots=(SlotState(0, 4096, True), SlotState(1, 4096, False)), taken_at=NOW - 1)
     )
     assert fleet.snapshots()[0].slots[0].is_processing
@@ -152,17 +152,17 @@ def test_another_replicas_backlog_is_worked_off_while_its_word_travels(fleet: Fl
 def test_an_engine_whose_work_counter_went_back_restarted(fleet: Fleet) -> None:
     """A restart between two probes: the counter of tokens processed starts again from zero."""
     llama = fleet.snapshots()[0]
-    fleet._store(replace(llama, work_done=5000.0, taken_at=NOW))
-    fleet._store(replace(llama, work_done=5200.0, taken_at=NOW))
+    fleet.observe(replace(llama, work_done=5000.0, taken_at=NOW))
+    fleet.observe(replace(llama, work_done=5200.0, taken_at=NOW))
     assert fleet.generations["llama"] == 0
-    fleet._store(replace(llama, work_done=40.0, taken_at=NOW))
+    fleet.observe(replace(llama, work_done=40.0, taken_at=NOW))
     assert fleet.generations == {"llama": 1, "vllm": 0}
 
 
 def test_an_engine_back_after_being_down_may_have_restarted(fleet: Fleet) -> None:
     llama = fleet.snapshots()[0]
     fleet.report_failure("llama", "connection refused")
-    fleet._store(replace(llama, health=Health.READY, taken_at=NOW))
+    fleet.observe(replace(llama, health=Health.READY, taken_at=NOW))
     assert fleet.generations["llama"] == 1
 
 
@@ -171,7 +171,7 @@ def test_the_first_probes_are_no_restart() -> None:
     fleet = Fleet([BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")], httpx.AsyncClient())
     first = fleet.snapshots()[0]
     for health in (Health.LOADING, Health.READY, Health.READY):
-        fleet._store(replace(first, health=health, taken_at=NOW))
+        fleet.observe(replace(first, health=health, taken_at=NOW))
     assert fleet.generations["llama"] == 0
 
 
@@ -190,10 +190,10 @@ class TestLiveness:
 
     def test_an_engine_known_down_is_down_whenever_it_was_probed(self, fleet: Fleet) -> None:
         llama = by_id(fleet)["llama"]
-        fleet._store(replace(llama, health=Health.DOWN))  # type: ignore[type-var]
+        fleet.observe(replace(llama, health=Health.DOWN))  # type: ignore[type-var]
         assert fleet.liveness("llama", since=NOW) is None
 
     def test_reported_work_keeps_a_request_waiting(self, fleet: Fleet) -> None:
         llama = by_id(fleet)["llama"]
-        fleet._store(replace(llama, queued=1))  # type: ignore[type-var]
+        fleet.observe(replace(llama, queued=1))  # type: ignore[type-var]
         assert fleet.liveness("llama", since=NOW - 2) is True

@@ -37,7 +37,7 @@ async def scenario() -> None:
             slots=slots,
             total_slots=2,
         )
-        fleet._store(snapshot)
+        fleet.observe(snapshot)
         router = Router(fleet, store, BUILTIN_PROFILES["cost"], lease_idle_s=IDLE_S)
         assert router.clock is clock
 

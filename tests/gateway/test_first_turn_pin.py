@@ -29,7 +29,7 @@ async def first_turn(headers: dict[str, str]) -> tuple[int | None, list[str]]:
             client,
         )
         slots = (SlotState(0, 65536, False), SlotState(1, 65536, False))
-        fleet._store(
+        fleet.observe(
             BackendSnapshot(
                 "llama",
                 EngineKind.LLAMACPP,

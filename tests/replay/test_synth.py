@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from backends.sim import tokenizer
-from gateway.replay.synth import block_text, prompt_text, request_messages
+from backends.sim.chat import render_chat
+from gateway.replay.synth import block_text, block_tokens, prompt_text, prompt_tokens, request_messages
 from gateway.replay.traces import TraceRequest
 
 
@@ -41,3 +45,16 @@ class TestSynth:
         ]
         literal = TraceRequest(0.0, None, "m", 0, (), 8, ({"role": "user", "content": "hi"},))
         assert request_messages(literal) == [{"role": "user", "content": "hi"}]
+
+
+@given(
+    ids=st.lists(st.integers(0, 10**6), min_size=1, max_size=4),
+    cut=st.integers(1, 64),
+    block=st.sampled_from([16, 64]),
+)
+def test_the_engine_tokens_are_the_tokenized_chat(ids: list[int], cut: int, block: int) -> None:
+    """What a virtual-time replay hands the engine models without tokenizing is exactly what a
+    simulator makes of the chat request (template included)."""
+    r = TraceRequest(0.0, None, "m", block * (len(ids) - 1) + min(cut, block), tuple(ids), 8)
+    assert prompt_tokens(r, block) == tokenizer.encode(render_chat(request_messages(r, block)))
+    assert list(block_tokens(ids[0], block)) == tokenizer.encode(block_text(ids[0], block))
