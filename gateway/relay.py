@@ -46,7 +46,7 @@ from gateway.streaming import EventStream
 from gateway.timeline import turn_record
 from policies import Decision, Endpoint, Reason, RequestFeatures, extract
 from policies.features import with_shape
-from policies.types import Outcome, Rejection
+from policies.types import EngineKind, Outcome, Rejection, Usage
 
 log = structlog.get_logger(__name__)
 
@@ -431,27 +431,54 @@ class Relay:
         chosen = opened.decision.chosen_candidate
         inference = opened.routed.features.endpoint is not Endpoint.COUNT_TOKENS
         if relay.usage is not None and chosen is not None and record.error is None and inference:
-            outcome = Outcome(
-                backend_id=chosen.deployment.backend_id,
-                model=chosen.deployment.model,
-                kind=self.fleet.adapter(chosen.deployment.backend_id).kind,
-                usage=relay.usage,
+            outcome = measured(
+                opened.routed,
+                self.fleet.adapter(chosen.deployment.backend_id).kind,
+                relay.usage,
                 ttft_s=(relay.first_byte_at - record.started) if relay.first_byte_at else None,
                 duration_s=self.fleet.clock.monotonic() - record.started,
-                prompt_chars=opened.routed.features.prompt_chars,
-                shared_prefix_tokens=chosen.estimate.shared_prefix_tokens if chosen.estimate else 0,
                 stream=relay.request.stream,
-                contended=chosen.estimate.contended if chosen.estimate else False,
-                predicted=chosen.estimate,
             )
-        now = self.fleet.clock.time()
-        entry = decision_entry(opened.routed, record.request_id, outcome, record.status, record.error, at=now)
-        if outcome is not None:
-            routed, turn = opened.routed, None
-            if routed.session is not None and chosen is not None:
-                rate = self.router.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
-                turn = turn_record(routed, outcome, record.request_id, rate, at=now)
-            await self.router.complete(routed, outcome, entry, turn)
-        else:
-            await self.router.store.record_decision(entry)
+        await settle(self.router, opened.routed, record.request_id, outcome, record.status, record.error)
         await self._end(record)
+
+
+def measured(
+    routed: Routed, kind: EngineKind, usage: Usage, *, ttft_s: float | None, duration_s: float, stream: bool
+) -> Outcome:
+    """What a request routed along ``routed`` really did, for learning (its chosen candidate's
+    prediction beside it)."""
+    chosen = routed.decision.chosen_candidate
+    assert chosen is not None
+    estimate = chosen.estimate
+    return Outcome(
+        backend_id=chosen.deployment.backend_id,
+        model=chosen.deployment.model,
+        kind=kind,
+        usage=usage,
+        ttft_s=ttft_s,
+        duration_s=duration_s,
+        prompt_chars=routed.features.prompt_chars,
+        shared_prefix_tokens=estimate.shared_prefix_tokens if estimate else 0,
+        stream=stream,
+        contended=estimate.contended if estimate else False,
+        predicted=estimate,
+    )
+
+
+async def settle(
+    router: Router, routed: Routed, request_id: str, outcome: Outcome | None, status: int, error: str | None
+) -> None:
+    """A routed request ended: its decision log entry, and with an ``outcome``, learning and the
+    session's next state and timeline (``Router.complete``), stamped on the router's clock."""
+    now = router.clock.time()
+    entry = decision_entry(routed, request_id, outcome, status, error, at=now)
+    chosen = routed.decision.chosen_candidate
+    if outcome is None or chosen is None:
+        await router.store.record_decision(entry)
+        return
+    turn = None
+    if routed.session is not None:
+        rate = router.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
+        turn = turn_record(routed, outcome, request_id, rate, at=now)
+    await router.complete(routed, outcome, entry, turn)

@@ -69,6 +69,10 @@ class BatchEngine(ABC):
     # --- hooks -----------------------------------------------------------------------------------
 
     @abstractmethod
+    def submit(self, task: SimTask) -> None:
+        """Take a validated request (it starts now, or waits)."""
+
+    @abstractmethod
     def admit(self) -> None:
         """Move waiting tasks into ``running`` (and send their BEGIN updates)."""
 

@@ -192,6 +192,29 @@ def block_tokens(factor: float) -> int:
     return max(round(BLOCK_TOKENS * factor), 1)
 
 
+def with_rate(requests: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:
+    """The arrival rate times ``factor``: every arrival time (from the first) divided by it."""
+    if factor <= 0:
+        raise ValueError(f"the rate factor must be positive, not {factor}")
+    if factor == 1.0 or not requests:
+        return list(requests)
+    t0 = requests[0].t
+    return [replace(r, t=t0 + (r.t - t0) / factor) for r in requests]
+
+
+def rate_for_load(requests: Sequence[TraceRequest], load: float, prefill_tok_s: float) -> float:
+    """The rate factor at which the trace's prompt tokens, without any reuse, are ``load`` of a
+    fleet's prefill capacity (``prefill_tok_s``, all engines together) over the trace's span:
+    ``load * capacity * span / tokens``."""
+    if load <= 0 or prefill_tok_s <= 0:
+        raise ValueError("the load and the fleet's prefill capacity must be positive")
+    tokens = sum(r.input_tokens for r in requests)
+    span = requests[-1].t - requests[0].t if requests else 0.0
+    if tokens == 0 or span <= 0:
+        return 1.0
+    return load * prefill_tok_s * span / tokens
+
+
 def with_model(requests: Sequence[TraceRequest], model: str) -> list[TraceRequest]:
     """Every request asking for ``model``."""
     return [replace(r, model=model) for r in requests]
