@@ -156,12 +156,16 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> What
     return WhatIf(fits, len(prompt), reuse.n_past, slot.id, wait, prefill_s, ttft)
 
 
+def whatif_slots(engine: LlamaEngine, prompt: Sequence[int]) -> list[WhatIf]:
+    """The llama.cpp prediction for every slot, by slot id."""
+    return [_slot_whatif(engine, slot, prompt) for slot in engine.slots]
+
+
 def whatif_llama(engine: LlamaEngine, prompt: Sequence[int], id_slot: int = -1) -> WhatIf:
     """The llama.cpp prediction for slot ``id_slot``, or for the best slot when it is -1."""
     if id_slot != -1:
         return _slot_whatif(engine, engine.slots[id_slot % len(engine.slots)], prompt)
-    options = [_slot_whatif(engine, slot, prompt) for slot in engine.slots]
-    return min(options, key=lambda w: (w.ttft_s, w.slot or 0))
+    return min(whatif_slots(engine, prompt), key=lambda w: (w.ttft_s, w.slot or 0))
 
 
 @post("/_sim/whatif", status_code=200)
@@ -178,7 +182,7 @@ async def sim_whatif(request: Request[Any, Any, Any]) -> Response[bytes]:
         return json_response({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
     if isinstance(engine, LlamaEngine):
         if req.id_slot == -1:
-            options = [_slot_whatif(engine, slot, req.prompt) for slot in engine.slots]
+            options = whatif_slots(engine, req.prompt)
             best = min(options, key=lambda w: (w.ttft_s, w.slot or 0))
             return json_response({**best.to_json(), "options": [o.to_json() for o in options]})
         result = whatif_llama(engine, req.prompt, req.id_slot)

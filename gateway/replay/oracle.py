@@ -1,26 +1,32 @@
 """The hindsight oracle: per request, the best engine (and llama.cpp slot) under the simulators' TRUE
 state at arrival, knowing the rest of the trace.
 
-At each request's send time it asks every simulator ``POST /_sim/whatif`` (simulator-only, see
-``backends/sim/whatif.py``) with the request body: the cached tokens and predicted TTFT ``now(c)`` of
-each candidate ``c`` (vLLM, and every llama.cpp slot). Being a hindsight oracle it also knows the
-conversation's remaining turns ``j`` (prompt ``P_j``, growth ``g_j = P_j - P_{j-1}``), and scores
+At each request's send time it asks every engine what the request would get there now
+(``backends/sim/whatif.py``: over HTTP, ``POST /_sim/whatif``, in the wall-clock replay; by calling
+it on the engine models in the virtual-time one): the cached tokens and predicted TTFT ``now(c)`` of
+each candidate ``c`` (each engine without slots, and every llama.cpp slot). Being a hindsight
+oracle it also knows the conversation's remaining turns ``j`` (prompt ``P_j``, growth
+``g_j = P_j - P_{j-1}``), and scores, with ``rate_b`` the prefill rate of ``c``'s backend ``b``
 
     score(c) = now(c) + future(c) + evict(c)
-    future(vLLM)       = sum_j P_j / rate_vllm                     (hybrid, no prefix cache: re-prefill)
-    future(llama slot) = sum_j (g_j + WARM_OVERHEAD) / rate_llama  (warm slot: growth + checkpoint gap)
-    evict(llama slot)  = future_vllm(o) - future_llama(o) of the session ``o`` whose turn last ran on
-                         that slot, over ``o``'s turns still to come (0 when it has none)
+    future(engine without slots) = sum_j P_j / rate_b                  (hybrid, no prefix cache: re-prefill)
+    future(llama slot)           = sum_j (g_j + WARM_OVERHEAD) / rate_b (warm slot: growth + checkpoint gap)
+    evict(llama slot)            = elsewhere(o) - future_b(o) of the conversation ``o`` whose turn last
+                                   ran on that slot, over ``o``'s turns still to come (0 when it has none,
+                                   or when it is this request's own); elsewhere: cold on the fastest
+                                   engine without slots
 
 then sends the request straight to the lowest score (pinning the slot with ``id_slot`` on llama.cpp).
 Conversations are the replay's (``traces.conversations``): by session id, and in a trace without
 session ids by content (a turn resends the previous one's whole prompt), so the oracle sees the same
 future in both formats. A request of no conversation has no future: it takes the fastest candidate
-that evicts no live session's warm slot. Ties keep vLLM, then the lower slot id. Decisions are
-serialized: the next one starts once the engine answered the previous request's headers, or after
-``SETTLE_S`` wall seconds (a llama.cpp request queued behind a busy slot gets no headers), so a burst
-of simultaneous arrivals does not all see the same idle engine. The oracle is greedy per request and
-ignores queueing of future turns; it skips the gateway, so its TTFTs carry no gateway overhead.
+that evicts no live session's warm slot. Ties keep the first candidate (backends in configured
+order, slots by id). In wall time decisions are serialized: the next one starts once the engine
+answered the previous request's headers, or after ``SETTLE_S`` wall seconds (a llama.cpp request
+queued behind a busy slot gets no headers), so a burst of simultaneous arrivals does not all see the
+same idle engine; in virtual time each decision sees the engines as the previous one left them. The
+oracle is greedy per request and ignores queueing of future turns. In wall time it skips the gateway
+(its TTFTs carry no gateway overhead); in virtual time it pays the profiles' ``overhead_s``.
 """
 
 from __future__ import annotations
@@ -57,49 +63,71 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Horizon:
-    """A request's session future: simulated prefill seconds of its remaining turns on each engine."""
+    """A request's conversation future in tokens: what its remaining turns prefill on an engine that
+    kept nothing of them (``cold``: their whole prompts) and on a warm llama.cpp slot (``warm``: their
+    growth plus the checkpoint gap each)."""
 
-    vllm_s: float = 0.0
-    llama_s: float = 0.0
-
-    @property
-    def savings_s(self) -> float:
-        """What staying on a warm llama.cpp slot saves over going to vLLM: ``max(vllm - llama, 0)``."""
-        return max(self.vllm_s - self.llama_s, 0.0)
+    cold: int = 0
+    warm: int = 0
 
 
-def horizons(requests: Sequence[TraceRequest], rate_vllm: float, rate_llama: float) -> list[Horizon]:
+@dataclass(frozen=True, slots=True)
+class Engines:
+    """The fleet as the oracle prices it: each backend's prefill rate (tokens/s) and which of them
+    keep a session warm between turns (llama.cpp slots)."""
+
+    rates: Mapping[str, float]
+    slotted: frozenset[str]
+
+    def future_s(self, backend: str, horizon: Horizon) -> float:
+        """Seconds of prefill ``horizon`` costs if its conversation stays on ``backend``."""
+        tokens = horizon.warm if backend in self.slotted else horizon.cold
+        return tokens / self.rates[backend]
+
+    def elsewhere_s(self, horizon: Horizon) -> float:
+        """Seconds of prefill ``horizon`` costs on the fastest engine that keeps no slot (on the
+        fastest of all, cold, when every engine has slots)."""
+        cold = [r for b, r in self.rates.items() if b not in self.slotted] or list(self.rates.values())
+        return horizon.cold / max(cold)
+
+
+def horizons(requests: Sequence[TraceRequest]) -> list[Horizon]:
     """Per request, the :class:`Horizon` of the turns its conversation has after it (formulas: module
     doc); conversations as the replay paces them (``traces.conversations``: by session, else by content)."""
     out = [Horizon() for _ in requests]
     for indices in conversations(requests):
-        vllm = llama = 0.0
+        cold = warm = 0
         for position in range(len(indices) - 1, -1, -1):
-            out[indices[position]] = Horizon(vllm, llama)
+            out[indices[position]] = Horizon(cold, warm)
             request = requests[indices[position]]
             previous = requests[indices[position - 1]].input_tokens if position else 0
-            vllm += request.input_tokens / rate_vllm
-            llama += (max(request.input_tokens - previous, 0) + WARM_OVERHEAD) / rate_llama
+            cold += request.input_tokens
+            warm += max(request.input_tokens - previous, 0) + WARM_OVERHEAD
     return out
 
 
-def score(candidate: Candidate, horizon: Horizon, evicted: Horizon | None) -> float:
+def score(candidate: Candidate, horizon: Horizon, evicted: Horizon | None, engines: Engines) -> float:
     """``now + future + evict`` of one candidate (module docstring)."""
-    if candidate.backend == "vllm":
-        return candidate.ttft_s + horizon.vllm_s
-    lost = evicted.savings_s if evicted is not None else 0.0
-    return candidate.ttft_s + horizon.llama_s + lost
+    value = candidate.ttft_s + engines.future_s(candidate.backend, horizon)
+    if candidate.slot is not None and evicted is not None:
+        value += max(engines.elsewhere_s(evicted) - engines.future_s(candidate.backend, evicted), 0.0)
+    return value
 
 
 def choose(
-    candidates: Sequence[Candidate], horizon: Horizon, owners: Mapping[int, Horizon | None]
+    candidates: Sequence[Candidate],
+    horizon: Horizon,
+    owners: Mapping[tuple[str, int], Horizon | None],
+    engines: Engines,
 ) -> Candidate | None:
-    """The lowest-scoring candidate; ``owners`` maps a llama.cpp slot to the horizon of its last session."""
+    """The lowest-scoring candidate; ``owners`` maps a llama.cpp (backend, slot) to the horizon of
+    the other conversation whose turn last ran there (None: its own, or none)."""
     best: Candidate | None = None
     best_score = math.inf
     for candidate in candidates:
-        evicted = owners.get(candidate.slot) if candidate.slot is not None else None
-        value = score(candidate, horizon, evicted)
+        slot = candidate.slot
+        evicted = owners.get((candidate.backend, slot)) if slot is not None else None
+        value = score(candidate, horizon, evicted, engines)
         if value < best_score:
             best, best_score = candidate, value
     return best
@@ -115,6 +143,26 @@ def candidates_from(backend: str, whatif: Mapping[str, Any]) -> list[Candidate]:
     ]
 
 
+def engines_of(configs: Mapping[str, SimConfig]) -> Engines:
+    """The oracle's view of simulated engines by backend id."""
+    rates = {name: config.prefill_tok_s for name, config in configs.items()}
+    return Engines(rates, frozenset(name for name, c in configs.items() if c.kind == "llamacpp"))
+
+
+def owners(
+    slot_owner: Mapping[tuple[str, int], int],
+    conversation: Mapping[int, int],
+    futures: Sequence[Horizon],
+    index: int,
+) -> dict[tuple[str, int], Horizon | None]:
+    """Per llama.cpp (backend, slot), the horizon of the conversation whose turn last ran there,
+    unless it is the conversation of request ``index``."""
+    out: dict[tuple[str, int], Horizon | None] = {}
+    for place, owner in slot_owner.items():
+        out[place] = None if conversation[owner] == conversation[index] else futures[owner]
+    return out
+
+
 class Oracle:
     """Dispatches each request to the candidate :func:`choose` picks, straight to the simulator."""
 
@@ -123,17 +171,14 @@ class Oracle:
     ) -> None:
         self.requests = requests
         self.urls = dict(urls)
-        self.horizons = horizons(requests, configs["vllm"].prefill_tok_s, configs["llama"].prefill_tok_s)
-        self.slot_owner: dict[int, int] = {}  # llama slot -> index of the last request sent to it
+        self.horizons = horizons(requests)
+        self.engines = engines_of(configs)
+        self.slot_owner: dict[tuple[str, int], int] = {}  # llama (backend, slot) -> its last request
         self.conversation = {i: n for n, group in enumerate(conversations(requests)) for i in group}
         self._deciding = asyncio.Lock()
 
-    def _owners(self, index: int) -> dict[int, Horizon | None]:
-        out: dict[int, Horizon | None] = {}
-        for slot, owner in self.slot_owner.items():
-            same = self.conversation[owner] == self.conversation[index]
-            out[slot] = None if same else self.horizons[owner]
-        return out
+    def _owners(self, index: int) -> dict[tuple[str, int], Horizon | None]:
+        return owners(self.slot_owner, self.conversation, self.horizons, index)
 
     async def dispatch(
         self, client: httpx.AsyncClient, index: int, body: dict[str, Any], headers: dict[str, str]
@@ -148,12 +193,12 @@ class Oracle:
             for name, answer in zip(names, answers, strict=True):
                 if answer.status_code == 200:
                     found += candidates_from(name, answer.json())
-            pick = choose(found, self.horizons[index], self._owners(index))
+            pick = choose(found, self.horizons[index], self._owners(index), self.engines)
             if pick is None:
                 return Measured(None, None, 0.0, 0, 0, 0, "fits on no simulator")
             if pick.slot is not None:
                 body = {**body, "id_slot": pick.slot}
-                self.slot_owner[pick.slot] = index
+                self.slot_owner[pick.backend, pick.slot] = index
             responded = asyncio.Event()
             url = f"{self.urls[pick.backend]}/v1/chat/completions"
             sending = asyncio.create_task(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -56,7 +56,7 @@ from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
 from gateway.routing import Routed, Router, engine_counted
 from gateway.settings import Settings
 from policies import Endpoint
-from policies.types import EngineKind
+from policies.types import Usage
 
 T = TypeVar("T")
 
@@ -104,65 +104,40 @@ class VirtualOptions:
     block_tokens: int = BLOCK_TOKENS
 
 
+DEFAULT_OPTIONS = VirtualOptions()
+
+
 @dataclass(slots=True)
 class Flight:
-    """One request on its way: where it went and what was seen of it so far."""
+    """One request on its way to an engine: where it went and what was seen of it so far."""
 
     index: int
     sent: float
-    routed: Routed
     backend: str
-    token: int
     task: SimTask
-    excluded: frozenset[str] = frozenset()
     first_at: float | None = None
+    routed: Routed | None = None
+    token: int = -1  # the fleet's note of it (the gateway's replay)
+    excluded: frozenset[str] = frozenset()
 
 
-class VirtualReplay:
-    """One replay of ``requests`` through a gateway with ``settings`` over ``configs`` (one engine
-    model per backend id of the settings), on one event loop."""
+class World:
+    """The trace's clients and the engine models on one event loop: pacing, sending a request to an
+    engine after the gateway's own time, its updates, and the results. Who picks the engine (the
+    gateway, the oracle) is a subclass: :meth:`send`, and the hooks below."""
 
     def __init__(
-        self,
-        requests: Sequence[TraceRequest],
-        settings: Settings,
-        configs: dict[str, SimConfig],
-        options: VirtualOptions = VirtualOptions(),
+        self, requests: Sequence[TraceRequest], configs: Mapping[str, SimConfig], options: VirtualOptions
     ) -> None:
         self.requests = requests
         self.options = options
         self.events = Events()
         self.clock = self.events.clock
-        self.engines = {
-            backend.id: engine_for(configs[backend.id], self.events) for backend in settings.backends
-        }
-        self._counts: dict[str, int] = {}  # prompt text -> the engine's tokens, for the requests in hand
-        documents: dict[str, Documents] = {
-            bid: EngineDocuments(engine, self._count) for bid, engine in self.engines.items()
-        }
-        catalog = Catalog(settings.models, created=int(self.clock.time()))
-        client = httpx.AsyncClient(transport=NoHttp())
-        self.fleet = Fleet(backend_specs(settings, catalog), client, clock=self.clock, documents=documents)
-        router = Router(
-            self.fleet,
-            state_store(settings, self.clock),
-            settings.routing_profile(),
-            lease_idle_s=settings.state.lease_idle_s,
-        )
-        self.relay = Relay(
-            self.fleet,
-            catalog,
-            router,
-            retries=settings.limits.retries,
-            max_body=settings.limits.max_body_bytes,
-        )
-        self.router = router
+        self.engines = {name: engine_for(config, self.events) for name, config in configs.items()}
         self.results: dict[int, Result] = {}
         self._next_turn: dict[int, int] = {}
-        self._ids = itertools.count()
+        self._attempts = itertools.count()
         self.wall_s = 0.0
-
-    # --- the loop ----------------------------------------------------------------------------------
 
     def run(self) -> list[Result]:
         """Replay every request; results in trace order."""
@@ -170,10 +145,8 @@ class VirtualReplay:
         for chain in conversations(self.requests):
             for this, following in itertools.pairwise(chain):
                 self._next_turn[this] = following
-            first = chain[0]
-            self.events.at(self.requests[first].t, partial(self._send, first))
-        for backend_id in self.engines:
-            self._probe(backend_id)
+            self.events.at(self.requests[chain[0]].t, partial(self._send, chain[0]))
+        self.begin()
         self.events.run()
         self.wall_s = time.perf_counter() - started
         return [self.results[i] for i in range(len(self.requests))]
@@ -183,12 +156,155 @@ class VirtualReplay:
         """Simulated seconds from the trace start to the last event."""
         return self.clock.now
 
-    def _probe(self, backend_id: str) -> None:
+    @property
+    def pending(self) -> bool:
+        """Requests remain to be answered."""
+        return len(self.results) < len(self.requests)
+
+    def _send(self, index: int) -> None:
+        request = self.requests[index]
+        self.send(index, request, prompt_tokens(request, self.options.block_tokens))
+
+    # --- the subclass's part -------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Before the first request (the gateway probes its engines)."""
+
+    def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
+        """Route request ``index`` (its engine tokens given) and :meth:`dispatch` it, or :meth:`fail`."""
+        raise NotImplementedError
+
+    def first_token(self, flight: Flight) -> None:
+        """The request's first token arrived."""
+
+    def refused(self, flight: Flight, error: UpstreamStatusError) -> None:
+        """The engine refused the request before any token (a prompt too long for it)."""
+        self.fail(flight.index, flight.sent, error.message)
+
+    def done(self, flight: Flight, usage: Usage | None) -> None:
+        """The request finished with ``usage``."""
+
+    # --- engines -------------------------------------------------------------------------------------
+
+    def dispatch(self, flight: Flight, slot: int | None) -> None:
+        """Send ``flight`` to its engine (pinned to ``slot`` on llama.cpp) after the gateway's own time.
+        Both engines cap the answer at what the window leaves; vLLM refuses a prompt too long for it."""
+        engine, task = self.engines[flight.backend], flight.task
+        room = max(engine.config.context_window - len(task.prompt), 0)
+        answer = Answer(task.answer.tokens[:room], task.answer.finish_reason, None)
+        attempt = SimTask(f"{task.id}.{next(self._attempts)}", task.prompt, answer)
+        attempt.id_slot = slot if slot is not None else -1
+        attempt.listener = partial(self._update, flight, attempt)
+        engine.n_tasks += 1
+        refusal = refused_by_vllm(engine, flight.backend, attempt)
+        if refusal is not None:
+            self.events.after(self.options.overhead_s, partial(self.refused, flight, refusal))
+        else:
+            self.events.after(self.options.overhead_s, partial(engine.submit, attempt))
+
+    def _update(self, flight: Flight, attempt: SimTask, update: Update) -> None:
+        if update.kind is UpdateKind.TOKEN:
+            if flight.first_at is None:
+                flight.first_at = self.clock.now
+                self.first_token(flight)
+        elif update.kind is UpdateKind.DONE:
+            engine = self.engines[flight.backend]
+            usage = final_usage(engine, attempt)
+            self.done(flight, usage)
+            self.finish(self.result(flight, attempt, usage))
+        elif update.kind is UpdateKind.ERROR:
+            assert update.error is not None
+            body = msgspec.json.encode(update.error.body)
+            self.refused(flight, parse_error_body(flight.backend, update.error.status, body))
+
+    def result(self, flight: Flight, attempt: SimTask, usage: Usage | None) -> Result:
+        """What the client measured of a finished request (simulated seconds)."""
+        request, now = self.requests[flight.index], self.clock.now
+        return Result(
+            index=flight.index,
+            session=request.session,
+            arrival_s=request.t,
+            start_s=flight.sent,
+            backend=flight.backend,
+            ttft_s=None if flight.first_at is None else flight.first_at - flight.sent,
+            completion_s=now - flight.sent,
+            prompt_tokens=usage.prompt_tokens if usage else len(attempt.prompt),
+            cached_tokens=(usage.cached_tokens or 0) if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else attempt.n_emitted,
+        )
+
+    def fail(self, index: int, sent: float, error: str) -> None:
+        request = self.requests[index]
+        self.finish(
+            Result(index, request.session, request.t, sent, None, None, self.clock.now - sent, 0, 0, 0, error)
+        )
+
+    def finish(self, result: Result) -> None:
+        """A request ended: its result, then its conversation's next turn."""
+        self.results[result.index] = result
+        following = self._next_turn.pop(result.index, None)
+        if following is not None:
+            self.events.at(max(self.requests[following].t, self.clock.now), partial(self._send, following))
+
+
+def refused_by_vllm(engine: BatchEngine, backend: str, task: SimTask) -> UpstreamStatusError | None:
+    """vLLM's own check before it queues a request (``vllm_errors.context_error``); None elsewhere."""
+    if not isinstance(engine, VllmEngine):
+        return None
+    refused = context_error(len(task.prompt), len(task.answer.tokens) or None, engine.config.context_window)
+    if refused is None:
+        return None
+    return parse_error_body(backend, refused.status_code or 400, bytes(refused.content))
+
+
+def answer_of(request: TraceRequest) -> Answer:
+    """``max_tokens`` tokens (the replay sends ``ignore_eos``)."""
+    return Answer((ANSWER_TOKEN,) * request.max_tokens, "length", None)
+
+
+class GatewayReplay(World):
+    """A replay through turnout's request path with ``settings`` (its routing profile, its backends:
+    one engine model of ``configs`` per backend id), minus the sockets (module docstring)."""
+
+    def __init__(
+        self,
+        requests: Sequence[TraceRequest],
+        settings: Settings,
+        configs: Mapping[str, SimConfig],
+        options: VirtualOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        super().__init__(requests, {b.id: configs[b.id] for b in settings.backends}, options)
+        self._counts: dict[str, int] = {}  # prompt text -> the engine's tokens, for the request in hand
+        documents: dict[str, Documents] = {
+            name: EngineDocuments(engine, self._count) for name, engine in self.engines.items()
+        }
+        catalog = Catalog(settings.models, created=int(self.clock.time()))
+        client = httpx.AsyncClient(transport=NoHttp())
+        self.fleet = Fleet(backend_specs(settings, catalog), client, clock=self.clock, documents=documents)
+        self.router = Router(
+            self.fleet,
+            state_store(settings, self.clock),
+            settings.routing_profile(),
+            lease_idle_s=settings.state.lease_idle_s,
+        )
+        self.relay = Relay(
+            self.fleet,
+            catalog,
+            self.router,
+            retries=settings.limits.retries,
+            max_body=settings.limits.max_body_bytes,
+        )
+
+    def begin(self) -> None:
+        for name in self.engines:
+            self._probe(name)
+
+    def _probe(self, backend: str) -> None:
         """Probe now, and again after the backend's interval while requests remain."""
-        adapter = self.fleet.adapter(backend_id)
+        adapter = self.fleet.adapter(backend)
         self.fleet.observe(run_now(adapter.probe()))
-        if len(self.results) < len(self.requests):
-            self.events.after(adapter.spec.probe_interval_s, partial(self._probe, backend_id))
+        if self.pending:
+            self.events.after(adapter.spec.probe_interval_s, partial(self._probe, backend))
 
     def _count(self, body: Any) -> int:
         messages = body.get("messages") if isinstance(body, dict) else None
@@ -199,124 +315,62 @@ class VirtualReplay:
                 return known
         return count_body(body)
 
-    # --- one request -------------------------------------------------------------------------------
-
-    def _send(self, index: int) -> None:
-        request = self.requests[index]
+    def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
         body = request_body(request, self.options.block_tokens)
-        tokens = prompt_tokens(request, self.options.block_tokens)
         content = body["messages"][0]["content"] if request.messages is None else None
         if content is not None:
             self._counts[content] = len(tokens)
         try:
             routed = run_now(self.relay.route(body, Endpoint.CHAT, request_headers(request)))
         except GatewayError as exc:
-            self._failed(index, self.clock.now, exc.message)
+            self.fail(index, self.clock.now, exc.message)
             return
         finally:
             if content is not None:
                 self._counts.pop(content, None)
-        answer = Answer((ANSWER_TOKEN,) * request.max_tokens, "length", None)
-        task = SimTask(f"r{index}", tokens, answer)
-        self._dispatch(index, self.clock.now, routed, task, frozenset())
+        task = SimTask(f"r{index}", tokens, answer_of(request))
+        self._route(Flight(index, self.clock.now, "", task, routed=routed))
 
-    def _dispatch(
-        self, index: int, sent: float, routed: Routed, task: SimTask, excluded: frozenset[str]
-    ) -> None:
-        decision = routed.decision
+    def _route(self, flight: Flight) -> None:
+        """Send along the flight's decision, noting it in flight on the fleet (``Relay.open``)."""
+        assert flight.routed is not None
+        decision = flight.routed.decision
         if decision.chosen is None:
-            self._failed(index, sent, no_route_error(decision, routed.features).message)
+            self.fail(flight.index, flight.sent, no_route_error(decision, flight.routed.features).message)
             return
-        backend = decision.chosen.backend_id
-        engine = self.engines[backend]
-        token = self.fleet.begin(in_flight(decision, self.clock.time()))
-        room = max(engine.config.context_window - len(task.prompt), 0)  # both engines cap the answer
-        answer = Answer(task.answer.tokens[:room], task.answer.finish_reason, None)
-        attempt = SimTask(f"{task.id}.{next(self._ids)}", task.prompt, answer)
-        attempt.id_slot = decision.slot if decision.slot is not None else -1
-        engine.n_tasks += 1
-        flight = Flight(index, sent, routed, backend, token, attempt, excluded)
-        attempt.listener = partial(self._update, flight)
-        refusal = self._refusal(engine, backend, attempt)
-        if refusal is not None:
-            self.events.after(self.options.overhead_s, partial(self._refused, flight, refusal))
-            return
-        self.events.after(self.options.overhead_s, partial(engine.submit, attempt))
+        flight.backend = decision.chosen.backend_id
+        flight.first_at = None
+        flight.token = self.fleet.begin(in_flight(decision, self.clock.time()))
+        self.dispatch(flight, decision.slot)
 
-    @staticmethod
-    def _refusal(engine: BatchEngine, backend: str, task: SimTask) -> UpstreamStatusError | None:
-        """vLLM's own check before it queues a request (``vllm_errors.context_error``)."""
-        if not isinstance(engine, VllmEngine):
-            return None
-        window = engine.config.context_window
-        refused = context_error(len(task.prompt), len(task.answer.tokens) or None, window)
-        if refused is None:
-            return None
-        return parse_error_body(backend, refused.status_code or 400, bytes(refused.content))
+    def first_token(self, flight: Flight) -> None:
+        self.fleet.prefilled(flight.token)
 
-    def _update(self, flight: Flight, update: Update) -> None:
-        if update.kind is UpdateKind.TOKEN:
-            if flight.first_at is None:
-                flight.first_at = self.clock.now
-                self.fleet.prefilled(flight.token)
-        elif update.kind is UpdateKind.DONE:
-            self._done(flight)
-        elif update.kind is UpdateKind.ERROR:
-            assert update.error is not None
-            body = msgspec.json.encode(update.error.body)
-            error = parse_error_body(flight.backend, update.error.status, body)
-            self._refused(flight, error)
-
-    def _refused(self, flight: Flight, error: UpstreamStatusError) -> None:
-        """The engine refused the request before any byte: as the relay does, a prompt too long for
-        it goes to another backend on the engine's own count; anything else fails."""
+    def refused(self, flight: Flight, error: UpstreamStatusError) -> None:
+        """As the relay does: a prompt too long for the engine goes to another backend, on the
+        engine's own count, within the retries; anything else fails."""
         self.fleet.end(flight.token)
+        assert flight.routed is not None
         if not error.context_exceeded or len(flight.excluded) >= self.relay.retries:
-            self._failed(flight.index, flight.sent, error.message)
+            self.fail(flight.index, flight.sent, error.message)
             return
-        excluded = flight.excluded | {flight.backend}
+        flight.excluded = flight.excluded | {flight.backend}
         routed = engine_counted(flight.routed, error)
-        routed = run_now(self.router.decide(routed.features, routed.session, excluded, routed.overflowed))
-        self._dispatch(flight.index, flight.sent, routed, flight.task, excluded)
+        flight.routed = run_now(
+            self.router.decide(routed.features, routed.session, flight.excluded, routed.overflowed)
+        )
+        self._route(flight)
 
-    def _done(self, flight: Flight) -> None:
-        engine, task, now = self.engines[flight.backend], flight.task, self.clock.now
-        usage = final_usage(engine, task)
+    def done(self, flight: Flight, usage: Usage | None) -> None:
+        """The relay's ending: the engine answered, the request leaves the fleet's overlay, and its
+        outcome goes to learning, the session and the decision log."""
+        assert flight.routed is not None
         self.fleet.judge(flight.backend, None)
         self.fleet.end(flight.token)
-        kind = EngineKind.LLAMACPP if isinstance(engine, LlamaEngine) else EngineKind.VLLM
-        ttft = None if flight.first_at is None else flight.first_at - flight.sent
         outcome = None
         if usage is not None:
-            outcome = measured(
-                flight.routed, kind, usage, ttft_s=ttft, duration_s=now - flight.sent, stream=True
-            )
-        run_now(settle(self.router, flight.routed, task.id, outcome, 200, None))
-        request = self.requests[flight.index]
-        self._finish(
-            Result(
-                index=flight.index,
-                session=request.session,
-                arrival_s=request.t,
-                start_s=flight.sent,
-                backend=flight.backend,
-                ttft_s=ttft,
-                completion_s=now - flight.sent,
-                prompt_tokens=usage.prompt_tokens if usage else len(task.prompt),
-                cached_tokens=(usage.cached_tokens or 0) if usage else 0,
-                completion_tokens=usage.completion_tokens if usage else task.n_emitted,
-            )
-        )
-
-    def _failed(self, index: int, sent: float, error: str) -> None:
-        request = self.requests[index]
-        self._finish(
-            Result(index, request.session, request.t, sent, None, None, self.clock.now - sent, 0, 0, 0, error)
-        )
-
-    def _finish(self, result: Result) -> None:
-        """A request ended: its result, then its conversation's next turn."""
-        self.results[result.index] = result
-        following = self._next_turn.pop(result.index, None)
-        if following is not None:
-            self.events.at(max(self.requests[following].t, self.clock.now), partial(self._send, following))
+            kind = self.fleet.adapter(flight.backend).kind
+            ttft = None if flight.first_at is None else flight.first_at - flight.sent
+            duration = self.clock.now - flight.sent
+            outcome = measured(flight.routed, kind, usage, ttft_s=ttft, duration_s=duration, stream=True)
+        run_now(settle(self.router, flight.routed, flight.task.id, outcome, 200, None))

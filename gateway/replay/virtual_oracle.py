@@ -1,0 +1,61 @@
+"""The hindsight oracle in virtual time: ``oracle``'s choice, made on the engine models themselves.
+
+Each request, when it is sent, asks every engine what it would get there now (``whatif_vllm``, and
+``whatif_slots`` for every llama.cpp slot), scores the candidates as the wall-clock oracle does
+(``oracle.choose``: now + the conversation's future + what evicting a slot's other conversation
+costs it) and goes to the best, pinned to its slot. It pays the gateway's ``overhead_s`` like every
+profile, and each decision sees the engines as the previous one left them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from backends.sim import SimConfig
+from backends.sim.llama_engine import LlamaEngine
+from backends.sim.task import SimTask
+from backends.sim.vllm_engine import VllmEngine
+from backends.sim.whatif import whatif_slots, whatif_vllm
+from gateway.replay.oracle import Candidate, choose, engines_of, horizons, owners
+from gateway.replay.traces import TraceRequest, conversations
+from gateway.replay.virtual import DEFAULT_OPTIONS, Flight, VirtualOptions, World, answer_of
+
+
+class OracleReplay(World):
+    """A replay in which the oracle places every request (module docstring)."""
+
+    def __init__(
+        self,
+        requests: Sequence[TraceRequest],
+        configs: Mapping[str, SimConfig],
+        options: VirtualOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        super().__init__(requests, configs, options)
+        self.horizons = horizons(requests)
+        self.pricing = engines_of(configs)
+        self.conversation = {i: n for n, group in enumerate(conversations(requests)) for i in group}
+        self.slot_owner: dict[tuple[str, int], int] = {}
+
+    def candidates(self, prompt: list[int], max_tokens: int) -> list[Candidate]:
+        """Every place the request could go now, with its predicted TTFT (``backends.sim.whatif``)."""
+        found: list[Candidate] = []
+        for name, engine in self.engines.items():
+            if isinstance(engine, LlamaEngine):
+                options = whatif_slots(engine, prompt)
+            else:
+                assert isinstance(engine, VllmEngine)
+                options = [whatif_vllm(engine, prompt, max_tokens)]
+            found += [Candidate(name, o.slot, o.ttft_s, o.cached_tokens) for o in options if o.fits]
+        return found
+
+    def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
+        found = self.candidates(tokens, request.max_tokens)
+        places = owners(self.slot_owner, self.conversation, self.horizons, index)
+        pick = choose(found, self.horizons[index], places, self.pricing)
+        if pick is None:
+            self.fail(index, self.clock.now, "fits on no engine")
+            return
+        if pick.slot is not None:
+            self.slot_owner[pick.backend, pick.slot] = index
+        task = SimTask(f"r{index}", tokens, answer_of(request))
+        self.dispatch(Flight(index, self.clock.now, pick.backend, task), pick.slot)
