@@ -55,6 +55,25 @@ class CircuitConfig(_Strict):
     max_cool_down_s: float = Field(60.0, gt=0)
 
 
+class SimulatorConfig(_Strict):
+    """How ``turnout replay`` simulates a backend (``turnout serve`` ignores it): the engine model's
+    settings beyond what the deployments say (``backends.sim.SimConfig``; unset: its defaults)."""
+
+    slots: int | None = Field(None, ge=1)
+    """llama.cpp ``-np``."""
+    prefill_tok_s: float | None = Field(None, gt=0)
+    decode_tok_s: float | None = Field(None, gt=0)
+    batch_slowdown: float | None = Field(None, ge=0)
+    """Decode step time = (1 / decode_tok_s) * (1 + batch_slowdown * (running - 1))."""
+    prefill_chunk: int | None = Field(None, ge=1)
+    """Prompt tokens per engine step (vLLM max_num_batched_tokens, llama.cpp n_batch)."""
+    prefix_caching: bool | None = None
+    """vLLM's prefix cache (default: off, as for a hybrid model in older vLLM releases)."""
+    max_num_seqs: int | None = Field(None, ge=1)
+    cache_ram_mib: int | None = Field(None, ge=-1)
+    """llama.cpp ``--cache-ram`` (0 off, -1 no limit)."""
+
+
 class BackendConfig(_Strict):
     """One engine endpoint."""
 
@@ -70,6 +89,8 @@ class BackendConfig(_Strict):
     circuit: CircuitConfig = CircuitConfig()
     probe_interval_s: float = Field(2.0, gt=0)
     """How often the engine's health and load are probed."""
+    sim: SimulatorConfig = SimulatorConfig()
+    """How ``turnout replay`` simulates this backend."""
 
     @property
     def base_url(self) -> str:

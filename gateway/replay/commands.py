@@ -59,6 +59,14 @@ def add_trace_parser(commands: Any) -> None:
     trace.set_defaults(func=cmd_trace)
 
 
+def positive(text: str) -> float:
+    """An argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
 def add_replay_parser(commands: Any) -> None:
     """``turnout replay TRACE --profile P [--profile P2 ...] [options]``."""
     replay = commands.add_parser(
@@ -66,8 +74,32 @@ def add_replay_parser(commands: Any) -> None:
     )
     replay.add_argument("trace", type=Path)
     replay.add_argument("--format", choices=["turnout", "mooncake"], default="turnout")
+    replay.add_argument(
+        "--clock",
+        choices=["virtual", "wall"],
+        default="virtual",
+        help="virtual: the router and the engine models on simulated time (default); "
+        "wall: real servers on the wall clock, compressed by --time-scale",
+    )
     replay.add_argument("--model", default=None, help="served model name (default: the trace's first)")
-    replay.add_argument("--time-scale", type=float, default=0.05, help="wall seconds per simulated second")
+    replay.add_argument("--seed", type=int, default=0, help="the simulated engines' seed (recorded in meta)")
+    load = replay.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=positive, default=None, help="multiply the arrival rate by F")
+    load.add_argument(
+        "--load",
+        type=positive,
+        default=None,
+        help="pick the rate so the prompts, without reuse, are L of the fleet's prefill capacity",
+    )
+    replay.add_argument(
+        "--backends", type=Path, default=None, help="virtual: replay on the backends of this turnout config"
+    )
+    replay.add_argument(
+        "--overhead-ms", type=non_negative, default=None, help="virtual: the gateway's own time per request"
+    )
+    replay.add_argument(
+        "--time-scale", type=float, default=0.05, help="wall: wall seconds per simulated second"
+    )
     replay.add_argument(
         "--profile", action="append", default=None, help="routing profile (repeatable; default: cost)"
     )
@@ -75,7 +107,9 @@ def add_replay_parser(commands: Any) -> None:
     replay.add_argument("--json", type=Path, default=None, help="write the JSON report here")
     replay.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     replay.add_argument("--scale-tokens", type=float, default=1.0, help="multiply token lengths by F")
-    replay.add_argument("--wall-cap", type=float, default=600.0, help="wall seconds per profile, at most")
+    replay.add_argument(
+        "--wall-cap", type=float, default=600.0, help="wall: wall seconds per profile, at most"
+    )
     replay.add_argument(
         "--llama-slots", type=positive_int, default=2, help="slots of the simulated llama.cpp (-np)"
     )
@@ -129,35 +163,124 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay the trace per profile (+ oracle), print the table, write the JSON report."""
     from gateway.logging import configure_logging
-    from gateway.replay.report import report, table
-    from gateway.replay.runner import ReplayOptions, run_replay
-    from gateway.replay.stack import StackOptions
-    from gateway.replay.traces import TraceError, block_tokens, read_trace, scale_tokens, with_model
+    from gateway.replay.traces import TraceError, read_trace, scale_tokens, with_model
     from policies import BUILTIN_PROFILES
 
     profiles = args.profile or list(DEFAULT_PROFILES)
     unknown = [p for p in profiles if p not in BUILTIN_PROFILES]
     if unknown:
-        print(
-            f"turnout replay: unknown profile {unknown[0]!r}; known: {', '.join(BUILTIN_PROFILES)}",
-            file=sys.stderr,
-        )
-        return 2
+        return _usage(f"unknown profile {unknown[0]!r}; known: {', '.join(BUILTIN_PROFILES)}")
+    if args.clock == "wall" and (args.backends is not None or args.overhead_ms is not None):
+        return _usage("--backends and --overhead-ms apply to --clock virtual only")
     try:
         requests = read_trace(args.trace, args.format, limit=args.limit)
     except (OSError, TraceError) as exc:
-        print(f"turnout replay: {args.trace}: {exc}", file=sys.stderr)
-        return 2
+        return _usage(f"{args.trace}: {exc}")
     if not requests:
-        print("turnout replay: the trace is empty", file=sys.stderr)
-        return 2
-    model = args.model or requests[0].model
-    requests = with_model(scale_tokens(requests, args.scale_tokens), model)
+        return _usage("the trace is empty")
     configure_logging("json", "warning")
-    stack = StackOptions(model=model, time_scale=args.time_scale, llama_slots=args.llama_slots)
-    options = ReplayOptions(
-        time_scale=args.time_scale, block_tokens=block_tokens(args.scale_tokens), wall_cap_s=args.wall_cap
+    requests = scale_tokens(requests, args.scale_tokens)
+    if args.clock == "wall":
+        return _replay_wall(args, with_model(requests, args.model or requests[0].model), profiles)
+    return _replay_virtual(args, requests, profiles)
+
+
+def _usage(message: str) -> int:
+    print(f"turnout replay: {message}", file=sys.stderr)
+    return 2
+
+
+def _write(result: dict[str, Any], path: Path | None) -> None:
+    from gateway.replay.report import table
+
+    print(table(result["profiles"]))
+    if path is not None:
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]) -> int:
+    from gateway.replay.fleets import default_fleet, fleet_from_file, sim_configs
+    from gateway.replay.report import report
+    from gateway.replay.simulate import simulate
+    from gateway.replay.traces import block_tokens, rate_for_load, with_model, with_rate
+    from gateway.replay.virtual import OVERHEAD_S, VirtualOptions
+    from gateway.settings import ConfigError
+
+    def settings_for(profile: str) -> Any:
+        if args.backends is not None:
+            return fleet_from_file(args.backends, profile)
+        return default_fleet(model, profile, args.llama_slots)
+
+    try:
+        if args.backends is not None:
+            model = args.model or fleet_from_file(args.backends, profiles[0]).models[0].name
+        else:
+            model = args.model or requests[0].model
+        configs = sim_configs(settings_for(profiles[0]), model, args.seed)
+    except ConfigError as exc:
+        return _usage(str(exc))
+    requests = with_model(requests, model)
+    factor = args.rate or 1.0
+    if args.load is not None:
+        factor = rate_for_load(requests, args.load, sum(c.prefill_tok_s for c in configs.values()))
+    requests = with_rate(requests, factor)
+    overhead = OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1000
+    options = VirtualOptions(overhead_s=overhead, block_tokens=block_tokens(args.scale_tokens))
+
+    def done(name: str, world: Any) -> None:
+        speedup = world.simulated_s / world.wall_s if world.wall_s > 0 else 0.0
+        print(
+            f"turnout replay: {name} done: {world.simulated_s:.1f} simulated s in {world.wall_s:.2f} wall s"
+            f" ({speedup:.0f}x)",
+            file=sys.stderr,
+        )
+
+    runs = simulate(
+        requests,
+        profiles,
+        settings_for,
+        model,
+        options,
+        oracle=not args.no_oracle,
+        seed=args.seed,
+        on_done=done,
     )
+    meta = {
+        "trace": str(args.trace),
+        "format": args.format,
+        "requests": len(requests),
+        "clock": "virtual",
+        "model": model,
+        "seed": args.seed,
+        "backends": str(args.backends) if args.backends is not None else None,
+        "llama_slots": args.llama_slots if args.backends is None else None,
+        "scale_tokens": args.scale_tokens,
+        "rate": round(factor, 6),
+        "load": args.load,
+        "overhead_s": overhead,
+        "simulated_s": {name: round(s, 3) for name, s in runs.simulated_s.items()},
+    }
+    print(f"turnout replay: speed-up {runs.speedup:.0f}x (simulated / wall seconds)", file=sys.stderr)
+    block = block_tokens(args.scale_tokens)
+    _write(report(runs.runs, meta, requests, block, runs.bounds), args.json)
+    return 0
+
+
+def _replay_wall(args: argparse.Namespace, requests: Any, profiles: list[str]) -> int:
+    from gateway.replay.report import report
+    from gateway.replay.runner import ReplayOptions, run_replay
+    from gateway.replay.stack import StackOptions
+    from gateway.replay.traces import block_tokens, rate_for_load, with_rate
+
+    model = requests[0].model
+    stack = StackOptions(model=model, time_scale=args.time_scale, llama_slots=args.llama_slots)
+    factor = args.rate or 1.0
+    if args.load is not None:
+        capacity = sum(c.prefill_tok_s for c in stack.sim_configs().values())
+        factor = rate_for_load(requests, args.load, capacity)
+    requests = with_rate(requests, factor)
+    block = block_tokens(args.scale_tokens)
+    options = ReplayOptions(time_scale=args.time_scale, block_tokens=block, wall_cap_s=args.wall_cap)
     runs = run_replay(
         requests,
         profiles,
@@ -170,11 +293,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         "trace": str(args.trace),
         "format": args.format,
         "requests": len(requests),
+        "clock": "wall",
         "time_scale": args.time_scale,
         "scale_tokens": args.scale_tokens,
+        "rate": round(factor, 6),
+        "load": args.load,
     }
-    result = report(runs, meta)
-    print(table(result["profiles"]))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _write(report(runs, meta, requests, block), args.json)
     return 0

@@ -10,7 +10,14 @@ in simulated seconds:
 * ``completion_mean_s``: mean time from sending to the last token;
 * ``throughput_tok_s``: generated tokens / (last completion - first arrival);
 * ``cache_hit_ratio``: sum of cached prompt tokens / sum of prompt tokens;
-* ``backend_share``: backend -> fraction of the completed requests it served.
+* ``backend_share``: backend -> fraction of the completed requests it served;
+* ``session_completion_mean_s``: over the conversations of two or more turns that all completed,
+  mean time from sending the first turn to the last answer (null when there are none);
+* ``prefill_amplification``: tokens the engines prefilled (prompt - cached) / the distinct tokens of
+  the same requests' prompts (``yardsticks.new_tokens``).
+
+The report's ``lower-bound`` entry (``yardsticks.lower_bounds``) has the TTFT keys only: no routing
+can beat them.
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.replay.runner import Result
+from gateway.replay.traces import TraceRequest, conversations
+from gateway.replay.yardsticks import new_tokens
 
+LOWER_BOUND = "lower-bound"
 LONG_PROMPT_TOKENS = 30_000
 REPORT_KEYS = (
     "requests",
@@ -35,6 +45,8 @@ REPORT_KEYS = (
     "throughput_tok_s",
     "cache_hit_ratio",
     "backend_share",
+    "session_completion_mean_s",
+    "prefill_amplification",
 )
 """The keys of every profile's entry, in order (the JSON report and the table use them)."""
 
@@ -56,14 +68,27 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def summarize(results: Sequence[Result]) -> dict[str, Any]:
-    """The report entry of one profile (keys: :data:`REPORT_KEYS`, formulas: module docstring)."""
+def summarize(
+    results: Sequence[Result],
+    groups: Sequence[Sequence[int]] = (),
+    distinct: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The report entry of one profile (keys: :data:`REPORT_KEYS`, formulas: module docstring);
+    ``groups``: the trace's conversations (indices), ``distinct``: each request's new tokens."""
     done = [r for r in results if r.ok]
     ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
     long = [r.ttft_s for r in done if r.ttft_s is not None and r.prompt_tokens >= LONG_PROMPT_TOKENS]
     prompt = sum(r.prompt_tokens for r in done)
     span = (max(r.end_s for r in done) - min(r.arrival_s for r in done)) if done else 0.0
     backends = Counter(r.backend or "?" for r in done)
+    by_index = {r.index: r for r in results}
+    sessions = [
+        max(by_index[i].end_s for i in group) - by_index[group[0]].start_s
+        for group in groups
+        if len(group) > 1 and all(i in by_index and by_index[i].ok for i in group)
+    ]
+    new = sum(distinct[r.index] for r in done) if distinct is not None else 0
+    prefilled = sum(r.prompt_tokens - r.cached_tokens for r in done)
     return {
         "requests": len(done),
         "errors": len(results) - len(done),
@@ -75,12 +100,49 @@ def summarize(results: Sequence[Result]) -> dict[str, Any]:
         "throughput_tok_s": _round(sum(r.completion_tokens for r in done) / span if span > 0 else None, 2),
         "cache_hit_ratio": _round(sum(r.cached_tokens for r in done) / prompt if prompt else None),
         "backend_share": {b: round(n / len(done), 4) for b, n in sorted(backends.items())},
+        "session_completion_mean_s": _round(_mean(sessions)),
+        "prefill_amplification": _round(prefilled / new if new else None),
     }
 
 
-def report(runs: Mapping[str, Sequence[Result]], meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON report: ``{"meta": {...}, "profiles": {name: summary}}`` (the oracle is ``oracle``)."""
-    return {"meta": dict(meta or {}), "profiles": {name: summarize(rs) for name, rs in runs.items()}}
+def bound_summary(requests: Sequence[TraceRequest], bounds: Sequence[float | None]) -> dict[str, Any]:
+    """The ``lower-bound`` entry: TTFT mean and percentiles of the per-request bounds (the requests
+    that fit some engine); every other key null."""
+    values = [b for b in bounds if b is not None]
+    long = [
+        b
+        for r, b in zip(requests, bounds, strict=True)
+        if b is not None and r.input_tokens >= LONG_PROMPT_TOKENS
+    ]
+    out: dict[str, Any] = dict.fromkeys(REPORT_KEYS)
+    out |= {
+        "requests": len(values),
+        "errors": len(bounds) - len(values),
+        "ttft_mean_s": _round(_mean(values)),
+        "ttft_p50_s": _round(percentile(values, 0.5)),
+        "ttft_p90_s": _round(percentile(values, 0.9)),
+        "ttft_mean_long_s": _round(_mean(long)),
+        "backend_share": {},
+    }
+    return out
+
+
+def report(
+    runs: Mapping[str, Sequence[Result]],
+    meta: Mapping[str, Any] | None = None,
+    trace: Sequence[TraceRequest] | None = None,
+    block: int = 512,
+    bounds: Sequence[float | None] | None = None,
+) -> dict[str, Any]:
+    """The JSON report: ``{"meta": {...}, "profiles": {name: summary}}`` (the oracle is ``oracle``,
+    the lower bound, given ``bounds``, ``lower-bound``); with the ``trace``, the conversation and
+    amplification keys are filled."""
+    groups = conversations(trace) if trace is not None else []
+    distinct = new_tokens(trace, block) if trace is not None else None
+    profiles = {name: summarize(rs, groups, distinct) for name, rs in runs.items()}
+    if bounds is not None and trace is not None:
+        profiles[LOWER_BOUND] = bound_summary(trace, bounds)
+    return {"meta": dict(meta or {}), "profiles": profiles}
 
 
 def median_report(
@@ -135,6 +197,8 @@ TABLE_COLUMNS = (
     ("completion", "completion_mean_s"),
     ("tok/s", "throughput_tok_s"),
     ("cache hit", "cache_hit_ratio"),
+    ("session", "session_completion_mean_s"),
+    ("prefill x", "prefill_amplification"),
     ("backends", "backend_share"),
 )
 

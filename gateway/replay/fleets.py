@@ -1,0 +1,103 @@
+"""The simulated fleet a virtual replay runs on: the gateway's settings, and an engine model per backend.
+
+The default is docs/replay.md's workstation: ``vllm`` (hybrid, prefix caching off, a 94,000-token
+window) and ``llama`` (hybrid, ``llama_slots`` slots of 65,536 tokens, its RAM prompt cache at the
+default 8 GiB), at DOMAIN.md's rates, probed every 2 simulated seconds. ``--backends FILE`` replays on
+the backends of a turnout config instead (at most :data:`MAX_BACKENDS`): each backend's engine model
+takes its kind, the upstream name and window of its deployment of the replayed model (of its first
+deployment if it serves another model), that model's architecture, and the backend's ``[backends.sim]``
+table (slots, rates, chunk, prefix caching, ...). vLLM's prefix cache defaults to off for a hybrid
+model (no prefix reuse in older releases) and on otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from backends.sim import SimConfig
+from gateway.replay.stack import StackOptions, gateway_settings
+from gateway.settings import ConfigError, ModelConfig, Settings, load_settings
+from policies.types import Architecture, EngineKind
+
+MAX_BACKENDS = 16
+PROBE_INTERVAL_S = 2.0
+"""Simulated seconds between probes of the default fleet (the wall replay's 0.1 s at scale 0.05)."""
+
+
+def default_fleet(model: str, profile: str, llama_slots: int = 2) -> Settings:
+    """The two-backend workstation (module docstring) serving ``model`` with ``profile``."""
+    urls = {"vllm": "http://vllm.virtual", "llama": "http://llama.virtual"}
+    settings = gateway_settings(urls, StackOptions(model=model, probe_interval_s=PROBE_INTERVAL_S), profile)
+    configs = StackOptions(model=model, llama_slots=llama_slots).sim_configs()
+    backends = [
+        b.model_copy(update={"sim": b.sim.model_copy(update={"slots": configs[b.id].slots})})
+        for b in settings.backends
+    ]
+    models = [
+        m.model_copy(
+            update={
+                "deployments": tuple(
+                    d.model_copy(update={"context_window": configs[d.backend].context_window})
+                    for d in m.deployments
+                )
+            }
+        )
+        for m in settings.models
+    ]
+    fleet: Settings = settings.model_copy(update={"backends": backends, "models": models})
+    return fleet
+
+
+def fleet_from_file(path: Path, profile: str) -> Settings:
+    """The settings of the turnout config at ``path``, with ``profile``."""
+    settings = load_settings(path, profile=profile, log_level="warning")
+    if len(settings.backends) > MAX_BACKENDS:
+        raise ConfigError(
+            f"{path}: {len(settings.backends)} backends; a replay simulates at most {MAX_BACKENDS}"
+        )
+    return settings
+
+
+def _model(settings: Settings, name: str) -> ModelConfig:
+    for model in settings.models:
+        if model.name == name or name in model.aliases:
+            return model
+    known = ", ".join(m.name for m in settings.models)
+    raise ConfigError(f"the fleet serves no model {name!r}; it serves {known}")
+
+
+def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimConfig]:
+    """An engine model per backend of ``settings`` (module docstring), replaying ``model``."""
+    served = _model(settings, model)
+    configs: dict[str, SimConfig] = {}
+    for backend in settings.backends:
+        if backend.kind is EngineKind.OPENAI:
+            kind = "a generic OpenAI server"
+            raise ConfigError(f"backend {backend.id!r} is {kind}: a replay simulates vllm and llamacpp only")
+        own = [d for d in served.deployments if d.backend == backend.id]
+        others = [d for m in settings.models for d in m.deployments if d.backend == backend.id]
+        deployment = (own or others)[0] if own or others else None
+        architecture = served.architecture if own else _architecture(settings, backend.id)
+        sim = backend.sim
+        base = SimConfig(
+            kind="vllm" if backend.kind is EngineKind.VLLM else "llamacpp",
+            model=deployment.upstream_name if deployment is not None else backend.id,
+            architecture=architecture,
+            prefix_caching=sim.prefix_caching
+            if sim.prefix_caching is not None
+            else architecture is not Architecture.HYBRID,
+            seed=seed,
+        )
+        if deployment is not None and deployment.context_window is not None:
+            base = replace(base, context_window=deployment.context_window)
+        fields = sim.model_dump(exclude_none=True, exclude={"prefix_caching"})
+        configs[backend.id] = replace(base, **fields)
+    return configs
+
+
+def _architecture(settings: Settings, backend: str) -> Architecture:
+    for model in settings.models:
+        if any(d.backend == backend for d in model.deployments):
+            return model.architecture
+    return Architecture.DENSE

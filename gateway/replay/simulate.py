@@ -1,0 +1,68 @@
+"""``turnout replay --clock virtual``: every profile, the oracle and the lower bound, in virtual time.
+
+Each profile gets a fresh fleet of engine models and a fresh gateway (``virtual.GatewayReplay``), the
+oracle its own (``virtual_oracle.OracleReplay``); the lower bound comes from the trace
+(``yardsticks.lower_bounds``). The report is a function of the trace and the options alone; the
+wall seconds each run took are returned beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.replay.fleets import sim_configs
+from gateway.replay.runner import ORACLE, Result
+from gateway.replay.traces import TraceRequest
+from gateway.replay.virtual import GatewayReplay, VirtualOptions, World
+from gateway.replay.virtual_oracle import OracleReplay
+from gateway.replay.yardsticks import lower_bounds
+from gateway.settings import Settings
+
+
+@dataclass
+class Simulated:
+    """What the runs gave: results per profile (and ``oracle``), the lower bounds, and per run its
+    simulated and wall seconds."""
+
+    runs: dict[str, list[Result]] = field(default_factory=dict)
+    bounds: list[float | None] = field(default_factory=list)
+    simulated_s: dict[str, float] = field(default_factory=dict)
+    wall_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        """Simulated seconds per wall second, over every run."""
+        wall = sum(self.wall_s.values())
+        return sum(self.simulated_s.values()) / wall if wall > 0 else 0.0
+
+
+def simulate(
+    requests: Sequence[TraceRequest],
+    profiles: Sequence[str],
+    settings_for: Callable[[str], Settings],
+    model: str,
+    options: VirtualOptions,
+    *,
+    oracle: bool = True,
+    seed: int = 0,
+    on_done: Callable[[str, World], None] | None = None,
+) -> Simulated:
+    """Replay ``requests`` once per profile (``settings_for(profile)``: the gateway and its fleet), then
+    with the oracle on the same fleet (module docstring)."""
+    out = Simulated()
+    configs = sim_configs(settings_for(profiles[0] if profiles else "cost"), model, seed)
+    worlds: list[tuple[str, Callable[[], World]]] = [
+        (p, lambda p=p: GatewayReplay(requests, settings_for(p), configs, options))  # type: ignore[misc]
+        for p in profiles
+    ]
+    if oracle:
+        worlds.append((ORACLE, lambda: OracleReplay(requests, configs, options)))
+    for name, make in worlds:
+        world = make()
+        out.runs[name] = world.run()
+        out.simulated_s[name], out.wall_s[name] = world.simulated_s, world.wall_s
+        if on_done is not None:
+            on_done(name, world)
+    out.bounds = lower_bounds(requests, configs, options.overhead_s, options.block_tokens)
+    return out

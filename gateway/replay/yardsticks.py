@@ -1,0 +1,89 @@
+"""What a replay's numbers are measured against, from the trace alone: how much of each prompt is new,
+and a lower bound on TTFT that no routing can beat.
+
+**Shared prefix.** A request's prompt shares with the trace before it the longest run of leading
+blocks (``hash_ids``) that an earlier prompt also began with, in tokens: whole blocks, and within the
+last one as far as both prompts reach (a cut block is a prefix of the whole one). Its **new tokens**
+are the rest; their sum is the trace's distinct tokens, so ``prefill amplification`` = tokens the
+engines prefilled / distinct tokens (1.0: nothing was prefilled twice).
+
+**Lower bound.** Each request alone on its best engine with the most reuse it could have had:
+``min over engines (P - reuse) / prefill rate``, plus the gateway's own time, where ``P`` is the
+prompt the engine sees (chat template included) and ``reuse`` its whole shared prefix on llama.cpp
+(an upper bound: every earlier prompt kept in some slot or in RAM, checkpoints anywhere), the shared
+prefix cut to whole cache blocks on vLLM with prefix caching, nothing on vLLM without it; at least
+one token is always computed. The first token comes with the last prompt step, so nothing else is
+added. An engine whose window the prompt does not fit is not a candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from backends.sim import SimConfig
+from backends.sim.config import DENSE_BLOCK_SIZE
+from gateway.replay.synth import CHAT_HEAD, CHAT_TAIL
+from gateway.replay.traces import BLOCK_TOKENS, TraceRequest
+from policies.types import Architecture
+
+TEMPLATE_TOKENS = len(CHAT_HEAD) + len(CHAT_TAIL)
+"""Tokens the simulators' chat template adds around one user message."""
+
+
+def shared_prefixes(requests: Sequence[TraceRequest], block: int = BLOCK_TOKENS) -> list[int]:
+    """Per request, the tokens of its prompt that an earlier prompt began with too (module docstring)."""
+    covered: dict[int, int] = {}  # chained hash of the first k ids -> most tokens of them a prompt had
+    out: list[int] = []
+    for request in requests:
+        chain, parent = [], 0
+        for block_id in request.hash_ids:
+            parent = hash((parent, block_id))
+            chain.append(parent)
+        shared = 0
+        for k, key in enumerate(chain, 1):
+            had = covered.get(key)
+            if had is None:
+                break
+            shared = min(had, request.input_tokens)
+            if had < k * block:  # the earlier prompt ended inside this block
+                break
+        out.append(shared)
+        for k, key in enumerate(chain, 1):
+            covered[key] = max(covered.get(key, 0), min(k * block, request.input_tokens))
+    return out
+
+
+def new_tokens(requests: Sequence[TraceRequest], block: int = BLOCK_TOKENS) -> list[int]:
+    """Per request, its prompt tokens no earlier prompt began with."""
+    shared = shared_prefixes(requests, block)
+    return [r.input_tokens - s for r, s in zip(requests, shared, strict=True)]
+
+
+def _reuse(config: SimConfig, shared: int) -> int:
+    if config.kind == "llamacpp":
+        return shared
+    if not config.prefix_caching:
+        return 0
+    size = config.block_size if config.architecture is Architecture.HYBRID else DENSE_BLOCK_SIZE
+    return shared // size * size
+
+
+def lower_bounds(
+    requests: Sequence[TraceRequest],
+    configs: Mapping[str, SimConfig],
+    overhead_s: float,
+    block: int = BLOCK_TOKENS,
+) -> list[float | None]:
+    """Per request, the TTFT lower bound of the module docstring (None: it fits no engine)."""
+    out: list[float | None] = []
+    for request, shared in zip(requests, shared_prefixes(requests, block), strict=True):
+        prompt = request.input_tokens + TEMPLATE_TOKENS
+        best = math.inf
+        for config in configs.values():
+            if prompt > config.context_window or (config.kind == "vllm" and prompt >= config.context_window):
+                continue
+            reuse = min(_reuse(config, len(CHAT_HEAD) + shared), prompt - 1)
+            best = min(best, (prompt - reuse) / config.prefill_tok_s)
+        out.append(None if math.isinf(best) else best + overhead_s)
+    return out
