@@ -34,7 +34,7 @@ class TestReplay:
     ) -> None:
         monkeypatch.setattr("gateway.logging.configure_logging", lambda *args, **kwargs: None)
         out = tmp_path / "report.json"
-        argv = ["replay", str(trace_file), "--profile", "cost", "--profile", "prefer-vllm"]
+        argv = ["replay", str(trace_file), "--clock", "wall", "--profile", "cost", "--profile", "prefer-vllm"]
         code = main([*argv, "--time-scale", str(SCALE), "--json", str(out), "--wall-cap", "60"])
         assert code == 0
         data = json.loads(out.read_text())

@@ -1,0 +1,123 @@
+"""The virtual-time replay: the engines' arithmetic, determinism, and agreement with the wall clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.replay.fleets import PROBE_INTERVAL_S, default_fleet
+from gateway.replay.generate import agent_trace, contention_trace, mixed_trace
+from gateway.replay.report import report
+from gateway.replay.runner import ReplayOptions, run_replay
+from gateway.replay.simulate import simulate
+from gateway.replay.stack import StackOptions
+from gateway.replay.traces import TraceRequest, write_trace
+from gateway.replay.virtual import OVERHEAD_S, GatewayReplay, VirtualOptions, run_now
+from gateway.replay.virtual_oracle import OracleReplay
+from gateway.replay.yardsticks import TEMPLATE_TOKENS
+
+MODEL = "replay"
+
+
+def one(tokens: int, answer: int) -> list[TraceRequest]:
+    return [TraceRequest(0.0, None, MODEL, tokens, tuple(range(tokens // 512 + 1)), answer)]
+
+
+@pytest.mark.parametrize(("profile", "backend", "prefill", "decode"), [
+    ("prefer-vllm", "vllm", 6600.0, 64.0),
+    ("prefer-llamacpp", "llama", 3000.0, 109.0),
+])  # fmt: skip
+def test_one_request_takes_what_the_performance_model_says(
+    profile: str, backend: str, prefill: float, decode: float
+) -> None:
+    """Alone on an idle engine, a 1,500-token prompt's first token comes after the gateway's own time
+    and its prefill; each further token one decode step later (simulated seconds, exactly)."""
+    requests = one(1500, 4)
+    world = GatewayReplay(requests, default_fleet(MODEL, profile), StackOptions(model=MODEL).sim_configs())
+    (result,) = world.run()
+    prompt = 1500 + TEMPLATE_TOKENS
+    assert (result.backend, result.prompt_tokens, result.completion_tokens) == (backend, prompt, 4)
+    assert result.ttft_s == pytest.approx(OVERHEAD_S + prompt / prefill, abs=1e-9)
+    assert result.completion_s == pytest.approx(OVERHEAD_S + prompt / prefill + 3 / decode, abs=1e-9)
+
+
+def test_the_oracle_and_a_profile_run_on_the_same_engines() -> None:
+    """The oracle's placement pays the same overhead and engine time as a profile's."""
+    requests = one(1500, 4)
+    (gateway,) = GatewayReplay(
+        requests, default_fleet(MODEL, "cost"), StackOptions(model=MODEL).sim_configs()
+    ).run()
+    (oracle,) = OracleReplay(requests, StackOptions(model=MODEL).sim_configs()).run()
+    assert oracle.backend == "vllm"  # 6,600 tok/s beats 3,000 for a request with no future
+    assert oracle.ttft_s == pytest.approx(OVERHEAD_S + (1500 + TEMPLATE_TOKENS) / 6600.0, abs=1e-9)
+    assert gateway.ttft_s is not None
+    assert oracle.ttft_s is not None
+    assert gateway.ttft_s >= oracle.ttft_s - 1e-9
+
+
+def test_the_same_trace_and_options_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:
+    """Two runs of the command, one JSON: nothing depends on the machine or the wall clock."""
+    trace = tmp_path / "mixed.jsonl"
+    with trace.open("w") as handle:
+        write_trace(
+            mixed_trace(agents=2, turns=4, requests=12, duration=20.0, seed=3, max_context=12000), handle
+        )
+    outputs = []
+    for run in (1, 2):
+        out = tmp_path / f"report-{run}.json"
+        argv = ["replay", str(trace), "--profile", "cost", "--profile", "least-loaded", "--load", "0.8"]
+        assert main([*argv, "--seed", "7", "--json", str(out)]) == 0
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
+    assert b'"seed": 7' in outputs[0]
+    assert b'"lower-bound"' in outputs[0]
+
+
+def test_a_coroutine_that_waits_is_refused() -> None:
+    """The replay runs the gateway's coroutines to their end at once; one that waits is a bug."""
+
+    async def waits() -> None:
+        await asyncio.sleep(0)
+
+    with pytest.raises(RuntimeError, match="waited"):
+        run_now(waits())
+
+
+def _agreement(requests: Sequence[TraceRequest], profiles: list[str]) -> list[str]:
+    stack = StackOptions(model=MODEL, time_scale=1.0, probe_interval_s=PROBE_INTERVAL_S)
+    wall = report(
+        run_replay(requests, profiles, stack, ReplayOptions(time_scale=1.0, wall_cap_s=240), oracle=False)
+    )
+    virtual = simulate(
+        requests, profiles, lambda p: default_fleet(MODEL, p), MODEL, VirtualOptions(), oracle=False
+    )
+    simulated = report(virtual.runs)
+    misses = []
+    for profile in profiles:
+        w, v = wall["profiles"][profile], simulated["profiles"][profile]
+        assert (w["errors"], v["errors"]) == (0, 0), profile
+        for key in ("ttft_mean_s", "cache_hit_ratio"):
+            if abs(w[key] - v[key]) > 0.10 * max(abs(w[key]), 1e-9):
+                misses.append(f"{profile} {key}: wall {w[key]} virtual {v[key]}")
+    return misses
+
+
+@pytest.mark.parametrize(
+    "requests",
+    [
+        pytest.param(agent_trace(agents=1, turns=3, seed=1, model=MODEL, max_context=9000), id="agent"),
+        pytest.param(
+            contention_trace(agents=2, turns=2, seed=2, model=MODEL, system_tokens=3000, oneshot_every=0),
+            id="contention-2",
+        ),
+    ],
+)
+def test_the_virtual_and_the_wall_clock_replays_agree(requests: list[TraceRequest]) -> None:
+    """On light workloads the virtual replay and the HTTP replay at time scale 1.0 (real servers, the
+    wall clock) agree within 10% on each profile's mean TTFT and cache hit (issue #26)."""
+    misses = _agreement(requests, ["cost", "prefer-vllm"])
+    assert not misses, "; ".join(misses)
