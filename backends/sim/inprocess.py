@@ -20,6 +20,7 @@ from backends.sim import llama_info, llama_wire, tokenizer, vllm_info, vllm_wire
 from backends.sim.chat import InvalidChat, render_chat
 from backends.sim.engine_base import BatchEngine
 from backends.sim.llama_engine import LlamaEngine
+from backends.sim.requests import Endpoint, parse_request
 from backends.sim.task import SimTask
 from backends.sim.vllm_engine import VllmEngine
 from policies.types import Usage
@@ -70,7 +71,11 @@ class EngineDocuments:
             if path == "/metrics":
                 return 200, llama_info.metrics_text(engine)
         elif path == "/v1/chat/completions/input_tokens":
-            return 200, {"input_tokens": self.count(payload), "object": "response.input_tokens"}
+            if self.count is count_body:  # the app's own parsing: the same refusals
+                count = len(parse_request(payload, Endpoint.CHAT, llama=True).prompt)
+            else:
+                count = self.count(payload)
+            return 200, {"input_tokens": count, "object": "response.input_tokens"}
         elif path == "/tokenize":
             content = payload.get("content")
             return 200, {"tokens": tokenizer.encode(content) if isinstance(content, str) else []}

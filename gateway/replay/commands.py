@@ -199,7 +199,7 @@ def _write(result: dict[str, Any], path: Path | None) -> None:
 
 
 def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]) -> int:
-    from gateway.replay.fleets import default_fleet, fleet_from_file, sim_configs
+    from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
     from gateway.replay.report import report
     from gateway.replay.simulate import simulate
     from gateway.replay.traces import block_tokens, rate_for_load, with_model, with_rate
@@ -222,7 +222,7 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
     requests = with_model(requests, model)
     factor = args.rate or 1.0
     if args.load is not None:
-        factor = rate_for_load(requests, args.load, sum(c.prefill_tok_s for c in configs.values()))
+        factor = rate_for_load(requests, args.load, capacity(settings_for(profiles[0]), model, configs))
     requests = with_rate(requests, factor)
     overhead = OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1000
     options = VirtualOptions(overhead_s=overhead, block_tokens=block_tokens(args.scale_tokens))

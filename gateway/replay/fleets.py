@@ -96,6 +96,12 @@ def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimC
     return configs
 
 
+def capacity(settings: Settings, model: str, configs: dict[str, SimConfig]) -> float:
+    """The prefill capacity (tokens/s, all engines together) of the backends serving ``model``."""
+    served = {d.backend for d in _model(settings, model).deployments}
+    return sum(config.prefill_tok_s for name, config in configs.items() if name in served)
+
+
 def _architecture(settings: Settings, backend: str) -> Architecture:
     for model in settings.models:
         if any(d.backend == backend for d in model.deployments):

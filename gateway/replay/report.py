@@ -14,7 +14,7 @@ in simulated seconds:
 * ``session_completion_mean_s``: over the conversations of two or more turns that all completed,
   mean time from sending the first turn to the last answer (null when there are none);
 * ``prefill_amplification``: tokens the engines prefilled (prompt - cached) / the distinct tokens of
-  the same requests' prompts (``yardsticks.new_tokens``).
+  the same requests' prompts, chat template included (``yardsticks.distinct_tokens``).
 
 The report's ``lower-bound`` entry (``yardsticks.lower_bounds``) has the TTFT keys only: no routing
 can beat them.
@@ -30,7 +30,7 @@ from typing import Any
 
 from gateway.replay.runner import Result
 from gateway.replay.traces import TraceRequest, conversations
-from gateway.replay.yardsticks import new_tokens
+from gateway.replay.yardsticks import distinct_tokens, new_tokens
 
 LOWER_BOUND = "lower-bound"
 LONG_PROMPT_TOKENS = 30_000
@@ -87,7 +87,7 @@ def summarize(
         for group in groups
         if len(group) > 1 and all(i in by_index and by_index[i].ok for i in group)
     ]
-    new = sum(distinct[r.index] for r in done) if distinct is not None else 0
+    new = distinct_tokens([distinct[r.index] for r in done]) if distinct is not None else 0
     prefilled = sum(r.prompt_tokens - r.cached_tokens for r in done)
     return {
         "requests": len(done),

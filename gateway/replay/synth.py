@@ -4,7 +4,7 @@ A block of ``n`` tokens is ``n - 1`` words of one to four lowercase letters, eac
 final newline. Under the simulators' tokenizer (``backends.sim.tokenizer``) a space followed by at most
 four letters is exactly one token and a newline is one token, so a block is exactly ``n`` tokens and
 the tokens of a concatenation are the concatenation of the blocks' tokens. The words are
-``WORDS[b % 64]`` for the bytes ``b`` of ``random.Random(f"block-{id}").randbytes(n - 1)``: equal ids
+``WORDS[b % 64]`` for the bytes ``b`` of ``shake_128(f"block-{id}").digest(n - 1)``: equal ids
 give equal text in every process, and the engine models of a virtual-time replay get the same
 tokens without tokenizing (``block_tokens``, ``prompt_tokens``).
 
@@ -16,7 +16,7 @@ of its previous turn: llama.cpp slot reuse and vLLM block reuse both apply.
 
 from __future__ import annotations
 
-import random
+import hashlib
 from functools import lru_cache
 from typing import Any
 
@@ -37,6 +37,9 @@ WORDS = (
 PIECES = tuple(" " + w for w in WORDS)
 PIECE_IDS = tuple(tokenizer.piece_id(p) for p in PIECES)
 NEWLINE_ID = tokenizer.piece_id("\n")
+BYTE_PIECES = tuple(PIECES[b % len(PIECES)] for b in range(256))
+BYTE_IDS = tuple(PIECE_IDS[b % len(PIECE_IDS)] for b in range(256))
+"""A random byte's word and token (64 words: every word as likely)."""
 CHAT_HEAD = tokenizer.encode(f"{tokenizer.IM_START}user\n")
 CHAT_TAIL = tokenizer.encode(f"{tokenizer.IM_END}\n{tokenizer.IM_START}assistant\n")
 """The simulators' chat template around one user message (``backends.sim.chat.render_chat``)."""
@@ -44,21 +47,19 @@ CHAT_TAIL = tokenizer.encode(f"{tokenizer.IM_END}\n{tokenizer.IM_START}assistant
 
 @lru_cache(maxsize=8192)
 def _draw(block_id: int, tokens: int) -> bytes:
-    return random.Random(f"block-{block_id}").randbytes(max(tokens - 1, 0))
+    return hashlib.shake_128(f"block-{block_id}".encode()).digest(max(tokens - 1, 0))
 
 
 @lru_cache(maxsize=8192)
 def block_text(block_id: int, tokens: int = BLOCK_TOKENS) -> str:
     """The text of block ``block_id``: exactly ``tokens`` simulator tokens, ending in a newline."""
-    pieces = PIECES
-    return "".join([pieces[b & 63] for b in _draw(block_id, tokens)]) + "\n"
+    return "".join(map(BYTE_PIECES.__getitem__, _draw(block_id, tokens))) + "\n"
 
 
 @lru_cache(maxsize=8192)
 def block_tokens(block_id: int, tokens: int = BLOCK_TOKENS) -> tuple[int, ...]:
     """The simulator tokens of :func:`block_text` (``tokenizer.encode`` of it, without tokenizing)."""
-    ids = PIECE_IDS
-    return (*[ids[b & 63] for b in _draw(block_id, tokens)], NEWLINE_ID)
+    return (*map(BYTE_IDS.__getitem__, _draw(block_id, tokens)), NEWLINE_ID)
 
 
 def prompt_text(request: TraceRequest, block: int = BLOCK_TOKENS) -> str:

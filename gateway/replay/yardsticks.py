@@ -4,13 +4,15 @@ and a lower bound on TTFT that no routing can beat.
 **Shared prefix.** A request's prompt shares with the trace before it the longest run of leading
 blocks (``hash_ids``) that an earlier prompt also began with, in tokens: whole blocks, and within the
 last one as far as both prompts reach (a cut block is a prefix of the whole one). Its **new tokens**
-are the rest; their sum is the trace's distinct tokens, so ``prefill amplification`` = tokens the
-engines prefilled / distinct tokens (1.0: nothing was prefilled twice).
+are the rest; with the chat template around each prompt (its head once, its tail with every prompt
+that has new tokens) their sum is the distinct tokens the engines saw, so ``prefill amplification``
+= tokens the engines prefilled / distinct tokens (1.0: nothing was prefilled twice).
 
 **Lower bound.** Each request alone on its best engine with the most reuse it could have had:
 ``min over engines (P - reuse) / prefill rate``, plus the gateway's own time, where ``P`` is the
 prompt the engine sees (chat template included) and ``reuse`` its whole shared prefix on llama.cpp
-(an upper bound: every earlier prompt kept in some slot or in RAM, checkpoints anywhere), the shared
+(an upper bound: every earlier prompt kept in some slot or in RAM, checkpoints anywhere; all of ``P``
+when an earlier prompt had all of this one), the shared
 prefix cut to whole cache blocks on vLLM with prefix caching, nothing on vLLM without it; at least
 one token is always computed. The first token comes with the last prompt step, so nothing else is
 added. An engine whose window the prompt does not fit is not a candidate.
@@ -60,6 +62,11 @@ def new_tokens(requests: Sequence[TraceRequest], block: int = BLOCK_TOKENS) -> l
     return [r.input_tokens - s for r, s in zip(requests, shared, strict=True)]
 
 
+def distinct_tokens(new: Sequence[int]) -> int:
+    """The distinct tokens the engines saw of prompts with these new tokens (module docstring)."""
+    return len(CHAT_HEAD) + sum(n + len(CHAT_TAIL) for n in new if n > 0)
+
+
 def _reuse(config: SimConfig, shared: int) -> int:
     if config.kind == "llamacpp":
         return shared
@@ -80,10 +87,13 @@ def lower_bounds(
     for request, shared in zip(requests, shared_prefixes(requests, block), strict=True):
         prompt = request.input_tokens + TEMPLATE_TOKENS
         best = math.inf
+        # the whole prompt, template and all, when an earlier one was all of it (an exact repeat, or
+        # one that went on: counting the template's tail as shared keeps this a lower bound)
+        known = prompt if shared == request.input_tokens else len(CHAT_HEAD) + shared
         for config in configs.values():
             if prompt > config.context_window or (config.kind == "vllm" and prompt >= config.context_window):
                 continue
-            reuse = min(_reuse(config, len(CHAT_HEAD) + shared), prompt - 1)
+            reuse = min(_reuse(config, known), prompt - 1)
             best = min(best, (prompt - reuse) / config.prefill_tok_s)
         out.append(None if math.isinf(best) else best + overhead_s)
     return out
