@@ -1,10 +1,12 @@
 """The cost model: for one candidate, the cached tokens to expect and the time to first token and
 to the last one, from the snapshot, the prefix index's match, the slot leases and what was learned.
 
-    prefill  = (prompt - cached) / prefill_tok_s * slowdown
-    ttft     = queue_s * queue_factor + prefill + 1 / decode_tok_s
+    prefill  = (prompt - cached) / prefill_tok_s
+    ttft     = queue_s * queue_factor + prefill + slowdown / decode_tok_s
     total    = ttft + (expected_output - 1) / decode_tok_s * slowdown
     slowdown = 1 + BATCH_SLOWDOWN * requests already running on the engine
+               (an engine step prefills a chunk of prompts and decodes every running request once:
+               a busy batch slows the answers, not the prompt)
     objective = ttft + horizon * future_s + evict_cost_s        (total instead of ttft: cost-completion)
 
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
@@ -162,7 +164,7 @@ def estimate(
     cached = max(0, min(option.cached, prompt - 1))
     slowdown = 1 + BATCH_SLOWDOWN * snapshot.running
     decode_step = slowdown / stats.decode_tok_s.value
-    prefill = (prompt - cached) / stats.prefill_tok_s.value * slowdown
+    prefill = (prompt - cached) / stats.prefill_tok_s.value
     queue = option.queue_s * stats.queue_factor.value
     ttft = queue + prefill + decode_step
     total = ttft + (expected_output(features, learned) - 1) * decode_step

@@ -481,3 +481,14 @@ class TestFirstTurnFollowUp:
     def test_no_look_ahead_when_every_slot_is_held(self) -> None:
         held = (SlotLease(0, "a", 99.0, 9000), SlotLease(1, "b", 99.0, 9000))
         assert self.chosen(self.first_turn(follow_rate=0.8, held=held)) == ("vllm", 0.0)
+
+
+def test_a_busy_batch_slows_decoding_not_the_prompt() -> None:
+    """An engine step prefills a chunk of the prompt and decodes every running request once: the
+    requests running there make the answer slower, not the prompt (the engines' step rule; a prefill
+    priced 6% slower per running request sent chat bursts from an idle vLLM to a busy llama.cpp)."""
+    learned = LearnedState()
+    idle = estimate(features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=learned)
+    busy = estimate(features(), VLLM, vllm_snapshot(running=20), session=None, leases=(), learned=learned)
+    assert busy.prefill_s == idle.prefill_s == pytest.approx(10_000 / 6600)
+    assert busy.total_s - busy.ttft_s > idle.total_s - idle.ttft_s  # the answer is slower
