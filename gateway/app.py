@@ -1,4 +1,6 @@
-"""The composition root: ``create_app(settings)`` builds the whole gateway; nothing else does."""
+"""The composition root: ``create_app(settings)`` builds the whole gateway; nothing else does, except
+the virtual-time replay (``gateway.replay.virtual``), which assembles the same fleet, router and
+relay without a server."""
 
 from __future__ import annotations
 

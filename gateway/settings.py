@@ -68,7 +68,7 @@ class SimulatorConfig(_Strict):
     prefill_chunk: int | None = Field(None, ge=1)
     """Prompt tokens per engine step (vLLM max_num_batched_tokens, llama.cpp n_batch)."""
     prefix_caching: bool | None = None
-    """vLLM's prefix cache (default: off, as for a hybrid model in older vLLM releases)."""
+    """vLLM's prefix cache (default: off for a hybrid model, as in older vLLM releases; on otherwise)."""
     max_num_seqs: int | None = Field(None, ge=1)
     cache_ram_mib: int | None = Field(None, ge=-1)
     """llama.cpp ``--cache-ram`` (0 off, -1 no limit)."""

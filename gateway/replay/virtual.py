@@ -37,7 +37,8 @@ from backends.base import Documents
 from backends.clock import Events
 from backends.errors import UpstreamStatusError, parse_error_body
 from backends.fleet import Fleet
-from backends.sim import SimConfig
+from backends.sim import SimConfig, tokenizer
+from backends.sim.chat import render_chat
 from backends.sim.drive import EventDriver
 from backends.sim.engine_base import BatchEngine
 from backends.sim.generation import Answer, DeltaKind, OutToken
@@ -163,7 +164,11 @@ class World:
 
     def _send(self, index: int) -> None:
         request = self.requests[index]
-        self.send(index, request, prompt_tokens(request, self.options.block_tokens))
+        if request.messages is None:
+            tokens = prompt_tokens(request, self.options.block_tokens)
+        else:  # literal messages: what the simulators make of them (the toy tokenizer: slower)
+            tokens = tokenizer.encode(render_chat(list(request.messages)))
+        self.send(index, request, tokens)
 
     # --- the subclass's part -------------------------------------------------------------------------
 
@@ -247,6 +252,15 @@ class World:
             self.events.at(max(self.requests[following].t, self.clock.now), partial(self._send, following))
 
 
+def one_replica(settings: Settings) -> Settings:
+    """``settings`` for one gateway on its own memory: a replay shares no state with other replicas
+    (a config's ``state.url`` is ignored)."""
+    if settings.state.url is None:
+        return settings
+    replica: Settings = settings.model_copy(update={"state": settings.state.model_copy(update={"url": None})})
+    return replica
+
+
 def refused_by_vllm(engine: BatchEngine, backend: str, task: SimTask) -> UpstreamStatusError | None:
     """vLLM's own check before it queues a request (``vllm_errors.context_error``); None elsewhere."""
     if not isinstance(engine, VllmEngine):
@@ -283,7 +297,7 @@ class GatewayReplay(World):
         self.fleet = Fleet(backend_specs(settings, catalog), client, clock=self.clock, documents=documents)
         self.router = Router(
             self.fleet,
-            state_store(settings, self.clock),
+            state_store(one_replica(settings), self.clock),
             settings.routing_profile(),
             lease_idle_s=settings.state.lease_idle_s,
         )

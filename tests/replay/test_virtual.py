@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from backends.sim import tokenizer
+from backends.sim.chat import render_chat
 from gateway.cli import main
 from gateway.replay.fleets import PROBE_INTERVAL_S, default_fleet
 from gateway.replay.generate import agent_trace, contention_trace, mixed_trace
@@ -121,3 +123,18 @@ def test_the_virtual_and_the_wall_clock_replays_agree(requests: list[TraceReques
     wall clock) agree within 10% on each profile's mean TTFT and cache hit (issue #26)."""
     misses = _agreement(requests, ["cost", "prefer-vllm"])
     assert not misses, "; ".join(misses)
+
+
+def test_a_request_with_literal_messages_reaches_the_engine_as_they_render(tmp_path: Path) -> None:
+    """A trace line with ``messages`` (no blocks) is prefilled as the simulators render it, and a
+    config naming a Redis replay gateway runs on its own memory (a replay shares no state)."""
+    messages = ({"role": "system", "content": "be brief"}, {"role": "user", "content": "hello " * 300})
+    request = TraceRequest(0.0, None, MODEL, 0, (), 4, messages)
+    settings = default_fleet(MODEL, "prefer-vllm")
+    settings = settings.model_copy(
+        update={"state": settings.state.model_copy(update={"url": "redis://127.0.0.1:9"})}
+    )
+    (result,) = GatewayReplay([request], settings, StackOptions(model=MODEL).sim_configs()).run()
+    expected = tokenizer.count(render_chat(list(messages)))
+    assert (result.error, result.prompt_tokens) == (None, expected)
+    assert expected > 300
