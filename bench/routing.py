@@ -37,13 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.sim.prefix_cache import add_checkpoints, llama_reuse
 from gateway.logging import configure_logging
 from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
 from gateway.replay.generate import agent_trace, chat_trace, contention_trace, mixed_trace, without_sessions
-from gateway.replay.report import LOWER_BOUND, report, table
+from gateway.replay.report import LONG_PROMPT_TOKENS, LOWER_BOUND, report, table
 from gateway.replay.simulate import simulate
+from gateway.replay.stack import StackOptions
+from gateway.replay.synth import prompt_tokens
 from gateway.replay.traces import TraceRequest, rate_for_load, read_trace, with_model, with_rate
-from gateway.replay.virtual import VirtualOptions
+from gateway.replay.virtual import ANSWER_TOKEN, OVERHEAD_S, VirtualOptions
 from gateway.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -209,24 +212,58 @@ def row_targets(name: str, profiles: dict[str, Any]) -> list[str]:
     ]
 
 
-def targets(results: dict[str, dict[str, Any]]) -> list[str]:
+def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str]:
     """The issue's targets (#26), each with the measured value and MET/MISSED."""
     lines: list[str] = []
     for name, result in results.items():
         lines += row_targets(name, result["profiles"])
-    agent = results.get("agent", {}).get("profiles", {})
-    if agent:
-        long_c, long_v = agent["cost"]["ttft_mean_long_s"], agent["prefer-vllm"]["ttft_mean_long_s"]
-        speedup = long_v / long_c if long_c and long_v else 0.0
-        lines.append(
-            f"- agent, prompts >= 30k: prefer-vllm / cost mean TTFT = {speedup:.1f}x "
-            f"(target >= {AGENT_LONG_SPEEDUP:.0f}x): {_verdict(speedup >= AGENT_LONG_SPEEDUP)}"
-            + ("" if speedup >= AGENT_LONG_SPEEDUP else f"; {AGENT_NOTE}")
-        )
+    if "agent" in results:
+        lines.append(agent_target(results, quick))
     return lines
 
 
-AGENT_NOTE = "see the note on the 10x agent target"
+def warm_turn_best(requests: Sequence[TraceRequest], overhead_s: float = OVERHEAD_S) -> float | None:
+    """The mean TTFT of the prompts >= 30k tokens if every turn found its own previous turn in its
+    llama.cpp slot with nothing else running (the engines' own rules: ``llama_reuse`` over the slot's
+    tokens, the previous answer included, and its checkpoints), or went to vLLM when that was faster:
+    what no routing can beat on this trace."""
+    configs = StackOptions(model=MODEL).sim_configs()
+    llama, vllm = configs["llama"], configs["vllm"]
+    best: list[float] = []
+    previous: dict[str | None, tuple[list[int], tuple[int, ...]]] = {}
+    for request in requests:
+        prompt = prompt_tokens(request)
+        tokens, checkpoints = previous.get(request.session, ([], ()))
+        reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=True)
+        checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past)
+        previous[request.session] = (prompt + [ANSWER_TOKEN.id] * (request.max_tokens - 1), checkpoints)
+        warm = (len(prompt) - reuse.n_past) / llama.prefill_tok_s
+        if len(prompt) >= LONG_PROMPT_TOKENS:
+            best.append(overhead_s + min(warm, len(prompt) / vllm.prefill_tok_s))
+    return sum(best) / len(best) if best else None
+
+
+def agent_target(results: dict[str, dict[str, Any]], quick: bool) -> str:
+    """The agent row's long-prompt target, and when missed, what the engines' rules allow."""
+    agent = results["agent"]["profiles"]
+    long_c, long_v = agent["cost"]["ttft_mean_long_s"], agent["prefer-vllm"]["ttft_mean_long_s"]
+    speedup = long_v / long_c if long_c and long_v else 0.0
+    line = (
+        f"- agent, prompts >= 30k: prefer-vllm / cost mean TTFT = {speedup:.1f}x "
+        f"(target >= {AGENT_LONG_SPEEDUP:.0f}x): {_verdict(speedup >= AGENT_LONG_SPEEDUP)}"
+    )
+    if speedup >= AGENT_LONG_SPEEDUP:
+        return line
+    best = warm_turn_best(with_model(WORKLOADS[0].make(quick), MODEL))
+    if best is None or not long_v:
+        return line
+    return line + (
+        f"; impossible by the engines' rules: every turn warm on its own slot with nothing else running"
+        f" gets {best:.3f} s ({long_v / best:.1f}x): the trace's turns are one growing user message, so"
+        " the next prompt leaves the slot 7 tokens before the previous prompt's end (the chat template's"
+        " closing tokens) and a hybrid slot restores its checkpoint at N - 4 - 512: every turn"
+        " re-prefills its growth + ~520 tokens (note below)"
+    )
 
 
 def machine() -> str:
@@ -269,7 +306,7 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
             table(result["profiles"]),
             "",
         ]
-    out += ["## Targets (issue #26)", "", *targets(results), "", NOTES]
+    out += ["## Targets (issue #26)", "", *targets(results, quick), "", NOTES]
     return "\n".join(out)
 
 
@@ -302,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results[workload.name] = run(workload, args.quick)
         print(table(results[workload.name]["profiles"]))
     text = markdown(results, args.quick)
-    print("\n".join(targets(results)))
+    print("\n".join(targets(results, args.quick)))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     kept = args.out.read_text(encoding="utf-8").partition(OTHERS)[2] if args.out.exists() else ""
