@@ -326,8 +326,10 @@ class Router:
         chain = routed.features.chain
         if chosen is not None and chain.length:
             key = session.key if session is not None else None
-            tokens = outcome.usage.prompt_tokens
-            await self.store.record_prompt(outcome.backend_id, decision.slot, chain, tokens, key)
+            usage = outcome.usage
+            await self.store.record_prompt(
+                outcome.backend_id, decision.slot, chain, usage.prompt_tokens, key, usage.cached_tokens
+            )
         updated = None
         if session is not None and chosen is not None:
             now, cached = self.clock.time(), outcome.usage.cached_tokens or 0

@@ -2,9 +2,14 @@
 
 A prompt pinned to slot ``s`` reuses what ``s`` holds of it (the prefix index's ``SlotMatch``), times
 the learned ``reuse``: all of it when the prompt extends what the slot holds (a hybrid slot continues
-its live state), only a checkpoint near its end when the prompt diverges inside it
-(``CHECKPOINT_GAP``). When ``s`` shares little with the prompt (``consults_ram``: at most 10% of the
-prompt, or less than half of what ``s`` holds), llama-server saves the slot to its RAM prompt cache
+its live state); when the prompt diverges inside it, a hybrid slot restores its newest context
+checkpoint at or below the divergence (``usable``). The prefix index keeps each slot's checkpoints
+by llama-server's rules (``checkpoints_after``: each prompt adds two near its end, ``CHECKPOINT_GAP``
+and ``CHECKPOINT_TAIL`` tokens before it; a prompt that reuses less erases those past what it
+reused), so one that an earlier, shorter prompt left (a chat's first turn, just past a shared system
+prompt) serves every later prompt sharing that much; one near the end of what the slot holds
+(``CHECKPOINT_GAP``) counts too. When ``s`` shares little with the prompt (``consults_ram``: at most
+10% of the prompt, or less than half of what ``s`` holds), llama-server saves the slot to its RAM prompt cache
 and loads the best cached state: the longest prefix turnout sent to the backend lately, by the same
 rules, times the learned ``ram_reuse``, if that entry is young enough to be there still
 (``ram_span`` within the learned ``ram_tokens``).
@@ -51,7 +56,11 @@ from policies.types import (
 
 SIMILARITY_THRESHOLD = 0.1  # llama-server's --slot-prompt-similarity
 DEFAULT_LEASE_IDLE_S = 600.0
-CHECKPOINT_GAP = 4 + 512  # llama-server checkpoints a hybrid prompt at N - 4 - n_ubatch and N - 4
+CHECKPOINT_TAIL = 4
+CHECKPOINT_GAP = CHECKPOINT_TAIL + 512
+"""llama-server checkpoints a hybrid prompt of N tokens at N - 4 - n_ubatch and N - 4."""
+MAX_CHECKPOINTS = 32
+"""Context checkpoints llama-server keeps per slot (``--ctx-checkpoints``), the oldest out first."""
 RESTORE_TOK_S = 200_000.0
 """Tokens of saved slot state llama-server copies per second between a slot and its RAM cache (about
 64 KiB of KV per token of a 27B hybrid at ~13 GB/s): a restore is fast, not free."""
@@ -200,16 +209,36 @@ def _in_ram(situation: Situation) -> bool:
     return ram_span(situation.match) <= situation.stats.ram_tokens.value
 
 
+def checkpoints_after(previous: Sequence[int], tokens: int, cached: int | None) -> tuple[int, ...]:
+    """The context checkpoints (token offsets, oldest first) a hybrid llama.cpp slot holds after a
+    prompt of ``tokens`` tokens that reused ``cached`` of the slot's state (the engine's count): those
+    of ``previous`` at or below ``cached`` (the engine erases the ones past what it reused), then
+    ``tokens - 4 - 512`` and ``tokens - 4``, each if positive and not before ``cached``; the newest
+    ``MAX_CHECKPOINTS``. With ``cached`` unknown (None) none of ``previous`` is kept."""
+    start = cached or 0
+    kept = [c for c in previous if c <= start] if cached is not None else []
+    for offset in (CHECKPOINT_GAP, CHECKPOINT_TAIL):
+        position = tokens - offset
+        if position > 0 and position >= start:
+            if position in kept:
+                kept.remove(position)
+            kept.append(position)
+    return tuple(kept[-MAX_CHECKPOINTS:])
+
+
 def usable(match: SlotMatch, hybrid: bool) -> int:
     """Tokens of a slot's (or RAM entry's) state the engine's rules let it reuse: all it shares with
-    the prompt when the prompt extends it; for a hybrid model that diverges inside it, only a
-    checkpoint near its end (N - 4 - 512 or later), else nothing. Learning measures ``reuse`` against
-    this, not against the shared prefix: a hybrid slot sharing only a system prompt gives nothing by
-    the rules, and its miss says nothing about the engine's reuse."""
+    the prompt when the prompt extends it; for a hybrid model that diverges inside it, the later of
+    the slot's newest checkpoint within the shared prefix (``match.checkpoint``: possibly one an
+    earlier prompt left) and a checkpoint near the end of what it holds (N - 4 - 512 or later), else
+    nothing. A RAM entry's checkpoints are not tracked: only the near-end one counts for it. Learning
+    measures ``reuse`` against this, not against the shared prefix: a hybrid slot sharing only a
+    system prompt, with no checkpoint inside it, gives nothing by the rules, and its miss says
+    nothing about the engine's reuse."""
     tokens = match.tokens
     if hybrid and not match.whole and match.held:
         near_end = match.held > CHECKPOINT_GAP and tokens >= match.held - CHECKPOINT_GAP
-        tokens = match.held - CHECKPOINT_GAP if near_end else 0
+        tokens = max(match.checkpoint, match.held - CHECKPOINT_GAP if near_end else 0)
     return tokens
 
 

@@ -204,13 +204,16 @@ class SlotMatch(msgspec.Struct, frozen=True):
     """What one llama.cpp slot holds of a prompt, by turnout's prefix index.
 
     ``tokens``: the prompt's longest prefix the slot holds; ``whole``: the slot's whole prompt is a
-    prefix of this one (a hybrid slot continues its live state instead of restoring a checkpoint).
+    prefix of this one (a hybrid slot continues its live state instead of restoring a checkpoint);
+    ``checkpoint``: the newest checkpoint the slot holds at or below ``tokens``: what a hybrid slot
+    restores when the prompt diverges inside what it holds (0: none known; a RAM cache entry has none).
     """
 
     slot: int
     tokens: int
     whole: bool = False
     held: int = 0  # tokens of the prompt the slot holds (0: turnout sent nothing there)
+    checkpoint: int = 0
 
 
 class PrefixMatch(msgspec.Struct, frozen=True):

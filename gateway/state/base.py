@@ -27,10 +27,17 @@ class StateStore(ABC):
 
     @abstractmethod
     async def record_prompt(
-        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+        self,
+        backend_id: str,
+        slot: int | None,
+        chain: PromptChain,
+        tokens: int,
+        session_key: str | None,
+        cached: int | None = None,
     ) -> None:
-        """``chain`` (``tokens`` long) was just processed on ``backend_id`` (pinned to ``slot``), for
-        ``session_key``: the prefix index learns what the backend, the slot and the session hold."""
+        """``chain`` (``tokens`` long, ``cached`` of them reused by the engine's count; None: it did not
+        say) was just processed on ``backend_id`` (pinned to ``slot``), for ``session_key``: the prefix
+        index learns what the backend, the slot (its checkpoints too) and the session hold."""
 
     @abstractmethod
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:

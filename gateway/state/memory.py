@@ -69,9 +69,15 @@ class MemoryStore(StateStore):
             self._drop_turns(dropped)
 
     async def record_prompt(
-        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+        self,
+        backend_id: str,
+        slot: int | None,
+        chain: PromptChain,
+        tokens: int,
+        session_key: str | None,
+        cached: int | None = None,
     ) -> None:
-        self.index.record(backend_id, slot, chain, tokens, session_key)
+        self.index.record(backend_id, slot, chain, tokens, session_key, cached)
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return {backend: self.index.match(chain, backend) for backend in backend_ids}

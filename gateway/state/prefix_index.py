@@ -8,7 +8,14 @@ Every finished request records its prompt's chain (``policies.prefix``: chained 
   this is what its RAM prompt cache may hold (every idle slot is saved there), for vLLM what its
   prefix cache may hold. ``chunks[backend]`` counts each hash over those prompts, so the longest
   held prefix of a new prompt is a binary search over its chain (chains are prefix-closed).
-- ``slots[backend][slot]``: the prompt last pinned to that llama.cpp slot.
+- ``slots[backend][slot]``: the prompt last pinned to that llama.cpp slot, with the context
+  checkpoints a hybrid slot holds (``Held.checkpoints``), rebuilt by llama-server's rules
+  (``policies.slots.checkpoints_after``) from each recorded prompt's token count and the engine's
+  ``cached`` count: checkpoints an earlier prompt left stay while later prompts reuse at least that
+  much, so a slot that held a short chat turn still restores the checkpoint just past the shared
+  system prompt. Turnout does not know what a slot loaded from the RAM cache holds: a prompt that
+  reused more than it shares with the slot's previous prompt, or whose ``cached`` is unknown, keeps
+  only its own.
 - ``tips``: each recorded prompt's mark under its last full chunk, with its session: a request that
   extends a known prompt byte for byte continues that session (implicit sessions are this view).
 
@@ -24,6 +31,7 @@ from collections import OrderedDict
 import msgspec
 
 from policies.prefix import CHUNK_BYTES, PromptChain, PromptMark
+from policies.slots import checkpoints_after
 from policies.types import PrefixMatch, SlotMatch
 
 ROOT = -1  # the tip key of prompts shorter than one chunk
@@ -32,17 +40,33 @@ TIPS_PER_KEY = 8
 
 
 class Held(msgspec.Struct, frozen=True):
-    """One prompt turnout sent: its chain, its byte length and the engine's token count."""
+    """One prompt turnout sent: its chain, its byte length and the engine's token count; on a slot,
+    the checkpoints (token offsets, oldest first) the slot can restore."""
 
     hashes: tuple[int, ...]
     mark: PromptMark
     tokens: int
+    checkpoints: tuple[int, ...] = ()
 
     def tokens_for(self, chunks: int) -> int:
         """Tokens of this prompt's first ``chunks`` chunks (proportional to bytes)."""
         if not self.mark.length:
             return 0
         return min(self.tokens, round(self.tokens * chunks * CHUNK_BYTES / self.mark.length))
+
+    def checkpoint_at(self, tokens: int) -> int:
+        """The newest checkpoint at or below ``tokens`` (0: none)."""
+        return max((c for c in self.checkpoints if c <= tokens), default=0)
+
+    def survivors(self, chain: PromptChain, cached: int | None) -> tuple[int, ...]:
+        """The checkpoints that may survive ``chain`` pinned to this prompt's slot, ``cached`` reused:
+        none when ``cached`` is unknown, or more than the two prompts share (the slot loaded another
+        state from the RAM cache, with checkpoints turnout does not know)."""
+        if cached is None:
+            return ()
+        if not chain.extends(self.mark) and cached > self.tokens_for(chain.common(self.hashes) + 1):
+            return ()
+        return self.checkpoints
 
 
 class _Recent:
@@ -130,13 +154,23 @@ class PrefixIndex:
         self._tips: OrderedDict[int, list[tuple[PromptMark, str]]] = OrderedDict()
 
     def record(
-        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session: str | None
+        self,
+        backend_id: str,
+        slot: int | None,
+        chain: PromptChain,
+        tokens: int,
+        session: str | None,
+        cached: int | None = None,
     ) -> None:
-        """``chain`` (``tokens`` long by the engine's count) now sits on ``backend_id`` (and ``slot``)."""
+        """``chain`` (``tokens`` long by the engine's count, ``cached`` of them reused) now sits on
+        ``backend_id`` (and ``slot``, with the checkpoints the engine's rules leave it)."""
         held = Held(chain.hashes, chain.mark, tokens)
         self._recent.setdefault(backend_id, _Recent(self.max_tokens)).add(held, chain)
         if slot is not None:
-            self._slots.setdefault(backend_id, {})[slot] = held
+            slots = self._slots.setdefault(backend_id, {})
+            previous = slots.get(slot)
+            kept = previous.survivors(chain, cached) if previous is not None else ()
+            slots[slot] = Held(chain.hashes, chain.mark, tokens, checkpoints_after(kept, tokens, cached))
         if session is not None:
             key = chain.hashes[-1] if chain.hashes else ROOT
             tips = [(mark, owner) for mark, owner in self._tips.pop(key, []) if mark.whole != chain.whole]
@@ -149,16 +183,19 @@ class PrefixIndex:
         self._recent.pop(backend_id, None)
         self._slots.pop(backend_id, None)
 
+    def slot(self, backend_id: str, slot: int) -> Held | None:
+        """What turnout last pinned to ``slot`` of ``backend_id``, with its checkpoints."""
+        return self._slots.get(backend_id, {}).get(slot)
+
     def match(self, chain: PromptChain, backend_id: str) -> PrefixMatch:
-        """What ``backend_id`` holds of ``chain``: per slot, and among its recent prompts."""
+        """What ``backend_id`` holds of ``chain``: per slot (with the newest checkpoint within the
+        shared prefix), and among its recent prompts."""
         recent = self._recent.get(backend_id)
         slots = []
         for slot, held in sorted(self._slots.get(backend_id, {}).items()):
-            if chain.extends(held.mark):
-                slots.append(SlotMatch(slot, held.tokens, whole=True, held=held.tokens))
-            else:
-                chunks = chain.common(held.hashes)
-                slots.append(SlotMatch(slot, held.tokens_for(chunks), held=held.tokens))
+            whole = chain.extends(held.mark)
+            tokens = held.tokens if whole else held.tokens_for(chain.common(held.hashes))
+            slots.append(SlotMatch(slot, tokens, whole, held.tokens, held.checkpoint_at(tokens)))
         best, age = recent.match(chain) if recent else (SlotMatch(-1, 0), 0)
         return PrefixMatch(tuple(slots), best.tokens, best.whole, best.held, age)
 

@@ -1,11 +1,16 @@
 """The prefix index's records, shared by replicas through a capped Redis stream (``<ns>:prompts``).
 
 Every replica appends what it sent where, with the batch of writes that ends each request
-(``PromptRecord``: the backend, the llama.cpp slot, the
-prompt's chain of chunk hashes, the engine's token count, the session; never text) and folds the
-others' records into its own in-memory ``PrefixIndex``. So every replica knows what each backend,
-slot and RAM cache holds, whichever replica sent it; a replica that starts reads the whole stream
-first, so a restart keeps that knowledge. The stream is capped at ``LOG_ENTRIES`` (the oldest go:
+(``PromptRecord``: the backend, the llama.cpp slot, the prompt's chain of chunk hashes, the engine's
+token count, the session, the tokens the engine reused; never text) and folds the others' records
+into its own in-memory ``PrefixIndex``. So every replica knows what each backend, slot and RAM cache
+holds, and which checkpoints each slot can restore (rebuilt from the reused counts in stream order),
+whichever replica sent it; a replica that starts reads the whole stream first, so a restart keeps
+that knowledge. A record is a msgpack array (``Packed``); fields are only ever appended: a record
+with fewer takes the defaults (one written before ``cached`` was: None, so the slot keeps no older
+checkpoints), one with more has the extra ones ignored. A turnout from before ``cached`` reads
+exactly eight fields and its follower stops at the first record with nine: upgrade the replicas
+that share a Redis together. The stream is capped at ``LOG_ENTRIES`` (the oldest go:
 by then the engines' caches have moved on too); an entry costs about 8 bytes per KiB of prompt.
 """
 
@@ -36,25 +41,37 @@ class PromptRecord:
     chain: PromptChain
     tokens: int
     session_key: str | None
+    cached: int | None = None  # tokens the engine reused (None: it did not say)
 
 
-Packed = tuple[str, str, int | None, bytes, int, int, int, str | None]
+class Packed(msgspec.Struct, array_like=True, frozen=True):
+    """A record on the wire: a msgpack array, new fields appended with defaults (module docstring)."""
+
+    replica: str
+    backend_id: str
+    slot: int | None
+    hashes: bytes
+    length: int
+    whole: int
+    tokens: int
+    session_key: str | None
+    cached: int | None = None
 
 
 def pack(record: PromptRecord) -> bytes:
     chain = record.chain
     hashes = _ordered(array("Q", chain.hashes)).tobytes()
-    packed: Packed = (
+    packed = Packed(
         record.replica, record.backend_id, record.slot, hashes, chain.length, chain.whole, record.tokens,
-        record.session_key,
+        record.session_key, record.cached,
     )  # fmt: skip
     return msgspec.msgpack.encode(packed)
 
 
 def unpack(raw: bytes) -> PromptRecord:
-    replica, backend, slot, hashes, length, whole, tokens, session = msgspec.msgpack.decode(raw, type=Packed)
-    chain = PromptChain(tuple(_ordered(array("Q", hashes))), length, whole)
-    return PromptRecord(replica, backend, slot, chain, tokens, session)
+    p = msgspec.msgpack.decode(raw, type=Packed)
+    chain = PromptChain(tuple(_ordered(array("Q", p.hashes))), p.length, p.whole)
+    return PromptRecord(p.replica, p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached)
 
 
 def _ordered(values: array[int]) -> array[int]:

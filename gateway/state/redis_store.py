@@ -176,18 +176,30 @@ class RedisStore(StateStore):
             await self._redis.delete(*names)
 
     async def record_prompt(
-        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+        self,
+        backend_id: str,
+        slot: int | None,
+        chain: PromptChain,
+        tokens: int,
+        session_key: str | None,
+        cached: int | None = None,
     ) -> None:
-        self._index.record(backend_id, slot, chain, tokens, session_key)
-        self.queue_prompt(backend_id, slot, chain, tokens, session_key)
+        self._index.record(backend_id, slot, chain, tokens, session_key, cached)
+        self.queue_prompt(backend_id, slot, chain, tokens, session_key, cached)
 
     def queue_prompt(
-        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+        self,
+        backend_id: str,
+        slot: int | None,
+        chain: PromptChain,
+        tokens: int,
+        session_key: str | None,
+        cached: int | None = None,
     ) -> None:
         """Tell the other replicas what was sent where (``prompt_log``), with the next batch of
         writes (``finish_turn``: no round trip of its own). While Redis is away the newest
         ``prompt_log.UNSENT`` wait."""
-        record = PromptRecord(self.replica, backend_id, slot, chain, tokens, session_key)
+        record = PromptRecord(self.replica, backend_id, slot, chain, tokens, session_key, cached)
         self._unsent.append(prompt_log.pack(record))
         del self._unsent[: -prompt_log.UNSENT]
 
@@ -317,7 +329,7 @@ async def follow_prompts(store: RedisStore, index: PrefixIndex) -> None:
         read: tuple[str, list[PromptRecord]] = await reading(store.read_prompts, after)
         after, records = read
         for r in records:
-            index.record(r.backend_id, r.slot, r.chain, r.tokens, r.session_key)
+            index.record(r.backend_id, r.slot, r.chain, r.tokens, r.session_key, r.cached)
 
 
 def _text(value: Any) -> str:

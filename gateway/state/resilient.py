@@ -109,10 +109,16 @@ class ResilientStore(StateStore):
         await self._shared(lambda: self.redis.save_session(session), remember)
 
     async def record_prompt(
-        self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int, session_key: str | None
+        self,
+        backend_id: str,
+        slot: int | None,
+        chain: PromptChain,
+        tokens: int,
+        session_key: str | None,
+        cached: int | None = None,
     ) -> None:
-        await self.local.record_prompt(backend_id, slot, chain, tokens, session_key)
-        self.redis.queue_prompt(backend_id, slot, chain, tokens, session_key)  # sent with finish_turn
+        await self.local.record_prompt(backend_id, slot, chain, tokens, session_key, cached)
+        self.redis.queue_prompt(backend_id, slot, chain, tokens, session_key, cached)  # sent with finish_turn
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return await self.local.match_prefix(chain, backend_ids)

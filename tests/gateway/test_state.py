@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -12,8 +13,9 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from gateway.state import MemoryStore, StateStore
+from gateway.state import MemoryStore, StateStore, prompt_log
 from gateway.state.memory import MAX_TURNS
+from gateway.state.prompt_log import PromptRecord
 from gateway.state.redis_store import RedisStore, pack, unpack
 from gateway.state.resilient import RETRY_S, ResilientStore
 from policies.prefix import chain_of
@@ -102,6 +104,25 @@ def test_the_prefix_index_is_bounded(store_factory: Callable[..., StateStore]) -
         run(store.record_prompt("vllm", None, chain_of(prompt), 1000, None))
     recent = [run(store.match_prefix(chain_of(p), ["vllm"]))["vllm"].recent for p in prompts]
     assert recent == [0, 1000, 1000, 1000]
+
+
+CHAT_A = SYSTEM + b"chat a: hello " * 160  # 2229 tokens, say: checkpoints at 1713 and 2225
+CHAT_B = SYSTEM + b"chat b: other words " * 100  # 3000 tokens
+CHAT_C = SYSTEM + b"chat c: a third one " * 100
+
+
+def test_a_slot_keeps_the_checkpoints_its_earlier_prompts_left(
+    store_factory: Callable[..., StateStore],
+) -> None:
+    """A short chat left a checkpoint just past the shared system prompt; the next chat on the slot
+    restored it (the engine's cached count says so) and kept it: a third one is offered it."""
+    store = store_factory()
+    run(store.record_prompt("llama", 0, chain_of(CHAT_A), 2229, "a", 0))
+    run(store.record_prompt("llama", 0, chain_of(CHAT_B), 3000, "b", 1713))
+    slot = run(store.match_prefix(chain_of(CHAT_C), ["llama"]))["llama"].slot(0)
+    assert (slot.whole, slot.held, slot.checkpoint) == (False, 3000, 1713)
+    run(store.record_prompt("llama", 0, chain_of(CHAT_B), 3000, "b"))  # the engine did not say
+    assert run(store.match_prefix(chain_of(CHAT_C), ["llama"]))["llama"].slot(0).checkpoint == 0
 
 
 def test_sessions_expire_and_are_bounded(store_factory: Callable[..., StateStore]) -> None:
@@ -313,6 +334,48 @@ def test_replicas_share_the_prefix_index_and_a_new_one_reads_it_all(redis_server
         follower.cancel()
         run(a.close())
         run(b.close())
+
+
+def test_replicas_rebuild_the_same_slot_checkpoints(redis_server: RedisServer) -> None:
+    """The engine's cached counts travel with the records: another replica's index keeps the same
+    checkpoints per slot (here through the resilient store every gateway on Redis uses)."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    a = ResilientStore(
+        RedisStore(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S), MemoryStore(), time.monotonic
+    )
+    b = RedisStore(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S)
+    follower = LOOP.create_task(b.follow())
+    third = chain_of(CHAT_C)
+
+    async def checkpoint(store: StateStore) -> int:
+        return (await store.match_prefix(third, ["llama"]))["llama"].slot(0).checkpoint
+
+    async def scenario() -> None:
+        await a.record_prompt("llama", 0, chain_of(CHAT_A), 2229, "a", 0)
+        await a.record_prompt("llama", 0, chain_of(CHAT_B), 3000, "b", 1713)
+        await a.finish_turn(None, None, {"request_id": "r"})
+        assert await checkpoint(a) == 1713
+        assert await _until(lambda: _is(checkpoint(b), 1713))
+
+    try:
+        run(scenario())
+    finally:
+        follower.cancel()
+        run(a.redis.close())
+        run(b.close())
+
+
+async def _is(value: Coroutine[Any, Any, int], expected: int) -> bool:
+    return await value == expected
+
+
+def test_a_prompt_record_carries_the_cached_count_and_older_ones_read_back() -> None:
+    """Records of a turnout from before ``cached`` have eight fields: they read back with None."""
+    record = PromptRecord("r1", "llama", 0, chain_of(CHAT_A), 2229, "a", 1713)
+    packed = prompt_log.pack(record)
+    assert prompt_log.unpack(packed) == record
+    older = msgspec.msgpack.encode(msgspec.msgpack.decode(packed)[:8])
+    assert prompt_log.unpack(older) == dataclasses.replace(record, cached=None)
 
 
 def test_replicas_see_each_others_shared_values_until_they_expire(redis_server: RedisServer) -> None:
