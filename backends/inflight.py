@@ -5,7 +5,8 @@ looked idle, and a slot turnout's own request just left would still look busy. S
 
 - a request begun after a snapshot counts as running there (its llama.cpp slot as busy), beyond
   the slot count as queued;
-- a slot whose request of turnout's ended after the snapshot is idle again;
+- a slot whose request of turnout's ended after the snapshot, or less than ``RELEASE_LAG_S``
+  before it (the engine releases a slot a moment after its last event), is idle again;
 - a slot running a request of turnout's says how long it is still predicted to be busy, ``busy_s``:
   turnout's requests pinned there run one after the other, in the order sent, each starting when
   it was sent or when the one before it is predicted to end, whichever is later, and taking its
@@ -38,6 +39,11 @@ from policies.types import BackendSnapshot
 
 OVERDUE_FLOOR = 0.3
 FORGET_AFTER_S = 3600.0  # a request not ended by then was lost
+RELEASE_LAG_S = 1.0
+"""A slot turnout's request left is still taken for free in a probe this much younger than the
+request's end: llama-server releases the slot after its last event, and a probe taken in between
+(a busy machine: tens to hundreds of milliseconds) still sees it processing. Trusting that probe made
+a session's next turn leave its warm slot for the idle one."""
 
 
 class Sent(msgspec.Struct, frozen=True):
@@ -156,7 +162,8 @@ class InFlight:
     def seen(self, snapshot: BackendSnapshot) -> None:
         """A new probe of this backend: what it saw no longer needs laying over; lost requests go."""
         backend = snapshot.backend_id
-        for key in [k for k, at in self._ended.items() if k[0] == backend and at < snapshot.taken_at]:
+        release = snapshot.taken_at - RELEASE_LAG_S
+        for key in [k for k, at in self._ended.items() if k[0] == backend and at < release]:
             del self._ended[key]
         stale = snapshot.taken_at - FORGET_AFTER_S
         lost = []
@@ -198,7 +205,8 @@ class InFlight:
         (module docstring)."""
         backend = snapshot.backend_id
         mine = self._open.get(backend, {})
-        ended = {s for (b, s), at in self._ended.items() if b == backend and at > snapshot.taken_at}
+        release = snapshot.taken_at - RELEASE_LAG_S
+        ended = {s for (b, s), at in self._ended.items() if b == backend and at > release}
         if not mine and not ended and peers is None:
             return snapshot
         peers = peers or Load()

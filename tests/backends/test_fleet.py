@@ -11,7 +11,7 @@ from msgspec.structs import replace
 from backends.base import BackendSpec
 from backends.clock import VirtualClock
 from backends.fleet import Fleet
-from backends.inflight import OVERDUE_FLOOR, Load, Sent
+from backends.inflight import OVERDUE_FLOOR, RELEASE_LAG_S, Load, Sent
 from policies import EngineKind, Health, SlotState
 
 NOW = time.time()
@@ -197,3 +197,17 @@ class TestLiveness:
         llama = by_id(fleet)["llama"]
         fleet.observe(replace(llama, queued=1))  # type: ignore[type-var]
         assert fleet.liveness("llama", since=NOW - 2) is True
+
+
+def test_a_probe_taken_as_the_engine_released_the_slot_does_not_keep_it_busy(fleet: Fleet) -> None:
+    """llama-server releases a slot a moment after its last event: a probe taken just after turnout's
+    request there ended may still see it processing. That slot is free (a session's next turn left
+    its warm slot for the idle one on a busy machine); one seen busy well after is someone else's."""
+    token = fleet.begin(Sent("llama", 0, NOW - 5))
+    fleet.end(token)  # at NOW
+    busy = (SlotState(0, 4096, True), SlotState(1, 4096, False))
+    probed = fleet.snapshots()[0]
+    fleet.observe(replace(probed, slots=busy, taken_at=NOW + RELEASE_LAG_S / 2))
+    assert not fleet.snapshots()[0].slots[0].is_processing
+    fleet.observe(replace(probed, slots=busy, taken_at=NOW + RELEASE_LAG_S * 2))
+    assert fleet.snapshots()[0].slots[0].is_processing
