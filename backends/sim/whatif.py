@@ -36,6 +36,9 @@ prefill rate, ``step(n)`` the decode step of ``n`` sequences and ``chunk`` the p
       d = 0 if q > 0 else  A / rate + ceil((A + P - C) / chunk) * step(n)   (A, n: the other slots)
 
   A prompt longer than the slot's ``n_ctx`` does not fit (``fits`` false, ``ttft_s`` infinite -> null).
+
+On vLLM a request fits when its prompt is shorter than ``max_model_len`` and ``max_tokens`` is at most
+that: a longer answer is clamped, not refused (``vllm_errors.context_error``).
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ def _steps(tokens: int, chunk: int) -> int:
 def whatif_vllm(engine: VllmEngine, prompt: Sequence[int], max_tokens: int | None) -> WhatIf:
     """The vLLM prediction (formula in the module docstring)."""
     perf, config = engine.perf, engine.config
-    fits = len(prompt) + (max_tokens or 1) <= config.context_window
+    window = config.context_window  # vLLM refuses a prompt of the whole window; a long answer is clamped
+    fits = len(prompt) < window and (max_tokens or 1) <= window
     cache = engine.cache
     cached = peek_block_hits(cache, prompt) if cache is not None else 0
     ahead = sum(t.prefill_left for t in engine.running)

@@ -9,6 +9,8 @@ import httpx
 import pytest
 
 from backends.sim import SimConfig, create_sim_app
+from backends.sim.vllm_engine import VllmEngine
+from backends.sim.whatif import whatif_vllm
 from gateway.replay.runner import request_body
 from gateway.replay.traces import TraceRequest
 from policies import Architecture
@@ -88,3 +90,12 @@ class TestWhatIf:
     def test_bad_body_is_400(self, sim: ServerThread) -> None:
         response = httpx.post(f"{sim.url}/_sim/whatif", json={"messages": "nope"}, timeout=10)
         assert response.status_code == 400
+
+
+def test_vllm_fits_what_it_would_take() -> None:
+    """vLLM takes a prompt shorter than its window and clamps a long answer (``vllm_errors``): the
+    what-if says so, or the oracle refuses requests the engine serves."""
+    engine = VllmEngine(SimConfig(kind="vllm", context_window=1000, prefix_caching=False))
+    assert whatif_vllm(engine, list(range(990)), 500).fits  # 990 + 500 > 1000: clamped, not refused
+    assert not whatif_vllm(engine, list(range(1000)), 1).fits
+    assert not whatif_vllm(engine, list(range(10)), 1001).fits
