@@ -275,9 +275,58 @@ def machine() -> str:
 
 
 NOTES = """\
-## Notes
+## Notes (read before quoting a number)
 
-TODO
+- **Virtual time (issue #26).** Every row is one run in simulated time: the clients, turnout's own
+  request path (routing, learning, the prefix index, slot leases, the in-flight overlay) and the
+  simulators' engine models on one event loop, with no HTTP and no wall clock (docs/replay.md, and
+  what it leaves out). The same code gives the same table on any machine, so a difference between two
+  tables is a difference in the code. The wall-clock tables this replaces measured the one shared
+  process's queueing as much as the router: on 2026-12-02 they had `cost` at 8.90 s mean TTFT on chat
+  against the oracle's 1.12 s; in virtual time, with the same routing code, 1.72 s against 1.34 s. Token
+  lengths are the traces' own (the wall tables shrank Mooncake to x0.1), and Mooncake is the whole
+  conversation trace at 70% load. `--clock wall` still replays over real servers; a test holds the
+  two clocks within 10% of each other on light traces (measured about 1% apart).
+- **What the decision log showed (chat, 2026-12-02).** Comparing each decision's predictions with what
+  every engine would really have given the request at that moment (`backends/sim/whatif.py`):
+  1. `cost` priced a prompt 6% slower per request running on the engine. An engine step prefills a
+     chunk of prompts and decodes each running request once: the running requests slow the answers,
+     not the prompt. With 20-30 chat requests decoding, vLLM's prefill was priced 2-2.5x too slow and
+     requests went to a busy llama.cpp. Fixed (`policies/cost.py`): chat 1.29x -> 1.25x the oracle,
+     mixed 1.00x -> 0.62x, contention-4 1.16x -> 1.12x, contention-8 0.94x -> 0.77x.
+  2. 58 of 100 llama.cpp candidates on chat restore 1.7k-2.0k tokens of the shared system prompt
+     from a checkpoint an earlier, shorter prompt left in the slot (a hybrid slot keeps up to 32
+     checkpoints: those at or below what each next prompt reused survive); `cost` predicted 0. The
+     prefix index now keeps each slot's checkpoints by the engine's rule, and the predicted cached
+     tokens match the engine's on all 57 such candidates. Chat's mean TTFT went 1.68 -> 1.89 s
+     with it: with the cache predicted right, what remains wrong is the queue. llama.cpp's predicted
+     waits are too long (the learned `queue_factor`, about 1.9 after a handful of samples, scales
+     every llama.cpp wait up; a replay without it gives chat 1.81 s) and vLLM's too short by ~0.5 s
+     (each of its prefill steps also decodes the 20-30 requests running there, which the backlog
+     model leaves out; pricing that with the prior decode rate over-corrected: 2.19 s). That is the
+     next thing to fix for chat.
+  3. The oracle knows what no router can: each running request's remaining answer and each engine's
+     internal queue (it reads them off the engine models). Giving `cost` the answers' exact lengths
+     (the replay's `max_tokens`, sent with `ignore_eos`) moved chat only 1.89 -> 1.83 s: the gap is
+     the queue predictions above, not hindsight.
+- **contention-4 (1.12x, 1.16x without session ids).** The requests it loses are look-ahead calls:
+  `cost` moves a session to a llama.cpp slot for its next turns and pays a cold prefill there now
+  (a 30k-token prompt: 10 s instead of vLLM's 4.8 s), expecting 1.5 more turns (3 times the chance a
+  pin lasts with 4 sessions on 2 slots); the oracle knows the session's real remaining turns.
+- **The 10x agent target.** The trace's turns are one user message that grows by blocks (the
+  Mooncake way): the next prompt leaves the slot 7 tokens before the previous prompt's end (the chat
+  template's closing tokens, and the previous answer is not in it), so a hybrid slot restores its
+  checkpoint at N - 4 - 512 and every turn re-prefills its growth plus ~520 tokens. The line above
+  computes the best any routing can do by those rules (each turn warm on its own slot, nothing else
+  running): `cost` is within 3% of it. A chat-shaped conversation (the previous prompt and answer
+  as earlier messages) would leave the slot after N - 4: the lower bound on those prompts, 0.660 s,
+  is 11.2x below prefer-vllm.
+- **Mooncake at full length.** 93 of its 12,031 prompts are longer than every window (94k vLLM,
+  64k llama.cpp) and fail in every row. At 70% of the fleet's capacity vLLM alone would be at 101%
+  of its own: `prefer-vllm`'s queue grows for the whole trace. `prefer-llamacpp` is not run (2.2x
+  its capacity).
+- **fleet-16** (bench/fleets/sixteen.toml) is what `turnout replay --backends` runs: 32 agents on 4
+  vLLM and 12 llama-servers of 2 slots, one-shots every second.
 """
 
 
