@@ -1,0 +1,122 @@
+"""How far the cost model's predictions are from what the engines would really have given, per decision.
+
+    .venv/bin/python bench/predictions.py chat|mixed|contention-N|agent [--profile cost] [--worst 10]
+
+Replays a workload of bench/routing.py in virtual time (``gateway.replay.virtual``). When each request
+is routed, every engine model is asked what the request would get there at that moment
+(``backends.sim.whatif``: vLLM, and every llama.cpp slot); the decision log says what the gateway
+predicted for the same candidates. It prints, per backend, the predictions' bias and mean absolute
+error (predicted - true TTFT) overall and by the predicted queue, how often the predicted cached tokens
+were right, and how many decisions chose a candidate worse than the best one at that moment (and what
+that cost), then the worst of those. The numbers are simulated seconds: one run is the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from routing import MODEL, WORKLOADS
+
+from backends.sim.llama_engine import LlamaEngine
+from backends.sim.vllm_engine import VllmEngine
+from backends.sim.whatif import whatif_slots, whatif_vllm
+from gateway.logging import configure_logging
+from gateway.replay.fleets import default_fleet, fleet_from_file, sim_configs
+from gateway.replay.traces import TraceRequest, with_model
+from gateway.replay.virtual import GatewayReplay, run_now
+
+QUEUE_BANDS = ((0.0, 0.001), (0.001, 1.0), (1.0, 3.0), (3.0, float("inf")))
+
+
+class Observed(GatewayReplay):
+    """A gateway replay that notes every candidate's true TTFT and cached tokens when it routes."""
+
+    truth: dict[str, dict[tuple[str, int | None], tuple[float, int]]]
+
+    def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
+        here: dict[tuple[str, int | None], tuple[float, int]] = {}
+        for name, engine in self.engines.items():
+            if isinstance(engine, LlamaEngine):
+                for option in whatif_slots(engine, tokens):
+                    here[name, option.slot] = (option.ttft_s, option.cached_tokens)
+            elif isinstance(engine, VllmEngine):
+                option = whatif_vllm(engine, tokens, request.max_tokens)
+                here[name, None] = (option.ttft_s, option.cached_tokens)
+        self.truth[f"r{index}"] = here
+        super().send(index, request, tokens)
+
+
+def _stats(errors: Sequence[float]) -> str:
+    if not errors:
+        return "-"
+    bias, mae = statistics.mean(errors), statistics.mean(map(abs, errors))
+    return f"n {len(errors)}, bias {bias:+.3f} s, mae {mae:.3f} s"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("workload", choices=[w.name for w in WORKLOADS if w.load is None])
+    parser.add_argument("--profile", default="cost")
+    parser.add_argument("--worst", type=int, default=10, help="decisions to show (the costliest)")
+    args = parser.parse_args(argv)
+    configure_logging("json", "warning")
+    workload = next(w for w in WORKLOADS if w.name == args.workload)
+    requests = with_model(workload.make(False), MODEL)
+    settings = (
+        fleet_from_file(workload.fleet, args.profile)
+        if workload.fleet
+        else default_fleet(MODEL, args.profile)
+    )
+    world = Observed(requests, settings, sim_configs(settings, MODEL))
+    world.truth = {}
+    results = world.run()
+    decisions: list[dict[str, Any]] = run_now(world.router.store.decisions(len(requests) * 4))
+    errors: dict[str, list[tuple[float, float]]] = {}
+    cached_right = cached_all = 0
+    worse: list[tuple[float, str, str, str]] = []
+    for entry in decisions:
+        truth = world.truth[entry["request_id"].split(".")[0]]
+        for candidate in entry["candidates"]:
+            key = (candidate["backend"], candidate.get("slot"))
+            if key not in truth or "predicted_ttft_s" not in candidate:
+                continue
+            ttft, cached = truth[key]
+            errors.setdefault(candidate["backend"], []).append(
+                (candidate["queue_s"], candidate["predicted_ttft_s"] - ttft)
+            )
+            cached_all += 1
+            cached_right += abs(candidate["expected_cached_tokens"] - cached) <= max(64, cached // 20)
+        chosen = (entry["chosen"], entry["slot"])
+        best = min(truth, key=lambda k: truth[k][0])
+        if chosen in truth and truth[chosen][0] > truth[best][0] + 0.05:
+            lost = truth[chosen][0] - truth[best][0]
+            worse.append((lost, entry["request_id"], f"{chosen[0]}/{chosen[1]}", f"{best[0]}/{best[1]}"))
+    ttfts = [r.ttft_s for r in results if r.ttft_s is not None]
+    print(f"{args.workload}, {args.profile}: mean TTFT {statistics.mean(ttfts):.3f} s, {len(ttfts)} requests")
+    for backend, pairs in errors.items():
+        print(f"  {backend}: {_stats([e for _, e in pairs])}")
+        for low, high in QUEUE_BANDS:
+            band = [e for q, e in pairs if low <= q < high]
+            if band:
+                print(f"    predicted queue {low:g}-{high:g} s: {_stats(band)}")
+    print(f"  predicted cached tokens right (within 5% or 64): {cached_right} of {cached_all}")
+    loss = sum(w[0] for w in worse)
+    print(
+        f"  decisions worse than the best at that moment: {len(worse)} of {len(decisions)}, {loss:.1f} s lost"
+    )
+    for lost, request_id, chosen, best in sorted(worse, reverse=True)[: args.worst]:
+        print(f"    {request_id}: chose {chosen}, best {best}, +{lost:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
