@@ -288,7 +288,7 @@ NOTES = """\
   conversation trace at 70% load. `--clock wall` still replays over real servers; a test holds the
   two clocks within 10% of each other on light traces (measured about 1% apart).
 - **What the decision log showed (chat, 2026-12-02).** Comparing each decision's predictions with what
-  every engine would really have given the request at that moment (`backends/sim/whatif.py`):
+  every engine would really have given the request at that moment (`bench/predictions.py`):
   1. `cost` priced a prompt 6% slower per request running on the engine. An engine step prefills a
      chunk of prompts and decodes each running request once: the running requests slow the answers,
      not the prompt. With 20-30 chat requests decoding, vLLM's prefill was priced 2-2.5x too slow and
