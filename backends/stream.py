@@ -188,6 +188,10 @@ class ResponseRelay:
                     dog.reading = False  # handing bytes on: the client's pace, not the engine's
                     yield out
                     dog.last, dog.reading = clock(), True
+                    if any(marker in complete for marker in self._last_events):
+                        # the client has the whole answer: one that hangs up now, before the
+                        # engine's connection ends, did not leave early (Codex CLI does)
+                        self.finished = True
         except httpx.HTTPError as exc:
             raise broke_off(self.request.backend_id, "stream", exc) from exc
         finally:

@@ -4,6 +4,7 @@ and reads the same usage as when they arrive in one piece."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from typing import Any
@@ -161,3 +162,46 @@ def test_crlf_framing_gives_the_same_usage(events: list[dict[str, Any]], at: lis
     stream = sse(events, b"\r\n\r\n")
     one_read_per_event = [e + b"\r\n\r\n" for e in stream.split(b"\r\n\r\n") if e]
     assert relay(split(stream, at)) == relay(one_read_per_event)
+
+
+def test_a_client_that_leaves_after_the_last_event_got_the_whole_answer() -> None:
+    """Codex CLI closes its connection as soon as ``response.completed`` arrives, while the engine's
+    connection is still open: the answer was whole, so the request finished (it is not a 499 and its
+    usage is learned); a client that leaves before the last event did not."""
+    url = "http://127.0.0.1:9/v1/responses"
+    usage = {"input_tokens": 5, "output_tokens": 2}
+    done = {"type": "response.completed", "response": {"usage": usage}}
+    reads = [
+        b'event: response.created\ndata: {"type":"response.created"}\n\n',
+        b"event: response.completed\ndata: " + msgspec.json.encode(done) + b"\n\n",
+    ]
+
+    class StaysOpen(Reads):
+        """The engine's reads, then a connection that has not closed yet."""
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            for chunk in self.chunks:
+                yield chunk
+            await asyncio.Event().wait()
+
+    async def leave_after(n: int) -> ResponseRelay:
+        headers = {"content-type": "text/event-stream"}
+        request = httpx.Request("POST", url)
+        response = httpx.Response(200, headers=headers, stream=StaysOpen(reads), request=request)
+        relayed = ResponseRelay(UpstreamRequest("vllm", url, b"{}", stream=True), response)
+        events = relayed.events()
+        for _ in range(n):
+            await anext(events)
+        # the server asks for the next events (the engine's connection is still open) and the client
+        # hangs up meanwhile: the wait is cancelled
+        waiting = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        return relayed
+
+    assert not asyncio.run(leave_after(1)).finished
+    finished = asyncio.run(leave_after(2))
+    assert finished.finished
+    assert finished.usage == Usage(5, 2, None)
