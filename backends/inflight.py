@@ -10,9 +10,10 @@ looked idle, and a slot turnout's own request just left would still look busy. S
 - a slot running a request of turnout's says how long it is still predicted to be busy, ``busy_s``:
   turnout's requests pinned there run one after the other, in the order sent, each starting when
   it was sent or when the one before it is predicted to end, whichever is later, and taking its
-  predicted total (``busy_until``); one past its predicted end is still running (the prediction
-  was short) and is given ``OVERDUE_FLOOR`` of its total more. A request queued behind others
-  has not started: the time it has waited does not count against its own total;
+  predicted total less its predicted wait (that wait is the chain itself: ``busy_until``); one past
+  its predicted end is still running (the prediction was short) and is given ``OVERDUE_FLOOR`` of
+  its run more. A request queued behind others has not started: the time it has waited does not
+  count against its own run;
 - every backend says how many seconds of prompt processing turnout's requests there still need,
   ``prefill_backlog_s``: each request's predicted prefill time, less what has passed since its
   predicted queue wait ended, and nothing once its first token arrived. Both engines process the
@@ -61,6 +62,12 @@ class Sent(msgspec.Struct, frozen=True):
         return max(self.prefill_s - max(elapsed - self.queue_s, 0.0), 0.0)
 
     @property
+    def run_s(self) -> float:
+        """How long it is predicted to run once it has the slot: its predicted total less its
+        predicted wait (the wait for the requests ahead of it is the chain's, ``busy_until``)."""
+        return max(self.total_s - self.queue_s, 0.0)
+
+    @property
     def prefilled_by(self) -> float:
         """When its prompt is predicted processed: no backlog left from then on."""
         return self.started + self.queue_s + self.prefill_s
@@ -68,13 +75,15 @@ class Sent(msgspec.Struct, frozen=True):
 
 def busy_until(requests: Iterable[Sent], now: float) -> float:
     """When a slot running ``requests`` (pinned there, in the order sent) is predicted free: each
-    starts when it was sent or when the one before it ends, whichever is later, and takes its
-    predicted total; a request past its predicted end is still running, ``OVERDUE_FLOOR`` of its
-    total more (module docstring). ``now`` or later."""
+    starts when it was sent or when the one before it ends, whichever is later, and runs for its
+    predicted total less its predicted wait (``Sent.run_s``: that wait is this chain); a request past
+    its predicted end is still running, ``OVERDUE_FLOOR`` of its run more (module docstring). ``now``
+    or later."""
     end = -math.inf
     for request in requests:
         start = max(request.started, end)
-        end = max(start + request.total_s, now + OVERDUE_FLOOR * request.total_s)
+        run = request.run_s
+        end = max(start + run, now + OVERDUE_FLOOR * run)
     return max(end, now)
 
 

@@ -111,6 +111,15 @@ def test_requests_queued_on_one_slot_start_when_the_one_before_ends(fleet: Fleet
     assert fleet.snapshots()[0].slots[1].busy_s == pytest.approx(OVERDUE_FLOOR * 2.0 + 2.0)
 
 
+def test_a_queued_requests_predicted_wait_is_not_counted_twice(fleet: Fleet) -> None:
+    """A request pinned behind another was predicted to wait for it: its predicted total includes
+    that wait, which the chain already counts (it starts when the one before ends). Counting both
+    made every queue behind a busy slot look longer than it was."""
+    fleet.begin(Sent("llama", 0, NOW - 1.0, total_s=3.0))  # running, 2 s to go
+    fleet.begin(Sent("llama", 0, NOW, total_s=6.0, queue_s=2.0))  # waits 2 s, then runs 4 s
+    assert fleet.snapshots()[0].slots[0].busy_s == pytest.approx(2.0 + 4.0)
+
+
 def test_another_replicas_load_is_laid_over_the_snapshots(fleet: Fleet) -> None:
     """What one replica publishes (``Fleet.load``) and another lays over its snapshots: the prefill
     backlog adds up; the other replica's slots are left to the probes (its word is up to a second
