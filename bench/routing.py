@@ -304,7 +304,9 @@ NOTES = """\
      every llama.cpp wait up; a replay without it gives chat 1.81 s) and vLLM's too short by ~0.5 s
      (each of its prefill steps also decodes the 20-30 requests running there, which the backlog
      model leaves out; pricing that with the prior decode rate over-corrected: 2.19 s). That is the
-     next thing to fix for chat.
+     next thing to fix for chat. A third fix was small: a request queued behind another on one slot
+     was counted as waiting twice in the slot's predicted busy time (its predicted total includes
+     its wait); chat 1.89 -> 1.91 s, mixed 1.50 -> 1.47 s.
   3. The oracle knows what no router can: each running request's remaining answer and each engine's
      internal queue (it reads them off the engine models). Giving `cost` the answers' exact lengths
      (the replay's `max_tokens`, sent with `ignore_eos`) moved chat only 1.89 -> 1.83 s: the gap is
