@@ -13,9 +13,9 @@ from litestar.handlers import BaseRouteHandler
 from backends.sim import llama_app, messages_app, responses_app, vllm_app
 from backends.sim.config import SimConfig
 from backends.sim.engine_base import BatchEngine
+from backends.sim.engines import create_engine
 from backends.sim.http_common import json_response
 from backends.sim.llama_engine import LlamaEngine
-from backends.sim.vllm_engine import VllmEngine
 from backends.sim.whatif import sim_whatif
 
 
@@ -44,13 +44,11 @@ def create_sim_app(config: SimConfig) -> Litestar:
 
     The engine's step loop starts with the app (lifespan startup) and stops with it.
     """
-    engine: BatchEngine
     handlers: Sequence[BaseRouteHandler]
-    if config.kind == "llamacpp":
-        engine = LlamaEngine(config)
+    engine = create_engine(config)
+    if isinstance(engine, LlamaEngine):
         handlers, before, not_found = _LLAMA_HANDLERS, llama_app.before_request, llama_app.not_found
     else:
-        engine = VllmEngine(config)
         handlers, before, not_found = _VLLM_HANDLERS, vllm_app.before_request, vllm_app.not_found
     exception_handlers: dict[
         int | type[Exception], Callable[[Request[Any, Any, Any], Any], Response[Any]]

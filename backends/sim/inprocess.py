@@ -7,7 +7,8 @@ parsers turn them into snapshots. :func:`final_usage` is the usage the gateway p
 task's last streamed event (``llama_wire`` / ``vllm_wire`` through ``parse_usage``).
 
 Counting a whole long prompt with the toy tokenizer costs milliseconds; a replay that knows its
-prompts' token counts passes ``count`` (a chat or completion body -> tokens) to skip it.
+prompts' token counts passes ``known`` (a body -> its count, or None) to skip it; any other body is
+counted as the simulator would.
 """
 
 from __future__ import annotations
@@ -25,16 +26,21 @@ from backends.sim.task import SimTask
 from backends.sim.vllm_engine import VllmEngine
 from policies.types import Usage
 
-Count = Callable[[Mapping[str, Any]], int]
-"""The engine's token count of a chat (``messages``, chat template included) or ``prompt`` body."""
+Known = Callable[[Mapping[str, Any]], int | None]
+"""A replay's own token counts: the engine's count of a body it knows, None for any other."""
 
 
-def count_body(body: Mapping[str, Any]) -> int:
-    """:data:`Count` by the simulators' tokenizer (what their ``/tokenize`` answers)."""
+def nothing_known(body: Mapping[str, Any]) -> None:
+    """:data:`Known` that knows nothing: every count is the simulator's own."""
+
+
+def vllm_count(body: Mapping[str, Any]) -> int:
+    """What the vLLM simulator's ``/tokenize`` counts: the rendered chat, or the ``prompt``."""
     messages = body.get("messages")
     if messages is not None:
-        return tokenizer.count(render_chat(messages, body.get("tools")))
-    prompt = body.get("prompt", body.get("content"))
+        generation = body.get("add_generation_prompt", True) is not False
+        return tokenizer.count(render_chat(messages, body.get("tools"), generation))
+    prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidChat("'prompt' must be a string", "prompt")
     return tokenizer.count(prompt)
@@ -43,9 +49,9 @@ def count_body(body: Mapping[str, Any]) -> int:
 class EngineDocuments:
     """``backends.base.Documents`` of one simulated engine (module docstring)."""
 
-    def __init__(self, engine: BatchEngine, count: Count = count_body) -> None:
+    def __init__(self, engine: BatchEngine, known: Known = nothing_known) -> None:
         self.engine = engine
-        self.count = count
+        self.known = known
 
     def __call__(self, path: str, payload: Mapping[str, Any] | None = None) -> tuple[int, Any]:
         try:
@@ -71,10 +77,9 @@ class EngineDocuments:
             if path == "/metrics":
                 return 200, llama_info.metrics_text(engine)
         elif path == "/v1/chat/completions/input_tokens":
-            if self.count is count_body:  # the app's own parsing: the same refusals
+            count = self.known(payload)
+            if count is None:  # the app's own parsing: the same refusals
                 count = len(parse_request(payload, Endpoint.CHAT, llama=True).prompt)
-            else:
-                count = self.count(payload)
             return 200, {"input_tokens": count, "object": "response.input_tokens"}
         elif path == "/tokenize":
             content = payload.get("content")
@@ -90,8 +95,12 @@ class EngineDocuments:
             if path == "/metrics":
                 return 200, vllm_info.metrics_text(engine)
         elif path == "/tokenize":
-            count = self.count(payload)
-            return 200, {"count": count, "max_model_len": engine.config.context_window, "tokens": None}
+            count = self.known(payload)
+            return 200, {
+                "count": vllm_count(payload) if count is None else count,
+                "max_model_len": engine.config.context_window,
+                "tokens": None,
+            }
         return 404, {"detail": "Not Found"}
 
 

@@ -41,9 +41,9 @@ from backends.sim import SimConfig, tokenizer
 from backends.sim.chat import render_chat
 from backends.sim.drive import EventDriver
 from backends.sim.engine_base import BatchEngine
+from backends.sim.engines import create_engine
 from backends.sim.generation import Answer, DeltaKind, OutToken
-from backends.sim.inprocess import EngineDocuments, count_body, final_usage
-from backends.sim.llama_engine import LlamaEngine
+from backends.sim.inprocess import EngineDocuments, final_usage
 from backends.sim.task import SimTask, Update, UpdateKind
 from backends.sim.vllm_engine import VllmEngine
 from backends.sim.vllm_errors import context_error
@@ -88,11 +88,7 @@ class NoHttp(httpx.AsyncBaseTransport):
 
 def engine_for(config: SimConfig, events: Events) -> BatchEngine:
     """An engine model of ``config`` on ``events``' clock, run by the event driver."""
-    engine: BatchEngine = (
-        LlamaEngine(config, clock=events.clock)
-        if config.kind == "llamacpp"
-        else VllmEngine(config, clock=events.clock)
-    )
+    engine = create_engine(config, events.clock)
     EventDriver(engine, events)
     return engine
 
@@ -320,14 +316,13 @@ class GatewayReplay(World):
         if self.pending:
             self.events.after(adapter.spec.probe_interval_s, partial(self._probe, backend))
 
-    def _count(self, body: Any) -> int:
+    def _count(self, body: Any) -> int | None:
+        """The engine's count of the prompt of the request in hand (None for any other body)."""
         messages = body.get("messages") if isinstance(body, dict) else None
         if isinstance(messages, list) and len(messages) == 1 and isinstance(messages[0], dict):
             content = messages[0].get("content")
-            known = self._counts.get(content) if isinstance(content, str) else None
-            if known is not None:
-                return known
-        return count_body(body)
+            return self._counts.get(content) if isinstance(content, str) else None
+        return None
 
     def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
         body = request_body(request, self.options.block_tokens)
