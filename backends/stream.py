@@ -115,6 +115,8 @@ class ResponseRelay:
         self.usage: Usage | None = None
         self.first_byte_at: float | None = None
         self.finished = False
+        self._last_events = _LAST_EVENTS.get(request.url.rsplit("/", 1)[-1], (b"",))
+        """What this API's stream ends with (read on every relayed read: found once)."""
         model = request.anthropic_from_chat
         self._translator = StreamTranslator(model) if model is not None else None
         self._closing: asyncio.Future[None] | None = None
@@ -163,7 +165,7 @@ class ResponseRelay:
 
     async def _read(self) -> AsyncIterator[bytes]:
         buffer = last = b""
-        dog, clock = self.watchdog, self.clock
+        dog, clock, ends = self.watchdog, self.clock, self._last_events
         dog.reading = True
         try:
             async for chunk in self.response.aiter_bytes():
@@ -188,7 +190,7 @@ class ResponseRelay:
                     dog.reading = False  # handing bytes on: the client's pace, not the engine's
                     yield out
                     dog.last, dog.reading = clock(), True
-                    if any(marker in complete for marker in self._last_events):
+                    if any(marker in complete for marker in ends):
                         # the client has the whole answer: one that hangs up now, before the
                         # engine's connection ends, did not leave early (Codex CLI does)
                         self.finished = True
@@ -201,10 +203,6 @@ class ResponseRelay:
         if not any(marker in last for marker in self._last_events):
             raise self._broken(f"ended the stream without its last event ({self._last_events[0].decode()})")
         self.finished = True
-
-    @property
-    def _last_events(self) -> tuple[bytes, ...]:
-        return _LAST_EVENTS.get(self.request.url.rsplit("/", 1)[-1], (b"",))
 
     def _broken(self, what: str) -> UpstreamStreamError:
         log.warning("upstream.malformed", backend=self.request.backend_id, error=what)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,15 @@ def _usage(message: str) -> int:
     return 2
 
 
+def _rate(args: argparse.Namespace, requests: Any, capacity: Callable[[], float]) -> float:
+    """``--rate``, or the factor ``--load`` asks of the fleet's prefill ``capacity`` (tokens/s)."""
+    from gateway.replay.traces import rate_for_load
+
+    if args.load is None:
+        return float(args.rate or 1.0)
+    return rate_for_load(requests, args.load, capacity())
+
+
 def _write(result: dict[str, Any], path: Path | None) -> None:
     from gateway.replay.report import table
 
@@ -202,7 +212,7 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
     from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
     from gateway.replay.report import report
     from gateway.replay.simulate import simulate
-    from gateway.replay.traces import block_tokens, rate_for_load, with_model, with_rate
+    from gateway.replay.traces import block_tokens, with_model, with_rate
     from gateway.replay.virtual import OVERHEAD_S, VirtualOptions
     from gateway.settings import ConfigError
 
@@ -213,16 +223,16 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
 
     try:
         if args.backends is not None:
-            model = args.model or fleet_from_file(args.backends, profiles[0]).models[0].name
+            first = fleet_from_file(args.backends, profiles[0])
+            model = args.model or first.models[0].name
         else:
             model = args.model or requests[0].model
-        configs = sim_configs(settings_for(profiles[0]), model, args.seed)
+            first = settings_for(profiles[0])
+        configs = sim_configs(first, model, args.seed)
     except ConfigError as exc:
         return _usage(str(exc))
     requests = with_model(requests, model)
-    factor = args.rate or 1.0
-    if args.load is not None:
-        factor = rate_for_load(requests, args.load, capacity(settings_for(profiles[0]), model, configs))
+    factor = _rate(args, requests, lambda: capacity(first, model, configs))
     requests = with_rate(requests, factor)
     overhead = OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1000
     options = VirtualOptions(overhead_s=overhead, block_tokens=block_tokens(args.scale_tokens))
@@ -270,14 +280,11 @@ def _replay_wall(args: argparse.Namespace, requests: Any, profiles: list[str]) -
     from gateway.replay.report import report
     from gateway.replay.runner import ReplayOptions, run_replay
     from gateway.replay.stack import StackOptions
-    from gateway.replay.traces import block_tokens, rate_for_load, with_rate
+    from gateway.replay.traces import block_tokens, with_rate
 
     model = requests[0].model
     stack = StackOptions(model=model, time_scale=args.time_scale, llama_slots=args.llama_slots)
-    factor = args.rate or 1.0
-    if args.load is not None:
-        capacity = sum(c.prefill_tok_s for c in stack.sim_configs().values())
-        factor = rate_for_load(requests, args.load, capacity)
+    factor = _rate(args, requests, lambda: sum(c.prefill_tok_s for c in stack.sim_configs().values()))
     requests = with_rate(requests, factor)
     block = block_tokens(args.scale_tokens)
     options = ReplayOptions(time_scale=args.time_scale, block_tokens=block, wall_cap_s=args.wall_cap)

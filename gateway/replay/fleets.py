@@ -28,25 +28,9 @@ PROBE_INTERVAL_S = 2.0
 def default_fleet(model: str, profile: str, llama_slots: int = 2) -> Settings:
     """The two-backend workstation (module docstring) serving ``model`` with ``profile``."""
     urls = {"vllm": "http://vllm.virtual", "llama": "http://llama.virtual"}
-    settings = gateway_settings(urls, StackOptions(model=model, probe_interval_s=PROBE_INTERVAL_S), profile)
-    configs = StackOptions(model=model, llama_slots=llama_slots).sim_configs()
-    backends = [
-        b.model_copy(update={"sim": b.sim.model_copy(update={"slots": configs[b.id].slots})})
-        for b in settings.backends
-    ]
-    models = [
-        m.model_copy(
-            update={
-                "deployments": tuple(
-                    d.model_copy(update={"context_window": configs[d.backend].context_window})
-                    for d in m.deployments
-                )
-            }
-        )
-        for m in settings.models
-    ]
-    fleet: Settings = settings.model_copy(update={"backends": backends, "models": models})
-    return fleet
+    options = StackOptions(model=model, llama_slots=llama_slots, probe_interval_s=PROBE_INTERVAL_S)
+    settings: Settings = gateway_settings(urls, options, profile)
+    return settings
 
 
 def fleet_from_file(path: Path, profile: str) -> Settings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from gateway.replay.fleets import sim_configs
 from gateway.replay.runner import ORACLE, Result
@@ -53,11 +54,10 @@ def simulate(
     out = Simulated()
     configs = sim_configs(settings_for(profiles[0] if profiles else "cost"), model, seed)
     worlds: list[tuple[str, Callable[[], World]]] = [
-        (p, lambda p=p: GatewayReplay(requests, settings_for(p), configs, options))  # type: ignore[misc]
-        for p in profiles
+        (p, partial(GatewayReplay, requests, settings_for(p), configs, options)) for p in profiles
     ]
     if oracle:
-        worlds.append((ORACLE, lambda: OracleReplay(requests, configs, options)))
+        worlds.append((ORACLE, partial(OracleReplay, requests, configs, options)))
     for name, make in worlds:
         world = make()
         out.runs[name] = world.run()

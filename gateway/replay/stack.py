@@ -122,7 +122,8 @@ class Stack:
 
 
 def gateway_settings(urls: dict[str, str], options: StackOptions, profile: str) -> Any:
-    """Settings of a gateway over the two simulators serving ``options.model`` with ``profile``."""
+    """Settings of a gateway over the two simulators serving ``options.model`` with ``profile``: their
+    windows, and the llama.cpp slots for a virtual replay (``fleets``; a served gateway ignores it)."""
     backends = [
         {"id": "vllm", "kind": "vllm", "url": urls["vllm"], "probe_interval_s": options.probe_interval_s},
         {
@@ -130,6 +131,7 @@ def gateway_settings(urls: dict[str, str], options: StackOptions, profile: str) 
             "kind": "llamacpp",
             "url": urls["llama"],
             "probe_interval_s": options.probe_interval_s,
+            "sim": {"slots": options.llama_slots},
         },
     ]
     models = [
@@ -137,8 +139,8 @@ def gateway_settings(urls: dict[str, str], options: StackOptions, profile: str) 
             "name": options.model,
             "architecture": "hybrid",
             "deployments": [
-                {"backend": "vllm", "upstream_name": options.model},
-                {"backend": "llama", "upstream_name": options.model},
+                {"backend": "vllm", "upstream_name": options.model, "context_window": options.vllm_window},
+                {"backend": "llama", "upstream_name": options.model, "context_window": options.llama_window},
             ],
         }
     ]
