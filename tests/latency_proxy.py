@@ -1,12 +1,28 @@
 """A TCP proxy on a free loopback port that holds every reply ``delay`` seconds: a slow network or
-server (a Redis under load), for timeout tests. It runs its own event loop in a thread."""
+server (a Redis under load), for timeout tests. It runs its own event loop in a thread, and keeps
+a :class:`Link` per connection: what the client sent, what the server answered, and when
+the client hung up (what a gateway does with its upstream connection, seen from outside)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import dataclass, field
 
 from tests.real.llama_server import free_port
+
+
+@dataclass
+class Link:
+    """One proxied connection."""
+
+    sent: bytearray = field(default_factory=bytearray)
+    """Everything the client sent through the proxy."""
+    answered: bytearray = field(default_factory=bytearray)
+    """Everything the server sent through the proxy."""
+    client_left: threading.Event = field(default_factory=threading.Event)
+    """Set when the client closed its side (the proxy then closes the server's)."""
+    answered_when_client_left: bytes = b""
 
 
 class LatencyProxy:
@@ -14,6 +30,7 @@ class LatencyProxy:
         self.upstream_port = upstream_port
         self.port = free_port()
         self.delay = 0.0
+        self.links: list[Link] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -52,18 +69,30 @@ class LatencyProxy:
         except OSError:
             client_out.close()
             return
+        link = Link()
+        self.links.append(link)
         await asyncio.gather(
-            self._pipe(client_in, server_out, slow=False), self._pipe(server_in, client_out, slow=True)
+            self._pipe(client_in, server_out, link, upstream=True),
+            self._pipe(server_in, client_out, link, upstream=False),
         )
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, slow: bool) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link, *, upstream: bool
+    ) -> None:
         try:
             while data := await reader.read(65536):
-                if slow and self.delay:
-                    await asyncio.sleep(self.delay)
+                if upstream:
+                    link.sent += data
+                else:
+                    link.answered += data
+                    if self.delay:
+                        await asyncio.sleep(self.delay)
                 writer.write(data)
                 await writer.drain()
         except OSError:
             pass
         finally:
+            if upstream:
+                link.answered_when_client_left = bytes(link.answered)
+                link.client_left.set()
             writer.close()

@@ -8,12 +8,30 @@ that version string contains ``cpu``.  This launcher answers the lookup with
 
 The patch is applied at import time, not only under ``__main__``: a ``spawn``-started child process
 (vLLM's engine core) re-imports this file as ``__mp_main__`` and gets the same answer.
+
+``TURNOUT_VLLM_CPUS`` (``"1"``, ``"1-3"``, ``"1,3"``) pins the process, and so every process it
+starts, to those CPUs (``tests/real/vllm_server.py`` says why); vLLM's ``auto`` OpenMP binding
+keeps to the CPUs it is allowed.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import sys
+
+
+def parse_cpus(text: str) -> set[int]:
+    """``"1"``, ``"1-3"``, ``"0,2-3"`` -> a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+if (_cpus := os.environ.get("TURNOUT_VLLM_CPUS")) and hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, parse_cpus(_cpus))
 
 _original_version = importlib.metadata.version
 

@@ -7,7 +7,11 @@ it), ``--enforce-eager`` (healthy in ~35 s instead of ~70-95 s), ``--max-model-l
 ``--generation-config vllm`` (ignore the model's generation_config.json), and the environment in
 ``VLLM_ENV`` (offline, no usage stats, 1 GiB of KV cache).  Its output goes to a log file.
 
-vLLM runs an API server process, an engine-core process and a worker process.  The server is
+vLLM runs an API server process, an engine-core process and a worker process. The engine core and
+the worker spin while a request generates: on a 2-core machine they took both cores and left every
+other process (the test, its gateway thread, any other program) without a CPU for up to 17 s at a
+time. So vLLM runs on all CPUs but the first (``engine_cpus``; ``TURNOUT_VLLM_CPUS`` overrides),
+and the test process keeps one to itself.  The server is
 started in its own session / process group, and ``stop()`` signals the whole group: SIGTERM, then
 SIGKILL for whatever is left after the timeout, so no engine or worker process outlives it.
 """
@@ -43,6 +47,15 @@ VLLM_ENV: dict[str, str] = {
 BLOCK_SIZE_RE = re.compile(r"Setting attention block size to (\d+) tokens")
 MAMBA_MODE_RE = re.compile(r"Mamba cache mode is set to '(\w+)'")
 CACHE_INFO_BLOCK_RE = re.compile(r'vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"')
+
+
+def engine_cpus() -> str:
+    """The CPUs vLLM may use (``TURNOUT_VLLM_CPUS`` format): all this process may use but the
+    lowest, or all of them where there is only one; ``TURNOUT_VLLM_CPUS`` when it is set."""
+    if chosen := os.environ.get("TURNOUT_VLLM_CPUS"):
+        return chosen
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return ",".join(str(cpu) for cpu in (allowed[1:] or allowed))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -120,7 +133,7 @@ class VllmServer:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, **VLLM_ENV, **self.extra_env}
+        return {**os.environ, **VLLM_ENV, "TURNOUT_VLLM_CPUS": engine_cpus(), **self.extra_env}
 
     @property
     def headers(self) -> dict[str, str]:
