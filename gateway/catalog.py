@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.errors import ModelNotFound
 from gateway.settings import ModelConfig
+from policies.engine_profile import EngineProfile
 from policies.types import BackendSnapshot, Deployment, Health
 
 ROUTABLE = frozenset({Health.READY, Health.UNKNOWN})
@@ -27,7 +28,14 @@ class CatalogModel:
 class Catalog:
     """Resolves a requested name (or alias) to its model; knows each model's windows."""
 
-    def __init__(self, models: Sequence[ModelConfig], created: int) -> None:
+    def __init__(
+        self,
+        models: Sequence[ModelConfig],
+        created: int,
+        profiles: Mapping[str, EngineProfile] | None = None,
+    ) -> None:
+        """``profiles``: each backend's engine profile, by backend id (``Settings.engine_profiles``)."""
+        profiles = profiles or {}
         self.models = tuple(
             CatalogModel(
                 name=m.name,
@@ -45,6 +53,7 @@ class Catalog:
                         quantization=d.quantization,
                         params_total_b=m.params_total_b,
                         params_active_b=m.params_active_b,
+                        profile=profiles.get(d.backend),
                     )
                     for d in m.deployments
                 ),

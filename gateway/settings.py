@@ -17,7 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from backends.engine_profiles import ProfileNotFound, load_profile
 from policies import BUILTIN_PROFILES, Architecture, EngineKind, Profile, ProfileError, build_profile
+from policies.engine_profile import EngineProfile, ProfileSchemaError
 
 
 class ConfigError(Exception):
@@ -91,10 +93,34 @@ class BackendConfig(_Strict):
     """How often the engine's health and load are probed."""
     sim: SimulatorConfig = SimulatorConfig()
     """How ``turnout replay`` simulates this backend."""
+    engine_profile: str | None = None
+    """How fast this engine is: a built-in profile's name (``turnout calibrate --list``) or the path
+    of one ``turnout calibrate`` wrote. The router's priors and the replay's engine model read it
+    (learning still corrects it online); unset: the kind's default rates (docs/calibrate.md)."""
 
     @property
     def base_url(self) -> str:
         return str(self.url).rstrip("/")
+
+    @model_validator(mode="after")
+    def _profile_loads(self) -> BackendConfig:
+        self.load_engine_profile()
+        return self
+
+    def load_engine_profile(self) -> EngineProfile | None:
+        """The engine profile this backend names, read and checked (None when it names none)."""
+        if self.engine_profile is None:
+            return None
+        try:
+            profile = load_profile(self.engine_profile)
+        except (ProfileNotFound, ProfileSchemaError) as exc:
+            raise ValueError(f"engine_profile: {exc}") from exc
+        if profile.engine != self.kind.value:
+            raise ValueError(
+                f"engine_profile {self.engine_profile!r} is a {profile.engine} profile; backend {self.id!r}"
+                f" is {self.kind.value}"
+            )
+        return profile
 
 
 class DeploymentConfig(_Strict):
@@ -325,6 +351,11 @@ class Settings(BaseSettings):
                         f" (configured: {', '.join(backend_ids) or 'none'})"
                     )
         return self
+
+    def engine_profiles(self) -> dict[str, EngineProfile]:
+        """The engine profile of each backend that names one, by backend id."""
+        loaded = {b.id: b.load_engine_profile() for b in self.backends}
+        return {backend_id: profile for backend_id, profile in loaded.items() if profile is not None}
 
     def backend(self, backend_id: str) -> BackendConfig:
         return next(b for b in self.backends if b.id == backend_id)

@@ -1,10 +1,13 @@
 """The cost model: for one candidate, the cached tokens to expect and the time to first token and
 to the last one, from the snapshot, the prefix index's match, the slot leases and what was learned.
 
-    prefill  = (prompt - cached) / prefill_tok_s
-    ttft     = queue_s * queue_factor + prefill + slowdown / decode_tok_s
-    total    = ttft + (expected_output - 1) / decode_tok_s * slowdown
-    slowdown = 1 + BATCH_SLOWDOWN * requests already running on the engine
+    prefill  = prefill_s(prompt - cached, cached)     (``policies.pricing``: the engine profile,
+               scaled by the learned rate; without a profile (prompt - cached) / prefill_tok_s)
+    ttft     = queue_s * queue_factor + prefill + decode_step
+    total    = ttft + (expected_output - 1) * decode_step
+    decode_step = decode_step_s(requests already running on the engine): the profile's step for
+               that batch over its step for one, divided by the learned decode_tok_s; without a
+               profile (1 + 0.06 * running) / decode_tok_s
                (an engine step prefills a chunk of prompts and decodes every running request once:
                a busy batch slows the answers, not the prompt)
     objective = ttft + horizon * future_s + evict_cost_s        (total instead of ttft: cost-completion)
@@ -38,7 +41,7 @@ then times ``follow``, the share of such first turns that came back lately (``Ro
 an agent's first turn can start where its conversation will be cheap, one-off traffic keeps it near 0.
 
     growth   = prompt - session's last prompt   (first turn: GROWTH_PRIOR of the prompt)
-    future_s = queue_s + (prompt + growth - cached_next) / prefill_tok_s
+    future_s = queue_s + prefill_s(prompt + growth - cached_next, cached_next)
                (this turn's queue again: contention outlasts one turn)
 """
 
@@ -47,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policies.learning import LearnedState
+from policies.pricing import decode_step_s, prefill_s
 from policies.slots import (
     DEFAULT_LEASE_IDLE_S,
     Situation,
@@ -67,7 +71,6 @@ from policies.types import (
     SlotLease,
 )
 
-BATCH_SLOWDOWN = 0.06
 LOOKAHEAD_TURNS = 3.0
 GROWTH_PRIOR = 0.2
 
@@ -83,17 +86,27 @@ class _Objective:
     depends only on what it would find cached (``cached_next``: the same for every slot of a
     backend), so it is worked out once per value, and not at all without a horizon."""
 
-    __slots__ = ("_next", "_queue_factor", "_rate", "features", "horizon", "situation")
+    __slots__ = ("_next", "_prefill", "_queue_factor", "features", "horizon", "situation")
 
     def __init__(self, features: RequestFeatures, situation: Situation, horizon: float) -> None:
         self.features, self.situation, self.horizon = features, situation, horizon
-        self._rate = situation.stats.prefill_tok_s.value
         self._queue_factor = situation.stats.queue_factor.value
         self._next: dict[int, float] = {}
+        self._prefill: dict[int, float] = {}
+
+    def prefill(self, cached: int) -> float:
+        """This turn's prefill were ``cached`` tokens of it reused (once per value: options share them)."""
+        seconds = self._prefill.get(cached)
+        if seconds is None:
+            new = self.features.prompt_tokens - cached
+            seconds = self._prefill[cached] = prefill_s(
+                self.situation.deployment, self.situation.stats, new, cached
+            )
+        return seconds
 
     def __call__(self, option: SlotOption) -> float:
         queue = option.queue_s * self._queue_factor
-        ttft = queue + (self.features.prompt_tokens - option.cached) / self._rate
+        ttft = queue + self.prefill(option.cached)
         if not self.horizon:
             return ttft + option.evict_cost_s
         return ttft + self.horizon * self.future(option.cached_next, queue) + option.evict_cost_s
@@ -116,8 +129,8 @@ def _next_prefill(features: RequestFeatures, situation: Situation, cached_next: 
     growth = prompt - session.prompt_tokens if session.turns > 0 else round(prompt * GROWTH_PRIOR)
     next_prompt = prompt + max(growth, 1)
     token_exact = situation.snapshot.kind is EngineKind.LLAMACPP
-    reused = reuse(cached_next, stats, stats.reuse.value, token_exact=token_exact)
-    return (next_prompt - min(reused, next_prompt - 1)) / stats.prefill_tok_s.value
+    reused = min(reuse(cached_next, stats, stats.reuse.value, token_exact=token_exact), next_prompt - 1)
+    return prefill_s(situation.deployment, stats, next_prompt - reused, reused)
 
 
 def estimate(
@@ -162,9 +175,8 @@ def estimate(
         option = SlotOption(None, cached, "prefix-cache" if cached else "none", queue, features.prompt_tokens)
     prompt = features.prompt_tokens
     cached = max(0, min(option.cached, prompt - 1))
-    slowdown = 1 + BATCH_SLOWDOWN * snapshot.running
-    decode_step = slowdown / stats.decode_tok_s.value
-    prefill = (prompt - cached) / stats.prefill_tok_s.value
+    decode_step = decode_step_s(deployment, stats, snapshot.running)
+    prefill = objective.prefill(cached)
     queue = option.queue_s * stats.queue_factor.value
     ttft = queue + prefill + decode_step
     total = ttft + (expected_output(features, learned) - 1) * decode_step

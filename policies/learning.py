@@ -7,7 +7,10 @@ Per deployment (``backend/model``):
 
 - ``prefill_tok_s``: llama.cpp ``prompt_n / prompt_ms``; others: uncached prompt tokens / TTFT
   (streams only, at least 64 uncached tokens, and only when nothing else was running or queued
-  there: a TTFT under load measures the queue, not the prefill).
+  there: a TTFT under load measures the queue, not the prefill). With an engine profile
+  (``policies.engine_profile``) the prior is the profile's cold 4k rate and each sample is that
+  prior times ``predicted / measured`` seconds: learning corrects the profile's level, the profile
+  keeps its shape (``policies.pricing``).
 - ``decode_tok_s``: llama.cpp ``(predicted_n - 1) / predicted_ms`` ("the first token is free");
   others: ``(completion_tokens - 1) / (duration - ttft)`` on streams.
 - ``reuse``: ``cached_tokens / reusable(shared_prefix_tokens)``, how much of what the engine could
@@ -63,7 +66,9 @@ from msgspec.structs import replace
 from policies.types import Architecture, Deployment, EngineKind, Estimate, Outcome
 
 ALPHA = 0.3
-SPREAD = 50.0
+SPREAD = 100.0
+"""How far a learned value may move from its prior, either way: 100x covers a 500-token turn that paid a
+6-second batch on an engine whose prior is the seeds' 3000 tok/s (48 tok/s on the H200 run, DOMAIN.md)."""
 RATIO_MAX = 1.5
 
 PRIOR_PREFILL = {EngineKind.VLLM: 6600.0, EngineKind.LLAMACPP: 3000.0, EngineKind.OPENAI: 3000.0}
@@ -141,12 +146,20 @@ class DeploymentStats(msgspec.Struct, frozen=True):
 
     @classmethod
     @functools.lru_cache(maxsize=256)  # immutable: every unmeasured deployment of a kind shares one
-    def prior(cls, kind: EngineKind, architecture: Architecture, speed: float = 1.0) -> DeploymentStats:
+    def prior(
+        cls,
+        kind: EngineKind,
+        architecture: Architecture,
+        speed: float = 1.0,
+        rates: tuple[float, float] | None = None,
+    ) -> DeploymentStats:
         """Before any measurement: the priors, rates times ``speed`` (what the other engines measured
-        against their priors: a slower or faster machine, or a replay's compressed time)."""
+        against their priors: a slower or faster machine, or a replay's compressed time); ``rates``:
+        the deployment's engine profile's prefill and decode rates instead of the kind's."""
+        prefill, decode = rates or (PRIOR_PREFILL[kind], PRIOR_DECODE[kind])
         return cls(
-            prefill_tok_s=Ewma(PRIOR_PREFILL[kind] * speed, PRIOR_PREFILL[kind]),
-            decode_tok_s=Ewma(PRIOR_DECODE[kind] * speed, PRIOR_DECODE[kind]),
+            prefill_tok_s=Ewma(prefill * speed, prefill),
+            decode_tok_s=Ewma(decode * speed, decode),
             reuse=Ewma(prior_reuse(kind, architecture), prior_reuse(kind, architecture), ratio=True),
             service_s=Ewma(PRIOR_SERVICE_S / speed, PRIOR_SERVICE_S),
             ram_reuse=Ewma(
@@ -169,7 +182,7 @@ class LearnedState(msgspec.Struct, frozen=True):
     def for_deployment(self, deployment: Deployment, kind: EngineKind) -> DeploymentStats:
         key = f"{deployment.backend_id}/{deployment.model}"
         return self.deployments.get(key) or DeploymentStats.prior(
-            kind, deployment.architecture, self.speed.value
+            kind, deployment.architecture, self.speed.value, profile_rates(deployment)
         )
 
     def for_model(self, model: str, chars_per_token_prior: float = 3.6) -> ModelStats:
@@ -182,21 +195,41 @@ def _model_prior(chars_per_token: float) -> ModelStats:
     return ModelStats(_ewma(chars_per_token), _ewma(PRIOR_COMPLETION_TOKENS))
 
 
-def _rates(stats: DeploymentStats, outcome: Outcome) -> DeploymentStats:
-    usage = outcome.usage
+def profile_rates(deployment: Deployment) -> tuple[float, float] | None:
+    """The deployment's engine profile as the two priors (cold 4k prefill, one-stream decode)."""
+    profile = deployment.profile
+    return None if profile is None else (profile.prefill_tok_s(), profile.decode_tok_s())
+
+
+def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> DeploymentStats:
+    """Rate samples, each the prior times how much faster than its profile the engine was: with no
+    profile that is plain tokens over seconds; with one, a 500-token turn that paid a 6 s batch
+    teaches the same rate as a 4k cold prefill that paid eight (module docstring)."""
+    usage, profile = outcome.usage, deployment.profile
     cached = usage.cached_tokens or 0
     uncached = usage.prompt_tokens - cached
+    prefill_s: float | None = None
     if usage.prompt_ms is not None and usage.prompt_ms > 0 and uncached >= 16:
-        stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(uncached / (usage.prompt_ms / 1000)))
+        prefill_s = usage.prompt_ms / 1000
     elif outcome.stream and outcome.ttft_s and uncached >= 64 and not outcome.contended:
-        stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(uncached / outcome.ttft_s))
+        prefill_s = outcome.ttft_s
+    if prefill_s is not None:
+        if profile is None:
+            sample = uncached / prefill_s
+        else:
+            sample = stats.prefill_tok_s.prior * profile.prefill_seconds(uncached, cached) / prefill_s
+        stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(sample))
     steps = usage.completion_tokens - 1
+    decode_s: float | None = None
     if usage.predicted_ms is not None and usage.predicted_ms > 0 and steps >= 4:
-        stats = replace(stats, decode_tok_s=stats.decode_tok_s.update(steps / (usage.predicted_ms / 1000)))
+        decode_s = usage.predicted_ms / 1000
     elif outcome.stream and outcome.ttft_s is not None and steps >= 4 and outcome.duration_s > outcome.ttft_s:
-        stats = replace(
-            stats, decode_tok_s=stats.decode_tok_s.update(steps / (outcome.duration_s - outcome.ttft_s))
-        )
+        decode_s = outcome.duration_s - outcome.ttft_s
+    if decode_s is not None:
+        rate = steps / decode_s
+        if profile is not None:  # the profile's step at this context is longer than at none
+            rate *= profile.batch_slowdown(1, usage.prompt_tokens)
+        stats = replace(stats, decode_tok_s=stats.decode_tok_s.update(rate))
     return stats
 
 
@@ -228,7 +261,7 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
     usage = outcome.usage
     key = f"{deployment.backend_id}/{deployment.model}"
     before = state.for_deployment(deployment, outcome.kind)
-    stats = _rates(before, outcome)
+    stats = _rates(before, outcome, deployment)
     speed = state.speed
     if stats.prefill_tok_s.samples > before.prefill_tok_s.samples:
         speed = speed.update(stats.prefill_tok_s.value / stats.prefill_tok_s.prior)

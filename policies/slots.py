@@ -22,11 +22,12 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
 - another session's slot (only for a session that has proven to continue: an explicit key, or a
   recognised follow-up), at the **eviction cost**: that session's next turn re-prefills what it
   loses and restores the rest from RAM,
-  ``tokens * max(reuse - ram_reuse, 0) / prefill_tok_s + tokens * ram_reuse / RESTORE_TOK_S``,
+  ``prefill_s(tokens * max(reuse - ram_reuse, 0)) + ram_restore_s(tokens * ram_reuse)``
+  (``policies.pricing``),
   weighed by the chance it comes back, ``0.5 ** (idle / (RECENCY_HALF_LIFE * lease_idle_s))``
   (0 once the lease expired). Ties go to the least recently used slot.
 
-A restore from the RAM cache adds ``cached / RESTORE_TOK_S`` to the queue of the request itself.
+A restore from the RAM cache adds ``ram_restore_s(cached)`` to the queue of the request itself.
 
 A request without a session takes no slot and names none, unless one is idle and free: then it is
 pinned there, so llama-server's own LRU choice cannot evict a session's warm slot.
@@ -40,6 +41,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from policies.learning import DeploymentStats, reusable
+from policies.pricing import prefill_s, ram_restore_s
 from policies.types import (
     Architecture,
     BackendSnapshot,
@@ -61,9 +63,6 @@ CHECKPOINT_GAP = CHECKPOINT_TAIL + 512
 """llama-server checkpoints a hybrid prompt of N tokens at N - 4 - n_ubatch and N - 4."""
 MAX_CHECKPOINTS = 32
 """Context checkpoints llama-server keeps per slot (``--ctx-checkpoints``), the oldest out first."""
-RESTORE_TOK_S = 200_000.0
-"""Tokens of saved slot state llama-server copies per second between a slot and its RAM cache (about
-64 KiB of KV per token of a 27B hybrid at ~13 GB/s): a restore is fast, not free."""
 RECENCY_HALF_LIFE = 0.1
 """A lease's holder is half as likely to come back after idling this fraction of ``lease_idle_s``."""
 
@@ -148,6 +147,7 @@ class SlotOption(msgspec.Struct, frozen=True):
     waits: bool = False  # the slot is busy: ``queue_s`` starts with its running request's remaining time
     expired: bool = False  # another session's lease, expired
     lost: bool = False  # the session's slot no longer holds its prompt
+    restore_s: float = 0.0  # loading ``cached`` back from the RAM cache (in ``queue_s``)
 
     def note(self) -> str:
         slot, notes = self.slot, []
@@ -159,8 +159,7 @@ class SlotOption(msgspec.Struct, frozen=True):
                 f"warm slot {slot}" if self.source == "slot" else f"slot {slot} ({self.source} reuse)"
             )
         if self.waits:
-            restore = self.cached / RESTORE_TOK_S if self.source == "ram" else 0.0
-            notes.append(f"waits ~{self.queue_s - restore:.1f} s for slot {slot}")
+            notes.append(f"waits ~{self.queue_s - self.restore_s:.1f} s for slot {slot}")
         if self.evicts is not None:
             notes.append(
                 f"takes slot {slot} from session {label(self.evicts)} (+{self.evict_cost_s:.2f} s next turn)"
@@ -298,9 +297,9 @@ def _eviction(lease: SlotLease, situation: Situation, shares: bool) -> float:
         return 0.0
     comes_back = float(0.5 ** (idle / (RECENCY_HALF_LIFE * situation.lease_idle_s)))
     ram = 0.0 if shares else min(stats.ram_reuse.value, stats.reuse.value)
-    lost = (
-        lease.tokens * (stats.reuse.value - ram) / stats.prefill_tok_s.value
-        + lease.tokens * ram / RESTORE_TOK_S
+    deployment = situation.deployment
+    lost = prefill_s(deployment, stats, lease.tokens * (stats.reuse.value - ram)) + ram_restore_s(
+        deployment, lease.tokens * ram
     )
     return comes_back * lost
 
@@ -333,7 +332,8 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         got = _best_reuse(situation, held, ram if consults else None, hybrid)
         mine = own is not None and lease is own
         queue, waits = _slot_queue(situation, state, mine)
-        queue += got.cached / RESTORE_TOK_S if got.source == "ram" else 0.0
+        restore = ram_restore_s(situation.deployment, got.cached) if got.source == "ram" else 0.0
+        queue += restore
         evicts, cost = None, 0.0
         if lease is not None and not mine:
             cost = _eviction(lease, situation, shares=not consults)
@@ -352,6 +352,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
                 waits=waits,
                 expired=lease is not None and not mine and cost == 0,
                 lost=lost,
+                restore_s=restore,
             )
         )  # fmt: skip
     if not options or session is None:

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 import msgspec
 
+from policies.engine_profile import EngineProfile
 from policies.prefix import EMPTY_CHAIN, PromptChain, PromptMark
 from policies.shape import PromptShape
 
@@ -95,6 +96,9 @@ class Deployment(msgspec.Struct, frozen=True):
     quantization: str | None = None
     params_total_b: float | None = None
     params_active_b: float | None = None
+    profile: EngineProfile | None = None
+    """How fast this engine is (``policies.engine_profile``): the router's priors and the shape of
+    its predictions; None: the kind's two default rates, linear."""
 
 
 class SlotState(msgspec.Struct, frozen=True):

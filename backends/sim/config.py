@@ -2,25 +2,39 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from backends.engine_profiles import load_profile
+from policies.engine_profile import EngineProfile, linear_profile
 from policies.types import Architecture
 
 SimKind = Literal["vllm", "llamacpp"]
 
-DEFAULT_PREFILL_TOK_S: dict[str, float] = {"vllm": 6600.0, "llamacpp": 3000.0}
-DEFAULT_DECODE_TOK_S: dict[str, float] = {"vllm": 64.0, "llamacpp": 109.0}
+DEFAULT_PROFILES: dict[str, str] = {"vllm": "seed-5090-vllm-27b", "llamacpp": "seed-5090-llamacpp-27b"}
+"""Each kind's engine profile when a config names none (``backends/profiles/``)."""
+DEFAULT_PREFILL_CHUNK = 2048
 DENSE_BLOCK_SIZE = 16
+
+
+@functools.cache
+def default_profile(kind: SimKind) -> EngineProfile:
+    """The built-in profile of ``kind`` (the seeds' single-5090 figures: 6600 / 64 tok/s for vLLM,
+    3000 / 109 tok/s for llama.cpp)."""
+    return load_profile(DEFAULT_PROFILES[kind])
 
 
 @dataclass(frozen=True)
 class SimConfig:
     """How one simulated engine behaves. Every field has a default.
 
-    ``prefill_tok_s`` / ``decode_tok_s`` of 0 mean "the kind's default" (vLLM 6600 / 64 tok/s, llama.cpp
-    3000 / 109 tok/s, from DOMAIN.md) and are resolved at construction, so readers always see the
-    effective value. Every simulated duration is multiplied by ``time_scale``.
+    Speeds: an engine ``profile`` (``policies.engine_profile``) prices every step; without one, a
+    linear profile of ``prefill_tok_s`` / ``decode_tok_s`` / ``batch_slowdown``, whose 0 means the
+    kind's default profile's rate (``DEFAULT_PROFILES``: vLLM 6600 / 64 tok/s, llama.cpp 3000 / 109
+    tok/s, from DOMAIN.md). With a profile, the rates are read from it (a profile wins over rates).
+    Either way they are resolved at construction, so readers always see the effective value. Every
+    simulated duration is multiplied by ``time_scale``.
     """
 
     kind: SimKind = "vllm"
@@ -57,8 +71,11 @@ class SimConfig:
     reasoning_tokens: int = 0
     """A thinking model: this many reasoning tokens before each answer (llama.cpp streams them as
     ``reasoning_content``, vLLM 0.32 as ``reasoning``)."""
-    prefill_chunk: int = field(default=2048)
-    """Prompt tokens processed per engine step (vLLM max_num_batched_tokens, llama.cpp n_batch)."""
+    prefill_chunk: int = field(default=0)
+    """Prompt tokens processed per engine step (vLLM max_num_batched_tokens, llama.cpp n_batch); 0:
+    the profile's ``batch`` (2048 without a profile)."""
+    profile: EngineProfile | None = None
+    """The engine profile the steps are priced by (None: linear, from the rates)."""
     cache_ram_mib: int = 8192
     """llama.cpp ``--cache-ram``: the RAM prompt cache in MiB (0 off, -1 no byte limit)."""
     cache_idle_slots: bool = True
@@ -74,16 +91,34 @@ class SimConfig:
         if self.kind not in ("vllm", "llamacpp"):
             raise ValueError(f"unknown simulator kind {self.kind!r}")
         object.__setattr__(self, "architecture", Architecture(self.architecture))
-        if self.prefill_tok_s <= 0:
-            object.__setattr__(self, "prefill_tok_s", DEFAULT_PREFILL_TOK_S[self.kind])
-        if self.decode_tok_s <= 0:
-            object.__setattr__(self, "decode_tok_s", DEFAULT_DECODE_TOK_S[self.kind])
+        base = self.profile or default_profile(self.kind)
+        if self.profile is not None or self.prefill_tok_s <= 0:
+            object.__setattr__(self, "prefill_tok_s", base.prefill_tok_s())
+        if self.profile is not None or self.decode_tok_s <= 0:
+            object.__setattr__(self, "decode_tok_s", base.decode_tok_s())
+        if self.prefill_chunk <= 0:
+            chunk = self.profile.prefill.batch if self.profile is not None else DEFAULT_PREFILL_CHUNK
+            object.__setattr__(self, "prefill_chunk", chunk)
         if self.slots < 1 or self.context_window < 1 or self.block_size < 1 or self.max_num_seqs < 1:
             raise ValueError("slots, context_window, block_size and max_num_seqs must be >= 1")
         if self.time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         if self.cache_ram_mib < -1:
             raise ValueError("cache_ram_mib must be -1 (no limit), 0 (off) or a size in MiB")
+
+    @functools.cached_property
+    def engine_profile(self) -> EngineProfile:
+        """The profile every step is priced by: ``profile``, or the linear one of the rates."""
+        if self.profile is not None:
+            return self.profile
+        return linear_profile(
+            self.kind,
+            self.prefill_tok_s,
+            self.decode_tok_s,
+            batch_slowdown=self.batch_slowdown,
+            batch=self.prefill_chunk,
+            name=f"{self.kind}-linear",
+        )
 
     @property
     def cache_block_size(self) -> int:
@@ -92,4 +127,4 @@ class SimConfig:
 
     def with_kind(self, kind: SimKind) -> SimConfig:
         """A copy for another engine kind, with that kind's default speeds."""
-        return replace(self, kind=kind, prefill_tok_s=0.0, decode_tok_s=0.0)
+        return replace(self, kind=kind, prefill_tok_s=0.0, decode_tok_s=0.0, profile=None)

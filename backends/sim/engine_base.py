@@ -1,11 +1,12 @@
 """The step rules both simulated engines share: continuous batching as a state machine.
 
 Each step (1) lets the engine admit waiting tasks, (2) gives prompt chunks of the running tasks up to
-``prefill_chunk`` tokens in arrival order, (3) gives one decode token to every running task whose
-prompt is done; it lasts ``perf.prefill_seconds(prefill tokens) + perf.decode_step_seconds(decoding
-tasks)`` simulated seconds. At its end a task whose prompt finished emits its first token (it comes
-from the last prompt batch's logits, so it is free), and every decoding task emits one more. A task
-that emitted its whole answer finishes. Tasks cancelled during the step are skipped.
+``prefill_chunk`` tokens in arrival order (cut where the engine profile says the real engine cuts:
+llama-server's checkpoints near a prompt's end), (3) gives one decode token to every running task
+whose prompt is done; it lasts what the engine profile prices its chunks and its decode step at
+(``perf.step_seconds``, simulated seconds). At its end a task whose prompt finished emits its first
+token (it comes from the last prompt batch's logits, so it is free), and every decoding task emits
+one more. A task that emitted its whole answer finishes. Tasks cancelled during the step are skipped.
 
 ``plan()`` is the start of a step (1-3, returning a :class:`~backends.sim.drive.Step`), ``apply()``
 its end; a driver (``backends.sim.drive``) lets the time pass between them: in wall time on asyncio
@@ -98,11 +99,12 @@ class BatchEngine(ABC):
         decoding = tuple(t for t in self.running if t.prefill_left == 0)
         for task in self.running:
             if task.prefill_left > 0 and budget > 0:
-                n = min(task.prefill_left, budget)
+                n = self.perf.profile.step_tokens(task.prefill_left, budget)
                 chunks.append((task, n))
                 budget -= n
-        n_prefill = sum(n for _, n in chunks)
-        sim_dt = self.perf.prefill_seconds(n_prefill) + self.perf.decode_step_seconds(len(decoding))
+        priced = [(n, len(task.prompt) - task.prefill_left) for task, n in chunks]
+        context = sum(len(t.prompt) + t.n_emitted for t in decoding)
+        sim_dt = self.perf.step_seconds(priced, len(decoding), context)
         self.n_decode_calls += 1
         self.n_busy_in_decode += len(self.running)
         return Step(tuple(chunks), decoding, sim_dt)

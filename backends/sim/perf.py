@@ -1,42 +1,42 @@
-"""The performance model both simulated engines run on (pure arithmetic, seconds before time scaling).
+"""The performance model both simulated engines run on: an engine profile, in simulated seconds.
 
-* prefill of ``n`` uncached prompt tokens takes ``n / prefill_tok_s``;
-* one decode step producing one token for each of ``n`` running sequences takes
-  ``(1 / decode_tok_s) * (1 + batch_slowdown * (n - 1))``;
-* an engine step that does both takes the sum; every duration is multiplied by ``time_scale``.
+The profile (``policies.engine_profile``) prices each engine step: its prompt chunks (micro-batches
+with their fixed cost, tokens and attention, llama-server's checkpoint cuts) and its decode step
+(sequences and context). ``time_scale`` turns simulated seconds into wall seconds for the HTTP
+simulators; the virtual replay uses simulated seconds as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backends.sim.config import SimConfig
+from policies.engine_profile import EngineProfile
 
 
 @dataclass(frozen=True, slots=True)
 class PerfModel:
-    """Speeds of one simulated engine."""
+    """The speeds of one simulated engine: its profile and the wall clock's scale."""
 
-    prefill_tok_s: float
-    decode_tok_s: float
-    batch_slowdown: float
+    profile: EngineProfile
     time_scale: float
 
     @classmethod
     def from_config(cls, config: SimConfig) -> PerfModel:
         """The model a :class:`SimConfig` describes."""
-        return cls(config.prefill_tok_s, config.decode_tok_s, config.batch_slowdown, config.time_scale)
+        return cls(config.engine_profile, config.time_scale)
 
-    def prefill_seconds(self, n_tokens: int) -> float:
-        """Simulated seconds to prefill ``n_tokens`` uncached tokens: ``n / prefill_tok_s``."""
-        return n_tokens / self.prefill_tok_s
+    def prefill_seconds(self, new: int, cached: int = 0) -> float:
+        """Simulated seconds to prefill ``new`` tokens after ``cached`` reused ones, alone."""
+        return self.profile.prefill_seconds(new, cached)
 
-    def decode_step_seconds(self, n_running: int) -> float:
-        """Simulated seconds of one decode step: ``(1/decode_tok_s) * (1 + slowdown * (n_running - 1))``."""
-        if n_running <= 0:
-            return 0.0
-        return (1.0 / self.decode_tok_s) * (1.0 + self.batch_slowdown * (n_running - 1))
+    def decode_step_seconds(self, n_running: int, context: int = 0) -> float:
+        """Simulated seconds of one decode step for ``n_running`` sequences of ``context`` tokens in all."""
+        return self.profile.decode_step_seconds(n_running, context)
 
-    def step_seconds(self, prefill_tokens: int, n_decoding: int) -> float:
-        """Wall seconds of one engine step (prefill part + decode part, times ``time_scale``)."""
-        return (self.prefill_seconds(prefill_tokens) + self.decode_step_seconds(n_decoding)) * self.time_scale
+    def step_seconds(self, chunks: Sequence[tuple[int, int]], n_decoding: int, context: int = 0) -> float:
+        """Simulated seconds of one engine step: prompt ``chunks`` (tokens, context before them) and a
+        decode step for ``n_decoding`` sequences holding ``context`` tokens."""
+        prefill = sum(self.profile.chunk_seconds(tokens, before) for tokens, before in chunks)
+        return prefill + self.profile.decode_step_seconds(n_decoding, context)

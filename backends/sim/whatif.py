@@ -112,7 +112,7 @@ def whatif_vllm(engine: VllmEngine, prompt: Sequence[int], max_tokens: int | Non
     own = len(prompt) - cached
     n_others = len(engine.running) + len(engine.waiting)
     queue_s = perf.prefill_seconds(ahead)
-    prefill_s = perf.prefill_seconds(own)
+    prefill_s = perf.prefill_seconds(own, cached)
     decode_s = _steps(ahead + own, config.prefill_chunk) * perf.decode_step_seconds(n_others)
     ttft = queue_s + prefill_s + decode_s if fits else math.inf
     return WhatIf(fits, len(prompt), cached, None, queue_s, prefill_s, ttft)
@@ -129,14 +129,14 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> What
     wait = 0.0
     current = slot.task
     if current is not None:
-        wait += perf.prefill_seconds(current.prefill_left)
+        wait += perf.prefill_seconds(current.prefill_left, len(current.prompt) - current.prefill_left)
         wait += (len(current.answer.tokens) - current.n_emitted) * perf.decode_step_seconds(1)
         tokens = _end_tokens(current)
     for task in engine.deferred:
         if task.id_slot == -1 or task.id_slot % len(engine.slots) != slot.id:
             continue
         reuse = llama_reuse(tokens, checkpoints, task.prompt, hybrid=hybrid, cache_prompt=task.cache_prompt)
-        wait += perf.prefill_seconds(len(task.prompt) - reuse.n_past)
+        wait += perf.prefill_seconds(len(task.prompt) - reuse.n_past, reuse.n_past)
         wait += len(task.answer.tokens) * perf.decode_step_seconds(1)
         checkpoints = add_checkpoints(reuse.checkpoints, len(task.prompt), reuse.n_past) if hybrid else ()
         tokens = _end_tokens(task)
@@ -148,7 +148,7 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> What
                 tokens, checkpoints = entry.tokens, entry.checkpoints
     reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=hybrid)
     own = len(prompt) - reuse.n_past
-    prefill_s = perf.prefill_seconds(own)
+    prefill_s = perf.prefill_seconds(own, reuse.n_past)
     decode_s = 0.0
     if current is None:
         others = [s.task for s in engine.slots if s.task is not None]

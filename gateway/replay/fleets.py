@@ -72,6 +72,7 @@ def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimC
             if sim.prefix_caching is not None
             else architecture is not Architecture.HYBRID,
             seed=seed,
+            profile=backend.load_engine_profile(),
         )
         if deployment is not None and deployment.context_window is not None:
             base = replace(base, context_window=deployment.context_window)

@@ -288,7 +288,9 @@ class GatewayReplay(World):
         documents: dict[str, Documents] = {
             name: EngineDocuments(engine, self._count) for name, engine in self.engines.items()
         }
-        catalog = Catalog(settings.models, created=int(self.clock.time()))
+        catalog = Catalog(
+            settings.models, created=int(self.clock.time()), profiles=settings.engine_profiles()
+        )
         client = httpx.AsyncClient(transport=NoHttp())
         self.fleet = Fleet(backend_specs(settings, catalog), client, clock=self.clock, documents=documents)
         self.router = Router(

@@ -37,6 +37,12 @@ def test_good_file(tmp_path: Path) -> None:
     assert settings.models[0].deployments[0].upstream_name == "M"
 
 
+def test_a_backend_names_its_engine_profile(tmp_path: Path) -> None:
+    text = GOOD.replace('kind = "vllm"', 'kind = "vllm"\nengine_profile = "workstation-vllm-27b-tp2"')
+    settings = load_settings(write(tmp_path, text))
+    assert settings.engine_profiles()["v"].name == "workstation-vllm-27b-tp2"
+
+
 def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TURNOUT_PORT", "9999")
     monkeypatch.setenv("TURNOUT_LIMITS__MAX_BODY_BYTES", "1234")
@@ -54,6 +60,14 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         (GOOD.replace('url = "http://127.0.0.1:9"', 'url = "nope"'), "backends.0.url"),
         ('profile = "fastest"\n' + GOOD, "unknown profile 'fastest'"),
         ("[[backends]\n", "not valid TOML"),
+        (
+            GOOD.replace('kind = "vllm"', 'kind = "vllm"\nengine_profile = "nope"'),
+            "backends.0: Value error, engine_profile: no engine profile named 'nope'; built-in: seed-5090",
+        ),
+        (
+            GOOD.replace('kind = "vllm"', 'kind = "vllm"\nengine_profile = "seed-5090-llamacpp-27b"'),
+            "is a llamacpp profile; backend 'v' is vllm",
+        ),
     ],
 )
 def test_bad_files_name_the_field(tmp_path: Path, text: str, message: str) -> None:

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
+from backends.engine_profiles import load_profile
 from policies import (
     BUILTIN_PROFILES,
     Architecture,
@@ -19,7 +20,7 @@ from policies import (
     route,
 )
 from policies.cost import estimate
-from policies.learning import PRIMED_SAMPLES, LearnedState, learn
+from policies.learning import PRIMED_SAMPLES, SPREAD, LearnedState, learn
 from policies.route import RoutingContext
 from policies.slots import keep_chance
 from policies.types import (
@@ -317,7 +318,7 @@ def test_learning_ignores_nonsense() -> None:
         "llama", "m", EngineKind.LLAMACPP, Usage(1000, 21, 0, 1e-9, 200.0), 0.06, 0.3, 0, 0, True
     )
     stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.prefill_tok_s.value <= 3000 * 50  # clamped to the prior's spread
+    assert stats.prefill_tok_s.value <= 3000 * SPREAD  # clamped to the prior's spread
 
 
 @given(st.integers(0, 20), st.integers(0, 20), st.integers(1, 100_000))
@@ -492,3 +493,40 @@ def test_a_busy_batch_slows_decoding_not_the_prompt() -> None:
     busy = estimate(features(), VLLM, vllm_snapshot(running=20), session=None, leases=(), learned=learned)
     assert busy.prefill_s == idle.prefill_s == pytest.approx(10_000 / 6600)
     assert busy.total_s - busy.ttft_s > idle.total_s - idle.ttft_s  # the answer is slower
+
+
+CPU_MOE = load_profile("workstation-llamacpp-flash-next-cpu-moe")
+MOE = replace(LLAMA, profile=CPU_MOE)
+
+
+def test_a_profile_prices_the_prefill_by_its_batches() -> None:
+    """A 500-token turn on a warm slot pays the profile's expert copy (one big micro-batch), not
+    500 tokens at the cold rate; a cold 4k prompt pays eight."""
+    warm = estimate(
+        features(9500), MOE, llama_snapshot(), session=SESSION, leases=(), learned=LearnedState(), match=HELD
+    )
+    assert warm.expected_cached_tokens > 8000
+    new = 9500 - warm.expected_cached_tokens
+    assert warm.prefill_s == pytest.approx(CPU_MOE.prefill_seconds(new, warm.expected_cached_tokens))
+    cold = estimate(
+        features(4096), MOE, llama_snapshot(), session=None, leases=(), learned=LearnedState(), match=NOTHING
+    )
+    assert cold.prefill_s == pytest.approx(CPU_MOE.prefill_seconds(4096))
+    assert cold.prefill_s > 7 * CPU_MOE.prefill.batch_s
+
+
+def test_learning_corrects_a_profiles_level_and_keeps_its_shape() -> None:
+    """An engine twice as slow as its profile, measured on a short turn, is believed twice as slow on a
+    long prompt too (a per-token rate would have learned the short turn's batch cost as a rate)."""
+    slow = CPU_MOE.prefill_seconds(500, 9000) * 2
+    outcome = Outcome(
+        "llama", "m", EngineKind.LLAMACPP, Usage(9500, 21, 9000, slow * 1000, 200.0), 0.06, 0.3, 0, 0, True
+    )
+    learned = learn(LearnedState(), outcome, MOE)
+    stats = learned.for_deployment(MOE, EngineKind.LLAMACPP)
+    assert stats.prefill_tok_s.prior == pytest.approx(CPU_MOE.prefill_tok_s())
+    assert stats.prefill_tok_s.value == pytest.approx(CPU_MOE.prefill_tok_s() / 2)
+    cold = estimate(
+        features(4096), MOE, llama_snapshot(), session=None, leases=(), learned=learned, match=NOTHING
+    )
+    assert cold.prefill_s == pytest.approx(2 * CPU_MOE.prefill_seconds(4096))

@@ -1,0 +1,287 @@
+"""Engine profiles: how long one engine takes to prefill, decode and restore, measured or derived.
+
+An :class:`EngineProfile` is what ``turnout calibrate`` writes (TOML, ``backends.profiles`` reads and
+writes it) and what every model of an engine's speed reads: the simulators and both replay clocks
+(``backends.sim``), and the router's priors (``policies.cost`` and ``policies.learning``). Its
+formulas are the engines' own mechanics, with coefficients fitted to the measured grid
+(``policies.profile_fit``):
+
+**Prefill** of ``new`` tokens after ``cached`` ones runs in engine steps of at most ``batch`` tokens
+(llama.cpp ``--batch-size``, vLLM ``max_num_batched_tokens``), each computed in micro-batches of at most
+``ubatch`` tokens (llama.cpp ``--ubatch-size``). A micro-batch of ``u`` tokens at context position
+``p`` costs::
+
+    u * token_s  +  batch_s (if u >= batch_min)  +  u * (p + u / 2) / 1000 * context_s
+
+``batch_s`` is a fixed cost per micro-batch: on llama.cpp with the experts in RAM (``--cpu-moe``) each
+batch of 32 tokens or more first copies the experts it uses to the GPU (seconds per batch on PCIe),
+smaller ones run the experts on the CPU. ``context_s`` is attention's share, which grows with the
+context. With ``checkpoint_splits`` (llama-server serving a hybrid or SWA model with context
+checkpoints) the last ``4 + ubatch`` and the last 4 tokens of a prompt go in steps of their own, so
+the server can checkpoint the recurrent state there (llama.cpp PR 20288): a 500-token turn pays two
+micro-batches, not one.
+
+**Decode**: one step giving each of ``n`` sequences one token, with ``context`` tokens among them::
+
+    step_s + (n - 1) * seq_s + context / 1000 * context_s
+
+**Restores**: ``ram_restore_token_s`` per token a llama.cpp slot loads back from its RAM prompt cache
+(``--cache-ram``); ``prefix_block`` the tokens a vLLM prefix-cache block holds (0: no reuse measured).
+
+A profile built from two rates (:func:`linear_profile`) reproduces the two-constant model turnout
+used before profiles: prefill ``n / rate``, decode ``(1 / rate) * (1 + slowdown * (n - 1))``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+CHECKPOINT_TAIL = 4
+"""llama-server checkpoints this many tokens before a prompt's end (and ``4 + ubatch``)."""
+OFFLOAD_MIN_BATCH = 32
+"""ggml offloads a CPU weight's op to the GPU only for batches of at least this many tokens."""
+
+EngineName = Literal["vllm", "llamacpp"]
+
+
+class ProfileSchemaError(ValueError):
+    """A profile that does not follow the schema; the message names the field."""
+
+
+class PrefillModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Prompt processing (module docstring)."""
+
+    token_s: float
+    """Seconds per prompt token."""
+    batch_s: float = 0.0
+    """Fixed seconds per micro-batch of at least ``batch_min`` tokens."""
+    batch_min: int = 1
+    ubatch: int = 2048
+    """Tokens per micro-batch (llama.cpp ``--ubatch-size``)."""
+    batch: int = 2048
+    """Tokens per engine step (llama.cpp ``--batch-size``, vLLM ``max_num_batched_tokens``)."""
+    context_s: float = 0.0
+    """Seconds per prompt token per 1,000 tokens before it (attention)."""
+    checkpoint_splits: bool = False
+    """llama-server's own cuts near a prompt's end (module docstring)."""
+
+    def __post_init__(self) -> None:
+        _positive("prefill.token_s", self.token_s, allow_zero=True)
+        _positive("prefill.batch_s", self.batch_s, allow_zero=True)
+        _positive("prefill.context_s", self.context_s, allow_zero=True)
+        if self.ubatch < 1 or self.batch < 1 or self.batch_min < 1:
+            raise ProfileSchemaError("prefill.ubatch, prefill.batch and prefill.batch_min must be >= 1")
+        if self.token_s == 0 and self.batch_s == 0:
+            raise ProfileSchemaError("prefill.token_s or prefill.batch_s must be > 0")
+
+
+class DecodeModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Token generation (module docstring)."""
+
+    step_s: float
+    """Seconds of a step giving one sequence one token at an empty context."""
+    seq_s: float = 0.0
+    """Seconds added per further sequence in the step."""
+    context_s: float = 0.0
+    """Seconds added per 1,000 tokens of context, summed over the step's sequences."""
+
+    def __post_init__(self) -> None:
+        _positive("decode.step_s", self.step_s)
+        _positive("decode.seq_s", self.seq_s, allow_zero=True)
+        _positive("decode.context_s", self.context_s, allow_zero=True)
+
+
+class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a reuse costs or gives."""
+
+    ram_restore_token_s: float = 0.0
+    """llama.cpp: seconds per token a slot loads back from the RAM prompt cache."""
+    prefix_block: int = 0
+    """vLLM: tokens per prefix-cache block a hybrid model's prompt is reused in (0: none measured)."""
+
+
+class Check(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One measured scenario against a cold prefill of the same prompt (``turnout calibrate``)."""
+
+    name: str
+    """``warm`` (a turn appended on its slot), ``checkpoint`` (an edit inside the prompt), ``ram``
+    (back from the RAM cache after an eviction), ``prefix`` (vLLM: the same prompt twice)."""
+    prompt: int
+    cached: int
+    seconds: float
+    cold_seconds: float
+    predicted_s: float = 0.0
+    """What the profile itself predicts for it (the fit's check)."""
+
+
+class Point(msgspec.Struct, frozen=True, array_like=True):
+    """A measured prefill (``new``, ``cached``, ``seconds``) or decode step (``batch``, ``context``,
+    ``seconds``); TOML writes it as ``[a, b, seconds]``."""
+
+    a: int
+    b: int
+    seconds: float
+
+
+class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One engine serving one model on one machine (module docstring)."""
+
+    name: str
+    engine: EngineName
+    prefill: PrefillModel
+    decode: DecodeModel
+    cache: CacheModel = CacheModel()
+    schema: int = SCHEMA_VERSION
+    model: str = ""
+    description: str = ""
+    source: str = ""
+    """How it came to be: ``turnout calibrate ...`` with its date, or the arithmetic it was derived by."""
+    context_window: int = 0
+    """The longest prompt it was measured to (0: unknown)."""
+    machine: tuple[tuple[str, str], ...] = ()
+    """Free-form (key, text) pairs: the GPU, CPU, RAM and the engine's flags (TOML: a table)."""
+    prefill_points: tuple[Point, ...] = ()
+    decode_points: tuple[Point, ...] = ()
+    checks: tuple[Check, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What the calibration could not do, or did coarser than asked."""
+
+    def __post_init__(self) -> None:
+        if self.schema != SCHEMA_VERSION:
+            raise ProfileSchemaError(
+                f"profile schema {self.schema} is not supported (this turnout reads schema {SCHEMA_VERSION})"
+            )
+
+    # --- prefill ---------------------------------------------------------------------------------
+
+    def step_tokens(self, remaining: int, budget: int | None = None) -> int:
+        """Prompt tokens the next engine step takes of a prompt with ``remaining`` tokens left to
+        process, given ``budget`` tokens left in the step (default: the profile's ``batch``)."""
+        take = min(remaining, self.prefill.batch if budget is None else budget)
+        if self.prefill.checkpoint_splits:
+            for offset in (CHECKPOINT_TAIL + self.prefill.ubatch, CHECKPOINT_TAIL):
+                tail = min(self.prefill.batch, offset)
+                if remaining > tail >= remaining - take:
+                    return remaining - tail
+        return take
+
+    def chunk_seconds(self, tokens: int, context: int = 0) -> float:
+        """Seconds to process ``tokens`` prompt tokens in one engine step, ``context`` tokens in."""
+        return sum(self._ubatch_s(u, p) for u, p in _ubatches(tokens, context, self.prefill.ubatch))
+
+    def prefill_seconds(self, new: int, cached: int = 0) -> float:
+        """Seconds to process ``new`` prompt tokens after ``cached`` reused ones (no other work)."""
+        return sum(self.chunk_seconds(n, p) for n, p in self.prefill_steps(new, cached))
+
+    def prefill_steps(self, new: int, cached: int = 0) -> Iterator[tuple[int, int]]:
+        """The engine steps (tokens, context before them) a prompt's ``new`` tokens run in."""
+        done = 0
+        while done < new:
+            take = self.step_tokens(new - done)
+            yield take, cached + done
+            done += take
+
+    def _ubatch_s(self, tokens: int, context: int) -> float:
+        p = self.prefill
+        fixed = p.batch_s if tokens >= p.batch_min else 0.0
+        return tokens * p.token_s + fixed + tokens * (context + tokens / 2) / 1000 * p.context_s
+
+    def prefill_tok_s(self, tokens: int = 4096) -> float:
+        """The cold prefill rate at ``tokens`` tokens: the profile as one number (the router's prior)."""
+        return tokens / self.prefill_seconds(tokens)
+
+    # --- decode ----------------------------------------------------------------------------------
+
+    def decode_step_seconds(self, sequences: int, context: int = 0) -> float:
+        """Seconds of one decode step for ``sequences`` sequences holding ``context`` tokens in all."""
+        if sequences <= 0:
+            return 0.0
+        d = self.decode
+        return d.step_s + (sequences - 1) * d.seq_s + context / 1000 * d.context_s
+
+    def decode_tok_s(self) -> float:
+        """One sequence's decode rate at an empty context (the router's prior)."""
+        return 1.0 / self.decode.step_s
+
+    def batch_slowdown(self, sequences: int, context: int = 0) -> float:
+        """How much longer a step is with ``sequences`` sequences than with one (>= 1)."""
+        return self.decode_step_seconds(max(sequences, 1), context) / self.decode.step_s
+
+    # --- restores --------------------------------------------------------------------------------
+
+    def ram_restore_seconds(self, tokens: int) -> float:
+        """Seconds to load ``tokens`` tokens of a saved slot back from the RAM cache."""
+        return tokens * self.cache.ram_restore_token_s
+
+
+def linear_profile(
+    engine: EngineName,
+    prefill_tok_s: float,
+    decode_tok_s: float,
+    *,
+    batch_slowdown: float = 0.06,
+    batch: int = 2048,
+    name: str = "",
+) -> EngineProfile:
+    """The two-constant model as a profile: prefill ``n / prefill_tok_s``, decode step
+    ``(1 / decode_tok_s) * (1 + batch_slowdown * (n - 1))``."""
+    if prefill_tok_s <= 0 or decode_tok_s <= 0:
+        raise ProfileSchemaError("prefill_tok_s and decode_tok_s must be > 0")
+    return EngineProfile(
+        name=name or f"{engine}-linear-{prefill_tok_s:g}-{decode_tok_s:g}",
+        engine=engine,
+        prefill=PrefillModel(token_s=1.0 / prefill_tok_s, ubatch=batch, batch=batch),
+        decode=DecodeModel(step_s=1.0 / decode_tok_s, seq_s=batch_slowdown / decode_tok_s),
+        source=f"two rates: prefill {prefill_tok_s:g} tok/s, decode {decode_tok_s:g} tok/s",
+    )
+
+
+def profile_from_mapping(data: Mapping[str, Any]) -> EngineProfile:
+    """A profile from its TOML/JSON mapping, validated; :class:`ProfileSchemaError` names the field."""
+    schema = data.get("schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise ProfileSchemaError(
+            f"profile schema {schema!r} is not supported (this turnout reads schema {SCHEMA_VERSION})"
+        )
+    machine = data.get("machine", {})
+    if not isinstance(machine, Mapping):
+        raise ProfileSchemaError("machine must be a table of strings")
+    data = {**data, "machine": tuple((str(k), str(v)) for k, v in machine.items())}
+    try:
+        return msgspec.convert(data, EngineProfile, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ProfileSchemaError(str(exc)) from exc
+
+
+def profile_to_mapping(profile: EngineProfile) -> dict[str, Any]:
+    """The profile as plain data (what TOML writes), fields in schema order."""
+    data: dict[str, Any] = msgspec.to_builtins(profile)
+    data["machine"] = dict(profile.machine)
+    return data
+
+
+def _ubatches(tokens: int, context: int, ubatch: int) -> Iterator[tuple[int, int]]:
+    done = 0
+    while done < tokens:
+        u = min(ubatch, tokens - done)
+        yield u, context + done
+        done += u
+
+
+def _positive(field: str, value: float, *, allow_zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ProfileSchemaError(f"{field} must be {'>= 0' if allow_zero else '> 0'}, not {value!r}")
+
+
+def relative_errors(profile: EngineProfile) -> Sequence[float]:
+    """``predicted / measured - 1`` for each prefill point, then each decode point."""
+    out = [profile.prefill_seconds(p.a, p.b) / p.seconds - 1 for p in profile.prefill_points if p.seconds > 0]
+    out += [
+        profile.decode_step_seconds(p.a, p.b) / p.seconds - 1 for p in profile.decode_points if p.seconds > 0
+    ]
+    return out

@@ -1,0 +1,48 @@
+"""What the router believes one deployment's work costs: its engine profile, scaled by what was learned.
+
+The profile (``policies.engine_profile``) gives the shape: a prefill's micro-batches with their fixed
+cost, attention growing with the context, a decode step growing with the batch. Learning
+(``policies.learning``) gives the level: ``prefill_tok_s`` and ``decode_tok_s`` are EWMAs whose
+priors are the profile's own nominal rates, so ``prior / value`` is how much slower (or faster) the
+engine really is than its profile says, and every predicted time is scaled by it. A deployment
+without a profile is linear in its learned rates (``new / prefill_tok_s``), as before profiles:
+``ram_restore`` then uses ``RESTORE_TOK_S``.
+"""
+
+from __future__ import annotations
+
+from policies.learning import DeploymentStats
+from policies.types import Deployment
+
+BATCH_SLOWDOWN = 0.06
+"""Without a profile: each further running request makes a decode step 6% longer."""
+RESTORE_TOK_S = 200_000.0
+"""Without a profile: tokens a second a llama.cpp slot loads back from its RAM cache."""
+
+
+def prefill_s(deployment: Deployment, stats: DeploymentStats, new: float, cached: int = 0) -> float:
+    """Seconds to prefill ``new`` tokens after ``cached`` reused ones, as learned so far (``new``
+    may be an expectation: a fraction of a prompt)."""
+    if new <= 0:
+        return 0.0
+    rate = stats.prefill_tok_s
+    if deployment.profile is None:
+        return new / rate.value
+    return deployment.profile.prefill_seconds(round(new), cached) * rate.prior / rate.value
+
+
+def decode_step_s(deployment: Deployment, stats: DeploymentStats, running: int, context: int = 0) -> float:
+    """Seconds of one decode step with ``running`` other requests on the engine (and ``context``
+    tokens in the step, the profile's attention term)."""
+    rate = stats.decode_tok_s.value
+    if deployment.profile is None:
+        return (1 + BATCH_SLOWDOWN * running) / rate
+    return deployment.profile.batch_slowdown(running + 1, context) / rate
+
+
+def ram_restore_s(deployment: Deployment, tokens: float) -> float:
+    """Seconds to load ``tokens`` tokens of a saved slot back from llama.cpp's RAM cache."""
+    profile = deployment.profile
+    if profile is None or profile.cache.ram_restore_token_s <= 0:
+        return tokens / RESTORE_TOK_S
+    return tokens * profile.cache.ram_restore_token_s
