@@ -1,4 +1,4 @@
-"""The ``turnout`` command: serve, demo, sim, config check, agents, trace, replay."""
+"""The ``turnout`` command: serve, demo, sim, config check, agents, trace, replay, calibrate."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway.calibrate_command import add_calibrate_parser
 from gateway.replay.commands import add_replay_parser, add_trace_parser
 from gateway.serving import run_gateway
 from gateway.settings import ConfigError, Settings, load_settings
@@ -148,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_trace_parser(commands)
     add_replay_parser(commands)
+    add_calibrate_parser(commands)
     return parser
 
 

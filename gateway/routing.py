@@ -166,7 +166,7 @@ class Router:
             key = await self.store.find_session(features.chain) or f"i:{features.chain.whole:016x}"
             features = replace(features, session_key=key, session_source=SessionSource.IMPLICIT)
         session = await self.store.get_session(key) or SessionView(key=key)
-        added = added_part(features, session)
+        added = None if features.prompt_exact else added_part(features, session)
         if added is not None:
             chars_per_token = self.learned.for_model(features.model).chars_per_token.value
             estimate = round(len(added) / chars_per_token) + MESSAGE_OVERHEAD_TOKENS * added.count(

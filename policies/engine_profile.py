@@ -8,8 +8,8 @@ formulas are the engines' own mechanics, with coefficients fitted to the measure
 
 **Prefill** of ``new`` tokens after ``cached`` ones runs in engine steps of at most ``batch`` tokens
 (llama.cpp ``--batch-size``, vLLM ``max_num_batched_tokens``), each computed in micro-batches of at most
-``ubatch`` tokens (llama.cpp ``--ubatch-size``). A micro-batch of ``u`` tokens at context position
-``p`` costs::
+``ubatch`` tokens (llama.cpp ``--ubatch-size``). A request pays ``request_s`` once; a micro-batch of
+``u`` tokens at context position ``p`` costs::
 
     u * token_s  +  batch_s (if u >= batch_min)  +  u * (p + u / 2) / 1000 * context_s
 
@@ -69,8 +69,12 @@ class PrefillModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Seconds per prompt token per 1,000 tokens before it (attention)."""
     checkpoint_splits: bool = False
     """llama-server's own cuts near a prompt's end (module docstring)."""
+    request_s: float = 0.0
+    """Fixed seconds per request with a prompt to process, before its first token: the engine's
+    parsing, slot selection, saving idle slots to the RAM cache, the first sampling."""
 
     def __post_init__(self) -> None:
+        _positive("prefill.request_s", self.request_s, allow_zero=True)
         _positive("prefill.token_s", self.token_s, allow_zero=True)
         _positive("prefill.batch_s", self.batch_s, allow_zero=True)
         _positive("prefill.context_s", self.context_s, allow_zero=True)
@@ -170,13 +174,17 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     return remaining - tail
         return take
 
-    def chunk_seconds(self, tokens: int, context: int = 0) -> float:
-        """Seconds to process ``tokens`` prompt tokens in one engine step, ``context`` tokens in."""
-        return sum(self._ubatch_s(u, p) for u, p in _ubatches(tokens, context, self.prefill.ubatch))
+    def chunk_seconds(self, tokens: int, context: int = 0, *, first: bool = False) -> float:
+        """Seconds to process ``tokens`` prompt tokens in one engine step, ``context`` tokens in
+        (``first``: the request's first chunk, which also pays ``request_s``)."""
+        fixed = self.prefill.request_s if first else 0.0
+        return fixed + sum(self._ubatch_s(u, p) for u, p in _ubatches(tokens, context, self.prefill.ubatch))
 
     def prefill_seconds(self, new: int, cached: int = 0) -> float:
-        """Seconds to process ``new`` prompt tokens after ``cached`` reused ones (no other work)."""
-        return sum(self.chunk_seconds(n, p) for n, p in self.prefill_steps(new, cached))
+        """Seconds to process ``new`` prompt tokens after ``cached`` reused ones (no other work), the
+        request's fixed cost included."""
+        steps = self.prefill_steps(new, cached)
+        return sum(self.chunk_seconds(n, p, first=p == cached) for n, p in steps)
 
     def prefill_steps(self, new: int, cached: int = 0) -> Iterator[tuple[int, int]]:
         """The engine steps (tokens, context before them) a prompt's ``new`` tokens run in."""

@@ -55,6 +55,18 @@ def conversation(body: Mapping[str, Any], endpoint: Endpoint) -> list[Any]:
     return ([{"role": "system", "content": system}] if system is not None else []) + messages
 
 
+def token_ids(prompt: Any) -> int | None:
+    """The number of tokens of a completion prompt given as token ids (``[1, 2, 3]``, the OpenAI
+    form the engines accept): exact, no estimate needed; None for text."""
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return len(prompt)
+    return None
+
+
 def prompt_size(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[int, int]:
     """``(characters of prompt text, template overhead tokens)`` of a request."""
     if endpoint is Endpoint.COMPLETIONS:
@@ -119,10 +131,13 @@ def extract(
     chars, overhead = prompt_size(body, endpoint)
     key, source = explicit_session(headers or {}, body)
     messages = conversation(body, endpoint)
+    ids = token_ids(body.get("prompt")) if endpoint is Endpoint.COMPLETIONS else None
     return RequestFeatures(
         model=model,
         endpoint=endpoint,
-        prompt_tokens=max(1, round(chars / chars_per_token) + overhead),
+        prompt_tokens=max(1, ids if ids is not None else round(chars / chars_per_token) + overhead),
+        prompt_exact=ids is not None,
+        prompt_counted="counted" if ids is not None else "estimate",
         max_tokens=requested_max_tokens(body),
         stream=bool(body.get("stream", False)),
         session_key=key,

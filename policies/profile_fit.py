@@ -1,11 +1,11 @@
 """Fitting an engine profile's coefficients to measured points (``turnout calibrate``).
 
 Each model in ``policies.engine_profile`` is linear in its coefficients once the engine's batching is
-known: a prefill of ``new`` tokens after ``cached`` is ``token_s * T + batch_s * B + context_s * A``
-with ``T`` its tokens, ``B`` its micro-batches of at least ``batch_min`` tokens and ``A`` the attention
-sum ``u * (p + u / 2) / 1000`` over its micro-batches; a decode step is ``step_s + seq_s * (n - 1) +
-context_s * context / 1000``. So each fit is a non-negative least-squares problem over at most three
-coefficients, solved exactly by trying every subset of them (8 small linear solves). Residuals are
+known: a prefill of ``new`` tokens after ``cached`` is ``request_s + token_s * T + batch_s * B +
+context_s * A`` with ``T`` its tokens, ``B`` its micro-batches of at least ``batch_min`` tokens and
+``A`` the attention sum ``u * (p + u / 2) / 1000`` over its micro-batches; a decode step is ``step_s +
+seq_s * (n - 1) + context_s * context / 1000``. So each fit is a non-negative least-squares problem
+over at most four coefficients, solved exactly by trying every subset of them (15 small solves). Residuals are
 relative (each point weighted by ``1 / seconds``): a 100 ms turn matters as much as a 100 s one.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from policies.engine_profile import DecodeModel, EngineProfile, Point, PrefillModel, ProfileSchemaError
 
 
-def prefill_features(shape: PrefillModel, new: int, cached: int) -> tuple[float, float, float]:
-    """``(T, B, A)`` of one prefill under ``shape``'s batching (module docstring)."""
+def prefill_features(shape: PrefillModel, new: int, cached: int) -> tuple[float, float, float, float]:
+    """``(1, T, B, A)`` of one prefill under ``shape``'s batching (module docstring)."""
     unit = EngineProfile(
         name="unit", engine="llamacpp", prefill=shape, decode=DecodeModel(step_s=1.0)
     )  # only its batching is used
@@ -32,7 +32,7 @@ def prefill_features(shape: PrefillModel, new: int, cached: int) -> tuple[float,
             batches += 1.0 if u >= shape.batch_min else 0.0
             attention += u * (p + u / 2) / 1000
             done += u
-    return tokens, batches, attention
+    return 1.0, tokens, batches, attention
 
 
 def fit_prefill(shape: PrefillModel, points: Sequence[Point], *, attention: bool = True) -> PrefillModel:
@@ -41,8 +41,8 @@ def fit_prefill(shape: PrefillModel, points: Sequence[Point], *, attention: bool
     prompts to tell it apart)."""
     rows = [prefill_features(shape, p.a, p.b) for p in points]
     if not attention:
-        rows = [(t, b, 0.0) for t, b, _ in rows]
-    token_s, batch_s, context_s = nnls(rows, [p.seconds for p in points])
+        rows = [(one, t, b, 0.0) for one, t, b, _ in rows]
+    request_s, token_s, batch_s, context_s = nnls(rows, [p.seconds for p in points])
     if token_s == 0 and batch_s == 0:
         raise ProfileSchemaError("the prefill points fit no positive rate: measure longer prompts")
     return PrefillModel(
@@ -53,35 +53,37 @@ def fit_prefill(shape: PrefillModel, points: Sequence[Point], *, attention: bool
         batch=shape.batch,
         context_s=context_s,
         checkpoint_splits=shape.checkpoint_splits,
+        request_s=request_s,
     )
 
 
 def fit_decode(points: Sequence[Point]) -> DecodeModel:
     """``step_s``, ``seq_s`` and ``context_s`` fitted to ``points`` (``batch``, ``context``, ``seconds``)."""
     rows = [(1.0, float(p.a - 1), p.b / 1000) for p in points]
-    step_s, seq_s, context_s = nnls(rows, [p.seconds for p in points])
+    step_s, seq_s, context_s = nnls(rows, [p.seconds for p in points])[:3]
     if step_s <= 0:  # every point a batch of one at a long context: keep the smallest step seen
         step_s = min(p.seconds for p in points)
     return DecodeModel(step_s=step_s, seq_s=seq_s, context_s=context_s)
 
 
-def nnls(rows: Sequence[Sequence[float]], seconds: Sequence[float]) -> tuple[float, float, float]:
-    """Non-negative ``x`` minimising ``sum(((row . x) - s) / s) ** 2)`` over rows of three features."""
+def nnls(rows: Sequence[Sequence[float]], seconds: Sequence[float]) -> list[float]:
+    """Non-negative ``x`` minimising ``sum(((row . x) - s) / s) ** 2)`` (every row as long)."""
     if not rows or len(rows) != len(seconds):
         raise ProfileSchemaError("a fit needs at least one measured point")
+    width = len(rows[0])
     weighted = [([f / s for f in row], 1.0) for row, s in zip(rows, seconds, strict=True) if s > 0]
-    best: tuple[float, tuple[float, float, float]] = (float("inf"), (0.0, 0.0, 0.0))
-    for size in (1, 2, 3):
-        for active in itertools.combinations(range(3), size):
+    best: tuple[float, list[float]] = (float("inf"), [0.0] * width)
+    for size in range(1, width + 1):
+        for active in itertools.combinations(range(width), size):
             solution = _solve(weighted, active)
             if solution is None or any(v < 0 for v in solution):
                 continue
-            x = [0.0, 0.0, 0.0]
+            x = [0.0] * width
             for index, value in zip(active, solution, strict=True):
                 x[index] = value
             error = sum((sum(f * v for f, v in zip(row, x, strict=True)) - y) ** 2 for row, y in weighted)
             if error < best[0] - 1e-15:
-                best = (error, (x[0], x[1], x[2]))
+                best = (error, x)
     return best[1]
 
 

@@ -102,7 +102,10 @@ class BatchEngine(ABC):
                 n = self.perf.profile.step_tokens(task.prefill_left, budget)
                 chunks.append((task, n))
                 budget -= n
-        priced = [(n, len(task.prompt) - task.prefill_left) for task, n in chunks]
+        priced = [
+            (n, len(task.prompt) - task.prefill_left, task.prefill_left == len(task.prompt) - task.cached)
+            for task, n in chunks
+        ]
         context = sum(len(t.prompt) + t.n_emitted for t in decoding)
         sim_dt = self.perf.step_seconds(priced, len(decoding), context)
         self.n_decode_calls += 1

@@ -35,8 +35,10 @@ class PerfModel:
         """Simulated seconds of one decode step for ``n_running`` sequences of ``context`` tokens in all."""
         return self.profile.decode_step_seconds(n_running, context)
 
-    def step_seconds(self, chunks: Sequence[tuple[int, int]], n_decoding: int, context: int = 0) -> float:
-        """Simulated seconds of one engine step: prompt ``chunks`` (tokens, context before them) and a
-        decode step for ``n_decoding`` sequences holding ``context`` tokens."""
-        prefill = sum(self.profile.chunk_seconds(tokens, before) for tokens, before in chunks)
+    def step_seconds(
+        self, chunks: Sequence[tuple[int, int, bool]], n_decoding: int, context: int = 0
+    ) -> float:
+        """Simulated seconds of one engine step: prompt ``chunks`` (tokens, context before them, whether
+        it is its request's first) and a decode step for ``n_decoding`` sequences of ``context`` tokens."""
+        prefill = sum(self.profile.chunk_seconds(n, before, first=first) for n, before, first in chunks)
         return prefill + self.profile.decode_step_seconds(n_decoding, context)

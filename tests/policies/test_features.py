@@ -65,3 +65,11 @@ def test_the_shape_can_wait_until_the_request_is_sent() -> None:
     assert with_shape(routed, chat) == extract(chat, Endpoint.CHAT, model="m")
     completion = extract({"model": "m", "prompt": "hi"}, Endpoint.COMPLETIONS, model="m", shape=False)
     assert with_shape(completion, {"model": "m", "prompt": "hi"}).shape is None
+
+
+def test_a_prompt_of_token_ids_is_counted_exactly() -> None:
+    """``/v1/completions`` with ``prompt: [ids]`` (what the engines accept): its count is its length."""
+    features = extract({"prompt": list(range(1000)), "max_tokens": 4}, Endpoint.COMPLETIONS, model="m")
+    assert (features.prompt_tokens, features.prompt_exact, features.prompt_counted) == (1000, True, "counted")
+    text = extract({"prompt": "x" * 3600}, Endpoint.COMPLETIONS, model="m")
+    assert (text.prompt_tokens, text.prompt_exact) == (1000, False)

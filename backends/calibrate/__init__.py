@@ -1,0 +1,1 @@
+"""``turnout calibrate``: measuring a running engine into an engine profile (``policies.engine_profile``)."""

@@ -1,0 +1,298 @@
+"""``turnout calibrate``: measure one idle engine and fit its engine profile (``policies.engine_profile``).
+
+The procedure, in order, each step skipped (and said so in the profile's ``notes``) when what is
+left of ``--budget`` would not cover it at the rate measured so far:
+
+1. **Cold prefills** of fresh prompts from 16 tokens to 90% of the window, at sizes chosen around the
+   micro-batch (half of one, one and a bit, a whole step and a bit), then a quarter, a half and 90%
+   of the window; shortest first, so each estimate extrapolates from measured ones. Then **prefills
+   after cached tokens**: a conversation of a quarter of the window grows by half a micro-batch,
+   then by a step and a half, on its own slot (the points that tell attention's cost apart).
+2. **Decode steps** for 1, 2, ... sequences together (up to the slots, at most 4; vLLM 1 to 8) at a
+   short and a long context.
+3. **Scenarios**, each against the profile's cold prefill of the same prompt
+   (llama.cpp): a turn appended on its slot (``warm``), an edit inside the prompt after it (reuse
+   from the last checkpoint before the edit: ``checkpoint``), and the same conversation back on its
+   slot after another one took it (``ram``: the RAM prompt cache, whose restore cost per token is
+   what the profile keeps); (vLLM) the same prompt twice at two lengths (``prefix``: the block size
+   the prefix cache reuses a hybrid model's prompt in, if at all).
+
+Prefill and decode coefficients are fitted to the points (``policies.profile_fit``); the scenario
+checks show how far the fitted profile is from what happened. Every llama.cpp slot used is erased
+at the end (the RAM cache keeps what it saved: llama-server has no call to empty it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from backends.calibrate.engines import CalibrationError, Engine, Prefill
+from policies.engine_profile import (
+    OFFLOAD_MIN_BATCH,
+    CacheModel,
+    Check,
+    DecodeModel,
+    EngineProfile,
+    Point,
+    PrefillModel,
+)
+from policies.profile_fit import fit_decode, fit_prefill
+
+Progress = Callable[[str], None]
+Clock = Callable[[], float]
+DECODE_TOKENS = 24
+RESERVE = 0.25
+"""Of the budget kept back from the prefill grid for the decode steps and the scenarios."""
+
+
+@dataclass(frozen=True)
+class Options:
+    name: str
+    budget_s: float = 600.0
+    ubatch: int | None = None
+    """Micro-batch tokens (llama.cpp ``--ubatch-size``; default 512); vLLM: ``batch``."""
+    batch: int | None = None
+    """Tokens per engine step (llama.cpp ``--batch-size``, vLLM ``--max-num-batched-tokens``); 2048."""
+    checkpoint_splits: bool = True
+    """llama.cpp serving a hybrid (or SWA) model with context checkpoints."""
+    window: int | None = None
+    """Measure prompts up to this many tokens (default: the engine's window)."""
+    machine: tuple[tuple[str, str], ...] = ()
+    source: str = ""
+    seed: int = 0
+
+
+@dataclass
+class _Run:
+    engine: Engine
+    options: Options
+    clock: Clock
+    progress: Progress
+    started: float
+    shape: PrefillModel
+    prefill: list[Point] = field(default_factory=list)
+    decode: list[Point] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    used_slots: set[int] = field(default_factory=set)
+
+    def left(self) -> float:
+        return self.options.budget_s - (self.clock() - self.started)
+
+    def rate_s(self, tokens: int) -> float:
+        """A pessimistic guess of a cold prefill of ``tokens`` from what was measured (0: no idea)."""
+        if not self.prefill:
+            return 0.0
+        per_token = max(p.seconds / max(p.a, 1) for p in self.prefill)
+        return per_token * tokens + max(p.seconds for p in self.prefill[:1])
+
+    def say(self, step: int, steps: int, what: str) -> None:
+        filled = round(20 * step / max(steps, 1))
+        elapsed = self.clock() - self.started
+        self.progress(
+            f"[{'#' * filled}{'-' * (20 - filled)}] {step}/{steps} {what}"
+            f"  ({elapsed:.0f} s of {self.options.budget_s:.0f} s)"
+        )
+
+    async def prefill_on(self, tokens: Sequence[int], slot: int = 0) -> Prefill:
+        self.used_slots.add(slot)
+        return await self.engine.prefill(tokens, slot)
+
+
+def prefill_sizes(window: int, ubatch: int, batch: int) -> list[int]:
+    """The cold prefill grid (module docstring), ascending, each under the window."""
+    candidates = [
+        16,
+        ubatch // 2,
+        ubatch + 37,
+        batch + ubatch // 2 + 11,
+        window // 4,
+        window // 2,
+        window * 9 // 10,
+    ]
+    limit = window - DECODE_TOKENS - 8
+    return sorted({n for n in candidates if 8 <= n <= limit})
+
+
+def _growths(room: int, ubatch: int, batch: int) -> list[int]:
+    """Two growths of a conversation that fit ``room`` tokens: half a micro-batch, then a step and a
+    half; in a small window, a quarter and a half of the room."""
+    wanted = [ubatch // 2 + 3, batch + ubatch // 2 + 11]
+    if sum(wanted) > room:
+        wanted = [room // 4, room // 2]
+    return [g for g in wanted if g >= 8]
+
+
+async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress: Progress) -> EngineProfile:
+    """Measure ``engine`` (idle, or :class:`CalibrationError`) and return its fitted profile."""
+    busy = await engine.busy()
+    if busy:
+        raise CalibrationError(
+            f"the engine is busy ({busy} request(s) running or queued): calibrate measures an idle engine;"
+            " stop its traffic (or drain it in turnout's dashboard) and try again"
+        )
+    info = engine.info
+    window = min(info.window or 4096, options.window or info.window or 4096)
+    llama = info.engine == "llamacpp"
+    batch = options.batch or 2048
+    ubatch = options.ubatch or (512 if llama else batch)
+    shape = PrefillModel(
+        token_s=1.0,
+        ubatch=ubatch,
+        batch=batch,
+        batch_min=OFFLOAD_MIN_BATCH if llama else 1,
+        checkpoint_splits=llama and options.checkpoint_splits,
+    )
+    run = _Run(engine, options, clock, progress, clock(), shape)
+    try:
+        await _prefill_grid(run, window)
+        prefill = fit_prefill(shape, run.prefill, attention=any(p.b > 0 for p in run.prefill))
+        await _decode_grid(run, window, slots=info.slots if llama else 8)
+        decode = fit_decode(run.decode) if run.decode else DecodeModel(step_s=0.05)
+        if not run.decode:
+            run.notes.append("no decode step measured (budget): decode.step_s is a placeholder 0.05 s")
+        draft = EngineProfile(name=options.name, engine=info.engine, prefill=prefill, decode=decode)
+        checks, cache = await (
+            _llama_checks(run, draft, window) if llama else _vllm_checks(run, draft, window)
+        )
+    finally:
+        for slot in sorted(run.used_slots):
+            await engine.erase(slot)
+    return EngineProfile(
+        name=options.name,
+        engine=info.engine,
+        prefill=prefill,
+        decode=decode,
+        cache=cache,
+        model=info.model,
+        source=options.source,
+        context_window=window,
+        machine=options.machine,
+        prefill_points=tuple(run.prefill),
+        decode_points=tuple(run.decode),
+        checks=tuple(checks),
+        notes=(*info.notes, *run.notes),
+    )
+
+
+async def _prefill_grid(run: _Run, window: int) -> None:
+    sizes = prefill_sizes(window, run.shape.ubatch, run.shape.batch)
+    base = window // 4
+    growths = _growths(window - DECODE_TOKENS - 8 - base, run.shape.ubatch, run.shape.batch)
+    steps = len(sizes) + len(growths)
+    for index, n in enumerate(sizes, 1):
+        guess = run.rate_s(n)
+        if len(run.prefill) >= 2 and guess > run.left() * (1 - RESERVE):
+            skipped = [s for s in sizes if s >= n]
+            run.notes.append(
+                f"coarser grid: cold prefills of {', '.join(map(str, skipped))} tokens skipped"
+                f" (~{guess:.0f} s each, {run.left():.0f} s of the budget left)"
+            )
+            break
+        run.say(index, steps, f"cold prefill of {n:,} tokens (~{guess:.0f} s)")
+        got = await run.prefill_on(run.engine.prompt(n))
+        run.prefill.append(Point(got.processed, got.cached, round(got.seconds, 6)))
+    if len(run.prefill) < 2:
+        raise CalibrationError("fewer than two prefills measured: give calibrate a larger --budget")
+    # after cached tokens: a conversation of ``base`` tokens on slot 1 grows turn by turn
+    guess = run.rate_s(base + sum(growths))
+    if guess > run.left() * (1 - RESERVE):
+        run.notes.append(f"no prefill after cached tokens measured (~{guess:.0f} s, budget)")
+        return
+    slot = 1 if run.engine.info.slots > 1 else 0
+    conversation = run.engine.prompt(base)
+    await run.prefill_on(conversation, slot)
+    for index, grow in enumerate(growths, len(sizes) + 1):
+        run.say(index, steps, f"{grow:,} tokens after {len(conversation):,} cached")
+        conversation += run.engine.prompt(grow)
+        got = await run.prefill_on(conversation, slot)
+        run.prefill.append(Point(got.processed, got.cached, round(got.seconds, 6)))
+
+
+async def _decode_grid(run: _Run, window: int, *, slots: int) -> None:
+    batches = [b for b in (1, 2, 4, 8) if b <= max(1, min(slots, 8))]
+    contexts = [64, min(window // 4, 4096)]
+    plan = [(b, c) for c in contexts for b in batches]
+    for index, (b, context) in enumerate(plan, 1):
+        guess = run.rate_s(context) * b + DECODE_TOKENS * 0.5
+        if run.decode and guess > run.left() * 0.6:
+            run.notes.append(f"decode at {context} tokens of context with {b}+ sequences skipped (budget)")
+            break
+        run.say(index, len(plan), f"decode, {b} sequence(s) at {context:,} tokens")
+        prompts = [run.engine.prompt(context) for _ in range(b)]
+        run.used_slots.update(range(b))
+        step = await run.engine.decode(prompts, DECODE_TOKENS)
+        run.decode.append(Point(b, b * (context + DECODE_TOKENS // 2), round(step, 6)))
+
+
+async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:
+    n = min(window // 2, max(p.a for p in run.prefill))
+    half, grow = n // 2, min(200, max(window - n - DECODE_TOKENS - 8, 1))
+    if draft.prefill_seconds(n) * 2.5 > run.left():
+        run.notes.append(
+            "warm, checkpoint and RAM-cache scenarios skipped (budget): ram_restore_token_s unknown"
+        )
+        return [], CacheModel()
+    conversation = run.engine.prompt(n + grow)
+    run.say(1, 4, f"a {half:,}-token turn on slot 0 (leaves checkpoints)")
+    await run.prefill_on(conversation[:half])
+    run.say(2, 4, f"warm: the conversation grows to {n:,} tokens on its slot")
+    warm = await run.prefill_on(conversation[:n])
+    checks = [_check("warm", n, warm, draft)]
+    edit = conversation[: (half + n) // 2] + run.engine.prompt(n - (half + n) // 2)
+    run.say(3, 4, f"checkpoint: an edit at token {(half + n) // 2:,} of {n:,}")
+    edited = await run.prefill_on(edit)
+    checks.append(_check("checkpoint", n, edited, draft))
+    await run.prefill_on(conversation[:n])  # the conversation back on slot 0 (from its checkpoints or cold)
+    other = run.engine.prompt(n)
+    run.say(4, 4, "ram: another conversation takes slot 0, then the first one comes back")
+    await run.prefill_on(other)
+    back = await run.prefill_on(conversation[: n + grow])
+    ram_token_s = 0.0
+    if back.cached >= n // 2:
+        rest = draft.prefill_seconds(back.processed, back.cached)
+        ram_token_s = max(back.seconds - rest, 0.0) / back.cached
+    else:
+        run.notes.append(
+            f"no RAM-cache restore seen ({back.cached} of {n} tokens came back): --cache-ram 0, or too small"
+        )
+    cache = CacheModel(ram_restore_token_s=round(ram_token_s, 9))
+    checks.append(_check("ram", n + grow, back, draft, restore_s=back.cached * ram_token_s))
+    return checks, cache
+
+
+async def _vllm_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:
+    hits: list[int] = []
+    checks: list[Check] = []
+    for n in (min(window // 4, 3000), min(window // 2, 5000)):
+        if draft.prefill_seconds(n) * 2.5 > run.left():
+            run.notes.append(f"prefix-cache scenario at {n} tokens skipped (budget)")
+            continue
+        run.say(len(hits) + 1, 2, f"prefix: the same {n:,}-token prompt twice")
+        tokens = run.engine.prompt(n)
+        first = await run.engine.prefill(tokens)
+        second = await run.engine.prefill(tokens)
+        hits.append(second.cached)
+        checks.append(
+            Check("prefix", n, second.cached, round(second.seconds, 6), round(first.seconds, 6),
+                  round(draft.prefill_seconds(n - second.cached, second.cached), 6))
+        )  # fmt: skip
+    block = math.gcd(*hits) if hits and all(hits) else 0
+    if not block:
+        run.notes.append(
+            "vLLM reused no prompt prefix (a hybrid model on vLLM <= 0.25, or prefix caching off)"
+        )
+    return checks, CacheModel(prefix_block=block)
+
+
+def _check(name: str, prompt: int, got: Prefill, draft: EngineProfile, *, restore_s: float = 0.0) -> Check:
+    predicted = draft.prefill_seconds(got.processed, got.cached) + restore_s
+    return Check(
+        name,
+        prompt,
+        got.cached,
+        round(got.seconds, 6),
+        round(draft.prefill_seconds(prompt), 6),
+        round(predicted, 6),
+    )

