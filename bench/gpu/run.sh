@@ -2,9 +2,9 @@
 # The GPU run of issue #27 (docs/calibrate.md, "The GPU run"), in stages, on the device machine:
 #
 #   python bench/gpu/pack.py                                  # here, once: .gpu/ (source + wheels)
-#   device run, carry [".gpu"]: bash bench/gpu/run.sh build gguf      # ~7 min
-#   device run (within 30 s): bash bench/gpu/run.sh serve:compose calibrate:compose:4096:300 turns:compose
-#   device run (within 30 s): bash bench/gpu/run.sh serve:pinned calibrate:pinned:32768:240 turns:pinned
+#   device run, carry [".gpu"]: bash bench/gpu/run.sh build gguf      # ~6 min
+#   device run (within 30 s, warm): bash bench/gpu/run.sh serve:compose calibrate:compose:2048:170 \
+#       turns:compose serve:pinned calibrate:pinned:32768:170 turns:pinned stop    # ~8 min
 #
 # Stages run in the order given; each is skipped when its result is already there (a warm machine
 # keeps the build under .gpu/ and the model in /dev/shm between calls). Results go to $OUT (the
@@ -100,7 +100,7 @@ stage_calibrate() {
 stage_turns() {
   python_env
   python3 bench/gpu/turns.py --engine "http://127.0.0.1:$PORT" --profile "$OUT/h200-$1.toml" \
-    --turns 3 --first 2000 --grow 250 --out "$OUT/turns-$1.json" 2>&1 | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$1.log"
+    --turns 3 --first ${FIRST_WORDS:-1000} --grow 250 --out "$OUT/turns-$1.json" 2>&1 | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$1.log"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no GPU: a dry run"

@@ -74,7 +74,9 @@ class Horizon:
 @dataclass(frozen=True, slots=True)
 class Engines:
     """The fleet as the oracle prices it: each backend's prefill rate (tokens/s) and which of them
-    keep a session warm between turns (llama.cpp slots)."""
+    keep a session warm between turns (llama.cpp slots). A conversation's future is priced at each
+    engine profile's nominal rate (``prefill_tok_s``, the cold 4k rate): per-batch costs are left out
+    of the look-ahead (this turn's TTFT comes from the engine models' own what-if, which has them)."""
 
     rates: Mapping[str, float]
     slotted: frozenset[str]

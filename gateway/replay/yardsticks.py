@@ -9,7 +9,8 @@ that has new tokens) their sum is the distinct tokens the engines saw, so ``pref
 = tokens the engines prefilled / distinct tokens (1.0: nothing was prefilled twice).
 
 **Lower bound.** Each request alone on its best engine with the most reuse it could have had:
-``min over engines (P - reuse) / prefill rate``, plus the gateway's own time, where ``P`` is the
+``min over engines prefill_seconds(P - reuse, reuse)`` (the engine's profile: ``(P - reuse) / prefill
+rate`` for a linear one), plus the gateway's own time, where ``P`` is the
 prompt the engine sees (chat template included) and ``reuse`` its whole shared prefix on llama.cpp
 (an upper bound: every earlier prompt kept in some slot or in RAM, checkpoints anywhere; all of ``P``
 when an earlier prompt had all of this one), the shared
@@ -94,6 +95,6 @@ def lower_bounds(
             if prompt > config.context_window or (config.kind == "vllm" and prompt >= config.context_window):
                 continue
             reuse = min(_reuse(config, known), prompt - 1)
-            best = min(best, (prompt - reuse) / config.prefill_tok_s)
+            best = min(best, config.engine_profile.prefill_seconds(prompt - reuse, reuse))
         out.append(None if math.isinf(best) else best + overhead_s)
     return out
