@@ -21,7 +21,7 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 GPU=.gpu
 SRC=$GPU/src/llama.cpp
-BUILD=$GPU/build
+BUILD=${BUILD:-/tmp/llama-build}   # outside the repository: a carried .gpu/ replaces what is there
 MODEL=${MODEL:-/dev/shm/flash-next-shape.gguf}
 SERVER=${SERVER:-$BUILD/bin/llama-server}
 PORT=${PORT:-8080}
