@@ -77,6 +77,9 @@ def add_calibrate_parser(commands: Any) -> None:
         "--seed", type=int, help="seeds the prompts' tokens (default: a fresh one, so that no prompt of an"
         " earlier run is still in the engine's caches)",
     )  # fmt: skip
+    parser.add_argument(
+        "--repeat", type=int, default=2, help="measure each cheap point N times, keep the fastest (default 2)"
+    )
     parser.add_argument("--list", action="store_true", help="list the built-in profiles and exit")
     parser.set_defaults(func=cmd_calibrate)
 
@@ -123,6 +126,7 @@ async def _run(args: argparse.Namespace) -> EngineProfile:
             source=f"turnout calibrate {args.url} --budget {args.budget:.0f}s --seed {seed}"
             f" ({datetime.now(UTC):%Y-%m-%d})",
             seed=seed,
+            repeat=max(1, args.repeat),
         )
         return await calibrate(
             engine,

@@ -1,6 +1,7 @@
 """Print compose.yaml's llama-server flags for a run outside compose, one per line.
 
-    python3 bench/gpu/compose_flags.py --model /dev/shm/m.gguf --port 8080 [--one-gpu] [--set ubatch-size=4096 ...]
+    python3 bench/gpu/compose_flags.py --model /dev/shm/m.gguf --port 8080 [--one-gpu] \
+        [--set ubatch-size=4096 ...]
 
 ``--model``, ``--host`` and ``--port`` are replaced by the run's own; ``${VAR:-default}`` takes its
 default; ``--one-gpu`` drops ``--split-mode`` and ``--tensor-split`` (they need two cards);

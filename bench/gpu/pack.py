@@ -47,8 +47,8 @@ def pack_wheels() -> Path:
     requirements = _runtime_requirements()
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.12",
-         "--implementation", "cp", *platforms, "-d", str(wheels), *requirements],
+        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+         "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(wheels), *requirements],
         check=True,
     )  # fmt: skip
     return wheels

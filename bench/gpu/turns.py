@@ -29,7 +29,24 @@ from gateway.serving import ServerThread  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 
 ADMIN_TOKEN = "gpu-run-admin"
-WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+]
 
 
 def text(rng: random.Random, tokens: int) -> str:
@@ -58,12 +75,15 @@ architecture = "hybrid"
 """
 
 
-def turn(client: httpx.Client, messages: list[dict[str, str]], session: str, max_tokens: int) -> dict[str, Any]:
+def turn(
+    client: httpx.Client, messages: list[dict[str, str]], session: str, max_tokens: int
+) -> dict[str, Any]:
     body = {"model": "m", "messages": messages, "stream": True, "max_tokens": max_tokens,
             "stream_options": {"include_usage": True}}  # fmt: skip
     started = time.perf_counter()
     ttft, answer, usage, timings = None, [], {}, {}
-    with client.stream("POST", "/v1/chat/completions", json=body, headers={"x-session-id": session}) as response:
+    headers = {"x-session-id": session}
+    with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
         if response.status_code != 200:
             raise SystemExit(f"turn failed: {response.status_code} {response.read()[:500]!r}")
         slot = response.headers.get("x-turnout-slot")
@@ -104,8 +124,9 @@ def main() -> int:
                         {"role": "user", "content": text(rng, args.first)}]  # fmt: skip
             for index in range(args.turns):
                 got = turn(client, messages, "gpu-run-session", args.max_tokens)
-                decision = client.get("/admin/api/decisions", params={"limit": 1},
-                                      headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()["data"][0]  # fmt: skip
+                admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+                log = client.get("/admin/api/decisions", params={"limit": 1}, headers=admin).json()
+                decision = log["data"][0]
                 chosen = next(c for c in decision["candidates"] if c["backend"] == decision["chosen"])
                 usage = got["usage"]
                 row = {

@@ -65,7 +65,7 @@ class TestFiles:
         assert load_profile(path) == profile
 
     def test_unknown_names_and_bad_files_say_what_is_wrong(self, tmp_path: Path) -> None:
-        with pytest.raises(ProfileNotFound, match="built-in: seed-5090"):
+        with pytest.raises(ProfileNotFound, match=r"built-in: .*seed-5090-vllm-27b"):
             load_profile("no-such-profile")
         with pytest.raises(ProfileNotFound, match="does not exist"):
             load_profile(str(tmp_path / "missing.toml"))

@@ -65,6 +65,10 @@ COMMANDS: dict[str, str | NotRun] = {
     "turnout config check turnout.toml": "test_the_readme_config_file",
     "cp deploy/env.example .env": "test_env_example_is_what_compose_reads",
     "cp deploy/env.example .env && $EDITOR .env": "test_env_example_is_what_compose_reads",
+    "turnout calibrate http://127.0.0.1:8080 --out llama-moe.toml --budget 10m": NotRun(
+        "tests/real/test_calibrate.py runs it, as written but for the port and a shorter --budget, against"
+        " the real llama-server the suite builds"
+    ),
     "docker compose --profile gpu up -d": DOCKER,
     "docker compose --profile gpu --profile monitoring up -d": DOCKER,
     "docker compose --profile sim up": DOCKER,
