@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from backends.engine_profiles import ProfileNotFound, load_profile
 from backends.sim.config import SimConfig
+from policies.engine_profile import ProfileSchemaError
 from policies.types import Architecture
 
 
@@ -34,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slots", type=int, default=2, help="llama.cpp -np")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="vLLM --max-num-seqs")
     parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument(
+        "--engine-profile",
+        help="run on this engine profile: a built-in name or a `turnout calibrate` file (docs/calibrate.md);"
+        " it wins over the rates below",
+    )
     parser.add_argument("--prefill-tok-s", type=float, default=0.0, help="0 = the engine's default")
     parser.add_argument("--decode-tok-s", type=float, default=0.0, help="0 = the engine's default")
     parser.add_argument(
@@ -70,7 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str]) -> ServeOptions:
     """Parse ``argv`` (``[kind, options...]``) into :class:`ServeOptions`; exits with code 2 on errors."""
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    profile = None
+    if ns.engine_profile:
+        try:
+            profile = load_profile(ns.engine_profile)
+        except (ProfileNotFound, ProfileSchemaError) as exc:
+            parser.error(str(exc))
+        if profile.engine != ns.kind:
+            parser.error(f"{ns.engine_profile} is a {profile.engine} profile, not {ns.kind}")
     config = SimConfig(
         kind=ns.kind,
         model=ns.model,
@@ -90,6 +106,7 @@ def parse_args(argv: list[str]) -> ServeOptions:
         tool_calls=ns.tool_calls,
         cache_ram_mib=ns.cache_ram,
         cache_idle_slots=ns.cache_idle_slots,
+        profile=profile,
     )
     return ServeOptions(ns.host, ns.port, config)
 

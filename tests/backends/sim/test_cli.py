@@ -34,6 +34,28 @@ class TestParseArgs:
         assert (config.block_size, config.api_key, config.load_seconds) == (512, "k", 2.0)
         assert config.batch_slowdown == 0.0
 
+    def test_an_engine_profile_by_name(self) -> None:
+        config = parse_args(
+            ["llamacpp", "--port", "1", "--engine-profile", "h200-llamacpp-flash-next-shape-pinned"]
+        ).config
+        assert config.engine_profile.name == "h200-llamacpp-flash-next-shape-pinned"
+        assert config.prefill_chunk == 4096  # the profile's batch
+
+    @pytest.mark.parametrize(
+        ("argv", "message"),
+        [
+            (["vllm", "--engine-profile", "seed-5090-llamacpp-27b"], "is a llamacpp profile, not vllm"),
+            (["vllm", "--engine-profile", "nope"], "no engine profile named 'nope'"),
+        ],
+    )
+    def test_a_wrong_engine_profile_is_refused(
+        self, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args([*argv, "--port", "1"])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+
     def test_defaults_per_kind(self) -> None:
         """Unset speeds take the engine's defaults (vLLM 6600/64, llama.cpp 3000/109)."""
         vllm = parse_args(["vllm", "--port", "1"]).config
