@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from backends.inflight import FORGET_AFTER_S, InFlight, Sent, busy_until
+from backends.inflight import FORGET_AFTER_S, RELEASE_LAG_S, InFlight, Sent, busy_until
 from policies.types import BackendSnapshot, EngineKind, Health, SlotState
 
 BACKENDS = ("llama", "vllm")
@@ -18,7 +18,9 @@ def naive_overlay(
     requests: list[Sent], ended: dict[tuple[str, int], float], snapshot: BackendSnapshot, now: float
 ) -> BackendSnapshot:
     mine = [r for r in requests if r.backend_id == snapshot.backend_id]
-    gone = {s for (b, s), at in ended.items() if b == snapshot.backend_id and at > snapshot.taken_at}
+    # a slot turnout's request left shows free in a probe taken less than RELEASE_LAG_S after that end
+    release = snapshot.taken_at - RELEASE_LAG_S
+    gone = {s for (b, s), at in ended.items() if b == snapshot.backend_id and at > release}
     if not mine and not gone:
         return snapshot
     busy: dict[int, float] = {}
