@@ -261,7 +261,12 @@ UPSTREAM_HEADROOM = 64
 def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
     """Build the gateway for ``settings``; engines are probed when the app starts. ``clock``: what
     everything timed reads (``backends.clock``)."""
-    catalog = Catalog(settings.models, created=int(clock.time()), profiles=settings.engine_profiles())
+    catalog = Catalog(
+        settings.models,
+        created=int(clock.time()),
+        profiles=settings.engine_profiles(),
+        groups=settings.groups,
+    )
     profile = settings.routing_profile()
     store = state_store(settings, clock)
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.errors import ModelNotFound
-from gateway.settings import ModelConfig
+from gateway.settings import GroupConfig, ModelConfig
 from policies.engine_profile import EngineProfile
 from policies.types import BackendSnapshot, Deployment, Health
 
@@ -23,6 +23,9 @@ class CatalogModel:
     deployments: tuple[Deployment, ...]
     max_output_tokens: int | None = None
     display_name: str | None = None
+    members: tuple[str, ...] = ()
+    """A model group's member models, the default first (``deployments``: all of theirs); empty for
+    a plain model."""
 
 
 class Catalog:
@@ -33,8 +36,10 @@ class Catalog:
         models: Sequence[ModelConfig],
         created: int,
         profiles: Mapping[str, EngineProfile] | None = None,
+        groups: Sequence[GroupConfig] = (),
     ) -> None:
-        """``profiles``: each backend's engine profile, by backend id (``Settings.engine_profiles``)."""
+        """``profiles``: each backend's engine profile, by backend id (``Settings.engine_profiles``);
+        ``groups``: model groups over ``models`` (listed after them)."""
         profiles = profiles or {}
         self.models = tuple(
             CatalogModel(
@@ -60,6 +65,20 @@ class Catalog:
             )
             for m in models
         )
+        plain = {m.name: m for m in self.models}
+        self.models += tuple(
+            CatalogModel(
+                name=g.name,
+                aliases=g.aliases,
+                chars_per_token=plain[g.ordered[0]].chars_per_token,
+                deployments=tuple(d for member in g.ordered for d in plain[member].deployments),
+                max_output_tokens=g.max_output_tokens
+                or _smallest(plain[m].max_output_tokens for m in g.members),
+                display_name=g.display_name,
+                members=g.ordered,
+            )
+            for g in groups
+        )
         self._by_name = {name: model for model in self.models for name in (model.name, *model.aliases)}
         self.created = created
 
@@ -80,7 +99,9 @@ class Catalog:
         return view
 
     def deployments_on(self, backend_id: str) -> tuple[Deployment, ...]:
-        return tuple(d for m in self.models for d in m.deployments if d.backend_id == backend_id)
+        return tuple(
+            d for m in self.models if not m.members for d in m.deployments if d.backend_id == backend_id
+        )
 
     def window(self, model: CatalogModel, snapshots: Sequence[BackendSnapshot]) -> int | None:
         """The largest context window ``model`` can be routed to now: over its deployments on
@@ -103,6 +124,11 @@ class Catalog:
             (live.get((d.model, d.backend_id), d), health.get(d.backend_id, Health.UNKNOWN))
             for d in model.deployments
         ]
+
+
+def _smallest(limits: Iterable[int | None]) -> int | None:
+    known = [limit for limit in limits if limit is not None]
+    return min(known) if known else None
 
 
 def max_output_tokens(model: CatalogModel, window: int | None) -> int:

@@ -41,6 +41,7 @@ def openai_model(
         "aliases": list(model.aliases),
         "context_window": window,
         "max_output_tokens": max_output_tokens(model, window),
+        **({"members": list(model.members)} if model.members else {}),
         "backends": [
             {
                 "id": d.backend_id,

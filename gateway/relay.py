@@ -202,7 +202,9 @@ class Relay:
                 chosen = decision.chosen_candidate
                 record.predicted_ttft = chosen.estimate.ttft_s if chosen and chosen.estimate else None
                 adapter = self.fleet.adapter(decision.chosen.backend_id)
-                upstream = adapter.prepare(endpoint, body, decision.chosen, body["model"], slot=decision.slot)
+                # a group's answer names the member that gave it; a model's, the name it was asked by
+                named = decision.chosen.model if routed.features.members else body["model"]
+                upstream = adapter.prepare(endpoint, body, decision.chosen, named, slot=decision.slot)
                 # in flight from now: a queued llama.cpp stream sends no headers until a slot takes
                 # it, and requests routed meanwhile must see it waiting there
                 token = self.fleet.begin(in_flight(decision, self.fleet.clock.time()))
@@ -263,6 +265,8 @@ class Relay:
         features = extract(
             body, endpoint, model=model.name, headers=headers, chars_per_token=chars_per_token, shape=False
         )
+        if model.members:
+            features = replace(features, members=model.members)
         if endpoint is Endpoint.COUNT_TOKENS:  # no inference: no session, no slot, nothing to learn
             return await self.router.decide(features, None)
         features, session = await self.router.resolve_session(features)
@@ -379,6 +383,7 @@ class Relay:
         decision = opened.decision
         headers = {
             "x-turnout-backend": decision.chosen.backend_id if decision.chosen else "",
+            "x-turnout-model": decision.chosen.model if decision.chosen else "",
             "x-turnout-route-reason": decision.header,
         }
         if decision.slot is not None:

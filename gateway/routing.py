@@ -86,9 +86,11 @@ def outgrown(routed: Routed) -> dict[str, Any] | None:
         return None
     estimate = chosen.estimate
     cached = estimate.expected_cached_tokens if estimate else 0
+    moves_model = session.model is not None and session.model != chosen.deployment.model
     return {
         "from": previous,
         "to": chosen.deployment.backend_id,
+        **({"from_model": session.model, "to_model": chosen.deployment.model} if moves_model else {}),
         "prompt_tokens": routed.features.prompt_tokens,
         "reprefill_tokens": max(routed.features.prompt_tokens - cached, 0),
         "prefill_s": round(estimate.prefill_s, 4) if estimate else None,
@@ -349,6 +351,7 @@ class Router:
                 total_prompt_tokens=session.total_prompt_tokens + outcome.usage.prompt_tokens,
                 total_cached_tokens=session.total_cached_tokens + cached,
                 saved_s=session.saved_s + (cached / rate if rate > 0 else 0.0),
+                model=chosen.deployment.model,
             )
         await self.store.finish_turn(updated, turn, record)
 

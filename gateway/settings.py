@@ -155,6 +155,26 @@ class ModelConfig(_Strict):
     deployments: tuple[DeploymentConfig, ...] = Field(min_length=1)
 
 
+class GroupConfig(_Strict):
+    """A model group: one client-facing name over several models, the member chosen per request
+    (docs/routing.md, "Model groups")."""
+
+    name: str
+    members: tuple[str, ...] = Field(min_length=2)
+    """Model names (not aliases); the first is the default member unless ``default`` names another."""
+    default: str | None = None
+    aliases: tuple[str, ...] = ()
+    display_name: str | None = None
+    max_output_tokens: int | None = Field(None, gt=0)
+    """As for a model; unset: the smallest of the members' (every member must honour it)."""
+
+    @property
+    def ordered(self) -> tuple[str, ...]:
+        """The members, the default first."""
+        first = self.default or self.members[0]
+        return (first, *(m for m in self.members if m != first))
+
+
 class ProfileConfig(_Strict):
     """A routing profile of your own, built from the registered filters and scorers."""
 
@@ -289,6 +309,8 @@ class Settings(BaseSettings):
     profiles: tuple[ProfileConfig, ...] = ()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
+    groups: tuple[GroupConfig, ...] = ()
+    """Model groups (docs/routing.md): a name clients ask for, over several models."""
 
     @classmethod
     def settings_customise_sources(
@@ -350,6 +372,26 @@ class Settings(BaseSettings):
                         f"models.{model.name}.deployments: unknown backend {deployment.backend!r}"
                         f" (configured: {', '.join(backend_ids) or 'none'})"
                     )
+        model_names = {m.name for m in self.models}
+        for group in self.groups:
+            for name in (group.name, *group.aliases):
+                if name in names:
+                    raise ValueError(f"groups: name or alias {name!r} is used twice")
+                names.add(name)
+            unknown = [
+                m
+                for m in (*group.members, *([group.default] if group.default else []))
+                if m not in model_names
+            ]
+            if unknown:
+                raise ValueError(
+                    f"groups.{group.name}: {unknown[0]!r} is not a configured model name"
+                    f" (models: {', '.join(sorted(model_names)) or 'none'})"
+                )
+            if group.default and group.default not in group.members:
+                raise ValueError(f"groups.{group.name}: default {group.default!r} is not one of its members")
+            if len(set(group.members)) != len(group.members):
+                raise ValueError(f"groups.{group.name}: a member is listed twice")
         return self
 
     def engine_profiles(self) -> dict[str, EngineProfile]:

@@ -48,6 +48,27 @@ class RoutingContext(msgspec.Struct, frozen=True):
     by the gateway: ``gateway.live.FollowUps``); weighs a first turn's look-ahead while a slot is free."""
 
 
+def keep_model(
+    features: RequestFeatures, candidates: list[Candidate], session: SessionView | None
+) -> tuple[list[Candidate], list[Rejection]]:
+    """A conversation in a model group keeps the member that answered it, while that member has an
+    eligible candidate: answers from one model throughout are what an agent expects. Otherwise (its
+    window outgrown, its engines down or drained) every eligible member stays: the conversation
+    moves, and the decision log says from which model to which (``gateway.routing``)."""
+    model = session.model if session is not None else None
+    if not features.members or model is None or model not in features.members:
+        return candidates, []
+    own = [(d, s) for d, s in candidates if d.model == model]
+    if not own:
+        return candidates, []
+    others = [
+        Rejection(s.backend_id, Reason.KEEPS_MODEL, f"the conversation keeps {model} (not {d.model})")
+        for d, s in candidates
+        if d.model != model
+    ]
+    return own, others
+
+
 def _clamp(value: float) -> float:
     if value != value:  # NaN scores as the worst value, never poisons a sum
         return 0.0
@@ -64,10 +85,11 @@ def route(
     """Choose a deployment (and llama.cpp slot) for ``features`` under ``profile``."""
     context = context or RoutingContext()
     candidates: list[Candidate] = []
-    for snapshot in snapshots:
-        deployment = snapshot.deployment_for(features.model)
-        if deployment is not None:
-            candidates.append((deployment, snapshot))
+    for name in features.members or (features.model,):
+        for snapshot in snapshots:
+            deployment = snapshot.deployment_for(name)
+            if deployment is not None:
+                candidates.append((deployment, snapshot))
     if not candidates:
         return Decision(profile=profile.name, chosen=None, reason=Reason.NOT_SERVED)
 
@@ -82,6 +104,8 @@ def route(
         rejected.extend(dropped)
     if not candidates:
         return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
+    candidates, kept_out = keep_model(features, candidates, context.session)
+    rejected.extend(kept_out)
 
     slots = sum(s.total_slots or len(s.slots) for _, s in candidates if s.kind is EngineKind.LLAMACPP)
     keep = keep_chance(context.session, context.leases, slots, context.live_sessions)

@@ -71,6 +71,7 @@ class Reason(StrEnum):
     ROUND_ROBIN = "round-robin"
     PREFERRED_ENGINE = "preferred-engine"
     NO_CANDIDATE = "no-eligible-backend"
+    KEEPS_MODEL = "conversation-keeps-its-model"
 
 
 class SessionSource(StrEnum):
@@ -169,6 +170,9 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     prompt_exact: bool = False  # prompt_tokens was counted by an engine's tokenizer
     prompt_counted: str = "estimate"  # "estimate", "counted" (whole prompt) or "added" (previous + new part)
     needs_response_store: bool = False  # a Responses request with previous_response_id
+    members: tuple[str, ...] = ()
+    """For a model group: its member models, the default first (``model`` is then the group's name);
+    empty for a plain model."""
 
 
 class SessionView(msgspec.Struct, frozen=True):
@@ -193,6 +197,7 @@ class SessionView(msgspec.Struct, frozen=True):
     total_prompt_tokens: int = 0
     total_cached_tokens: int = 0
     saved_s: float = 0.0  # prefill seconds its cached tokens saved, at the learned rates
+    model: str | None = None  # the model that answered its last turn (a group's member: it keeps it)
 
 
 class SlotLease(msgspec.Struct, frozen=True):

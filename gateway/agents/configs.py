@@ -109,7 +109,7 @@ def from_gateway(url: str, timeout: float = 5.0) -> list[ModelLimits]:
 
 def from_settings(settings: Settings) -> list[ModelLimits]:
     """Each model's limits from the configured windows (what the engines report may be smaller)."""
-    catalog = Catalog(settings.models, created=0)
+    catalog = Catalog(settings.models, created=0, groups=settings.groups)
     out = []
     for model in catalog.models:
         window = catalog.window(model, [])

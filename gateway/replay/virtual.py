@@ -289,7 +289,10 @@ class GatewayReplay(World):
             name: EngineDocuments(engine, self._count) for name, engine in self.engines.items()
         }
         catalog = Catalog(
-            settings.models, created=int(self.clock.time()), profiles=settings.engine_profiles()
+            settings.models,
+            created=int(self.clock.time()),
+            profiles=settings.engine_profiles(),
+            groups=settings.groups,
         )
         client = httpx.AsyncClient(transport=NoHttp())
         self.fleet = Fleet(backend_specs(settings, catalog), client, clock=self.clock, documents=documents)

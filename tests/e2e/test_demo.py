@@ -77,13 +77,18 @@ def demo() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
                 process.kill()
 
 
-def test_demo_serves_both_models(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
+def test_demo_serves_both_models_and_their_group(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
     _, url, found = demo
     sims = found[:-1]
     assert len(sims) == 3
     models = httpx.get(url + "/v1/models").json()["data"]
-    assert {m["id"] for m in models} == {"qwen3.8-27b", "qwen3.8-flash-next"}
-    for model, backends in (("qwen3.8-27b", {"vllm", "llama-27b"}), ("qwen3.8-flash-next", {"llama-moe"})):
+    assert {m["id"] for m in models} == {"qwen3.8-27b", "qwen3.8-flash-next", "qwen3.8"}
+    every = {"vllm", "llama-27b", "llama-moe"}
+    for model, backends in (
+        ("qwen3.8-27b", {"vllm", "llama-27b"}),
+        ("qwen3.8-flash-next", {"llama-moe"}),
+        ("qwen3.8", every),
+    ):
         response = httpx.post(
             url + "/v1/chat/completions",
             json={"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4},

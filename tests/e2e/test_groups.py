@@ -1,0 +1,100 @@
+"""Model groups end to end on the simulators: one name over two models, the member chosen per request,
+a conversation keeping its member until it must move (issue #28; docs/routing.md, "Model groups")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.sim import SimConfig
+from policies import Architecture
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.servers import ADMIN
+
+SMALL, LARGE = 4096, 32768
+GROUP = {"name": "grp", "members": ["m-vllm", "m-llama"], "aliases": ["group-alias"]}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    running = start_stack(
+        vllm=SimConfig(kind="vllm", model="up-vllm", time_scale=0.002, context_window=SMALL,
+                       architecture=Architecture.HYBRID),
+        llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2, context_window=LARGE),
+        groups=[GROUP],
+    )  # fmt: skip
+    try:
+        yield running
+    finally:
+        stop_stack(running)
+
+
+def ask(client: httpx.Client, model: str, words: int, session: str) -> httpx.Response:
+    body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "word " * words}]}
+    response = client.post("/v1/chat/completions", json=body, headers={"x-session-id": session})
+    assert response.status_code == 200, response.text
+    return response
+
+
+def last_decision(stack: Stack) -> dict[str, Any]:
+    entries: list[dict[str, Any]] = httpx.get(
+        stack.url + "/admin/api/decisions?limit=1", headers=ADMIN
+    ).json()["data"]
+    return entries[0]
+
+
+def test_the_group_is_listed_with_the_largest_window_any_member_offers(stack: Stack) -> None:
+    with stack.client() as client:
+        models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert {"grp", "m-vllm", "m-llama"} <= set(models)
+    assert models["grp"]["context_window"] == LARGE
+    assert models["grp"]["members"] == ["m-vllm", "m-llama"]  # the default first
+    assert models["m-vllm"]["context_window"] == SMALL
+
+
+def test_each_answer_names_the_member_that_gave_it(stack: Stack) -> None:
+    with stack.client() as client:
+        response = ask(client, "group-alias", 50, "names")
+    member = response.headers["x-turnout-model"]
+    assert member in ("m-vllm", "m-llama")
+    assert response.json()["model"] == member  # not the group's name, not the engine's upstream name
+    assert {"m-vllm": "vllm", "m-llama": "llama"}[member] == response.headers["x-turnout-backend"]
+
+
+def test_a_conversation_keeps_its_member_while_it_fits(stack: Stack) -> None:
+    with stack.client() as client:
+        first = ask(client, "m-vllm", 200, "keeps")  # the conversation starts on the 27B-like member
+        assert first.headers["x-turnout-model"] == "m-vllm"
+        for words in (400, 800, 1600):
+            response = ask(client, "grp", words, "keeps")
+            assert response.headers["x-turnout-model"] == "m-vllm"
+            rejected = last_decision(stack)["rejected"]
+            assert {"backend": "llama", "reason": "conversation-keeps-its-model"} in [
+                {k: r[k] for k in ("backend", "reason")} for r in rejected
+            ]
+
+
+def test_a_conversation_moves_when_it_outgrows_its_members_window(stack: Stack) -> None:
+    with stack.client() as client:
+        ask(client, "m-vllm", 1000, "moves")
+        response = ask(client, "grp", 6000, "moves")  # past the small member's 4,096-token window
+        assert response.headers["x-turnout-model"] == "m-llama"
+        assert response.json()["model"] == "m-llama"
+        moved = last_decision(stack)["moved"]
+        assert (moved["from_model"], moved["to_model"]) == ("m-vllm", "m-llama")
+        # and it keeps its new member from then on
+        assert ask(client, "grp", 6200, "moves").headers["x-turnout-model"] == "m-llama"
+
+
+def test_a_group_of_unknown_members_is_refused_with_the_field_named() -> None:
+    from gateway.settings import ConfigError, load_settings
+
+    backend = {"id": "v", "kind": "vllm", "url": "http://127.0.0.1:9"}
+    model = {"name": "a", "deployments": [{"backend": "v", "upstream_name": "a"}]}
+    with pytest.raises(ConfigError, match=r"groups\.g: 'b' is not a configured model name"):
+        load_settings(None, backends=[backend], models=[model], groups=[{"name": "g", "members": ["a", "b"]}])
+    with pytest.raises(ConfigError, match="groups: name or alias 'a' is used twice"):
+        load_settings(None, backends=[backend], models=[model], groups=[{"name": "a", "members": ["a", "a"]}])
