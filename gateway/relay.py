@@ -78,6 +78,26 @@ def _api(endpoint: Endpoint) -> str:
     return "responses" if endpoint is Endpoint.RESPONSES else "openai"
 
 
+SIZE_FLOOR_HEADER = "x-turnout-min-params-b"
+
+
+def size_floor(headers: Mapping[str, str]) -> float | None:
+    """The ``x-turnout-min-params-b`` header: billions of parameters the answering model must have."""
+    text = headers.get(SIZE_FLOOR_HEADER)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidRequest(
+            f"{SIZE_FLOOR_HEADER} must be a positive number of billions of parameters, not {text[:40]!r}",
+            param=SIZE_FLOOR_HEADER,
+        )
+    return value
+
+
 def no_route_error(
     decision: Decision, features: RequestFeatures, overflow: UpstreamStatusError | None = None
 ) -> GatewayError:
@@ -89,6 +109,11 @@ def no_route_error(
         return too_long_error(features, too_long, overflow)
     if not rejected:
         return ModelNotFound(f"No backend serves the model `{features.model}`.", param="model")
+    if all(r.reason is Reason.BELOW_SIZE_FLOOR for r in rejected):
+        return InvalidRequest(
+            f"No model of `{features.model}` is large enough: {'; '.join(r.detail for r in rejected)}.",
+            param=SIZE_FLOOR_HEADER,
+        )
     if all(r.reason is Reason.UNSUPPORTED for r in rejected):
         return InvalidRequest(
             f"{rejected[0].detail}; send the whole input instead.", param="previous_response_id"
@@ -267,6 +292,9 @@ class Relay:
         )
         if model.members:
             features = replace(features, members=model.members)
+        floor = size_floor(headers)
+        if floor is not None:
+            features = replace(features, min_params_b=floor)
         if endpoint is Endpoint.COUNT_TOKENS:  # no inference: no session, no slot, nothing to learn
             return await self.router.decide(features, None)
         features, session = await self.router.resolve_session(features)

@@ -20,6 +20,7 @@ from policies.slots import DEFAULT_LEASE_IDLE_S, free_slot, keep_chance
 from policies.types import (
     BackendSnapshot,
     Decision,
+    Deployment,
     EngineKind,
     PrefixMatch,
     Reason,
@@ -46,6 +47,30 @@ class RoutingContext(msgspec.Struct, frozen=True):
     follow_rate: float = 0.0
     """The chance a conversation known only by its content comes back after its first turn (learned
     by the gateway: ``gateway.live.FollowUps``); weighs a first turn's look-ahead while a slot is free."""
+
+
+def size_floor(
+    features: RequestFeatures, candidates: list[Candidate]
+) -> tuple[list[Candidate], list[Rejection]]:
+    """Only models of at least ``features.min_params_b`` billion parameters (total); a model whose size
+    is not configured cannot show it is large enough."""
+    floor = features.min_params_b
+    if floor is None:
+        return candidates, []
+    kept = [(d, s) for d, s in candidates if d.params_total_b is not None and d.params_total_b >= floor]
+    dropped = [
+        Rejection(
+            s.backend_id, Reason.BELOW_SIZE_FLOOR, f"{d.model} has {_size(d)} parameters, {floor:g} B asked"
+        )
+        for d, s in candidates
+        if (d, s) not in kept
+    ]
+    return kept, dropped
+
+
+def _size(deployment: Deployment) -> str:
+    size = deployment.params_total_b
+    return "an unknown number of" if size is None else f"{size:g} B"
 
 
 def keep_model(
@@ -102,6 +127,10 @@ def route(
     for filter_name in profile.filters:
         candidates, dropped = FILTERS[filter_name](features, candidates)
         rejected.extend(dropped)
+    if not candidates:
+        return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
+    candidates, small = size_floor(features, candidates)
+    rejected.extend(small)
     if not candidates:
         return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
     candidates, kept_out = keep_model(features, candidates, context.session)

@@ -72,6 +72,7 @@ class Reason(StrEnum):
     PREFERRED_ENGINE = "preferred-engine"
     NO_CANDIDATE = "no-eligible-backend"
     KEEPS_MODEL = "conversation-keeps-its-model"
+    BELOW_SIZE_FLOOR = "below-size-floor"
 
 
 class SessionSource(StrEnum):
@@ -173,6 +174,8 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     members: tuple[str, ...] = ()
     """For a model group: its member models, the default first (``model`` is then the group's name);
     empty for a plain model."""
+    min_params_b: float | None = None
+    """The smallest model the client accepts, in billions of parameters (``x-turnout-min-params-b``)."""
 
 
 class SessionView(msgspec.Struct, frozen=True):

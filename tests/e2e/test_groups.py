@@ -18,13 +18,19 @@ SMALL, LARGE = 4096, 32768
 GROUP = {"name": "grp", "members": ["m-vllm", "m-llama"], "aliases": ["group-alias"]}
 
 
+def sized(name: str, params_b: float, backend: str) -> dict[str, Any]:
+    deployment = {"backend": backend, "upstream_name": f"up-{backend}"}
+    return {"name": name, "params_total_b": params_b, "deployments": [deployment]}
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     running = start_stack(
         vllm=SimConfig(kind="vllm", model="up-vllm", time_scale=0.002, context_window=SMALL,
                        architecture=Architecture.HYBRID),
         llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2, context_window=LARGE),
-        groups=[GROUP],
+        extra_models=[sized("small", 27, "vllm"), sized("large", 180, "llama")],
+        groups=[GROUP, {"name": "sized", "members": ["small", "large"]}],
     )  # fmt: skip
     try:
         yield running
@@ -87,6 +93,57 @@ def test_a_conversation_moves_when_it_outgrows_its_members_window(stack: Stack) 
         assert (moved["from_model"], moved["to_model"]) == ("m-vllm", "m-llama")
         # and it keeps its new member from then on
         assert ask(client, "grp", 6200, "moves").headers["x-turnout-model"] == "m-llama"
+
+
+def test_a_size_floor_picks_a_member_large_enough(stack: Stack) -> None:
+    with stack.client() as client:
+        for index in range(3):
+            body = {
+                "model": "sized",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": f"hi {index}"}],
+            }
+            response = client.post(
+                "/v1/chat/completions", json=body, headers={"x-turnout-min-params-b": "100"}
+            )
+            assert response.status_code == 200, response.text
+            assert response.headers["x-turnout-model"] == "large"
+        rejected = last_decision(stack)["rejected"]
+        assert rejected == [
+            {
+                "backend": "vllm",
+                "reason": "below-size-floor",
+                "detail": "small has 27 B parameters, 100 B asked",
+            }
+        ]
+
+
+@pytest.mark.parametrize(
+    ("floor", "message"),
+    [
+        (
+            "500",
+            "No model of `sized` is large enough: small has 27 B parameters, 500 B asked; large has 180 B",
+        ),
+        ("lots", "x-turnout-min-params-b must be a positive number of billions of parameters, not 'lots'"),
+        ("-3", "must be a positive number"),
+    ],
+)
+def test_a_floor_no_member_meets_is_a_clear_400(stack: Stack, floor: str, message: str) -> None:
+    with stack.client() as client:
+        body = {"model": "sized", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        response = client.post("/v1/chat/completions", json=body, headers={"x-turnout-min-params-b": floor})
+        anthropic = client.post(
+            "/v1/messages",
+            json={**body, "max_tokens": 4},
+            headers={"x-turnout-min-params-b": floor, "anthropic-version": "2023-06-01"},
+        )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "x-turnout-min-params-b")
+    assert message in error["message"]
+    assert anthropic.status_code == 400
+    assert anthropic.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_a_group_of_unknown_members_is_refused_with_the_field_named() -> None:
