@@ -26,6 +26,8 @@ class CatalogModel:
     members: tuple[str, ...] = ()
     """A model group's member models, the default first (``deployments``: all of theirs); empty for
     a plain model."""
+    reasoning_floor_b: float | None = None
+    """A group's size floor for requests asking for deep reasoning (``GroupConfig.reasoning_floor_b``)."""
 
 
 class Catalog:
@@ -76,6 +78,7 @@ class Catalog:
                 or _smallest(plain[m].max_output_tokens for m in g.members),
                 display_name=g.display_name,
                 members=g.ordered,
+                reasoning_floor_b=g.reasoning_floor_b,
             )
             for g in groups
         )

@@ -98,6 +98,25 @@ def size_floor(headers: Mapping[str, str]) -> float | None:
     return value
 
 
+REASONING_BUDGET_TOKENS = 16_000
+"""An Anthropic ``thinking`` budget from which a request counts as asking for deep reasoning."""
+
+
+def asks_deep_reasoning(body: Mapping[str, Any]) -> bool:
+    """``reasoning_effort: "high"`` (Chat Completions), ``reasoning: {"effort": "high"}`` (Responses),
+    or ``thinking: {"type": "enabled", "budget_tokens": >= REASONING_BUDGET_TOKENS}`` (Messages)."""
+    if body.get("reasoning_effort") == "high":
+        return True
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, Mapping) and reasoning.get("effort") == "high":
+        return True
+    thinking = body.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+        budget = thinking.get("budget_tokens")
+        return isinstance(budget, int) and budget >= REASONING_BUDGET_TOKENS
+    return False
+
+
 def no_route_error(
     decision: Decision, features: RequestFeatures, overflow: UpstreamStatusError | None = None
 ) -> GatewayError:
@@ -293,6 +312,8 @@ class Relay:
         if model.members:
             features = replace(features, members=model.members)
         floor = size_floor(headers)
+        if model.reasoning_floor_b is not None and asks_deep_reasoning(body):
+            floor = max(floor or 0.0, model.reasoning_floor_b)
         if floor is not None:
             features = replace(features, min_params_b=floor)
         if endpoint is Endpoint.COUNT_TOKENS:  # no inference: no session, no slot, nothing to learn

@@ -167,6 +167,11 @@ class GroupConfig(_Strict):
     display_name: str | None = None
     max_output_tokens: int | None = Field(None, gt=0)
     """As for a model; unset: the smallest of the members' (every member must honour it)."""
+    reasoning_floor_b: float | None = Field(None, gt=0)
+    """A request that asks for deep reasoning (OpenAI ``reasoning_effort`` or Responses
+    ``reasoning.effort`` ``"high"``, or an Anthropic ``thinking`` budget of at least
+    ``REASONING_BUDGET_TOKENS``) asks for a member of at least this many billion parameters, as if it
+    sent ``x-turnout-min-params-b``; unset: reasoning does not choose the member."""
 
     @property
     def ordered(self) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ def stack() -> Iterator[Stack]:
                        architecture=Architecture.HYBRID),
         llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2, context_window=LARGE),
         extra_models=[sized("small", 27, "vllm"), sized("large", 180, "llama")],
-        groups=[GROUP, {"name": "sized", "members": ["small", "large"]}],
+        groups=[GROUP, {"name": "sized", "members": ["small", "large"], "reasoning_floor_b": 100}],
     )  # fmt: skip
     try:
         yield running
@@ -116,6 +116,32 @@ def test_a_size_floor_picks_a_member_large_enough(stack: Stack) -> None:
                 "detail": "small has 27 B parameters, 100 B asked",
             }
         ]
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/v1/chat/completions", {"reasoning_effort": "high"}),
+        ("/v1/messages", {"thinking": {"type": "enabled", "budget_tokens": 16000}, "max_tokens": 17000}),
+    ],
+)
+def test_deep_reasoning_asks_for_the_groups_reasoning_floor(
+    stack: Stack, path: str, extra: dict[str, Any]
+) -> None:
+    body = {
+        "model": "sized",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "think hard"}],
+        **extra,
+    }
+    with stack.client() as client:
+        response = client.post(path, json=body, headers={"anthropic-version": "2023-06-01"})
+        assert response.status_code == 200, response.text
+        assert response.headers["x-turnout-model"] == "large"
+        light = {**body, "reasoning_effort": "low"} if "reasoning_effort" in extra else {
+            **body, "thinking": {"type": "enabled", "budget_tokens": 1024}}  # fmt: skip
+        client.post(path, json=light, headers={"anthropic-version": "2023-06-01"})
+    assert not any(r["reason"] == "below-size-floor" for r in last_decision(stack)["rejected"])
 
 
 @pytest.mark.parametrize(
