@@ -113,6 +113,13 @@ class AiohttpResponse:
         _close(self._response)
 
 
+UPSTREAM_KEEPALIVE_S = 2.0
+"""How long an idle upstream connection is kept for reuse: under the engines' own keep-alive (5 s for
+llama-server's cpp-httplib and for vLLM's uvicorn), so turnout never sends a request on a connection
+the engine is closing at that moment (a "server disconnected" before any byte, which would cost the
+request a retry on another backend and the session its warm slot)."""
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """An ``httpx.AsyncClient`` transport on one aiohttp session, opened on first use (in the loop
     that uses it). HTTP/1.1 only; no proxies from the environment (engines are on the local network)."""
@@ -125,7 +132,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         connector = aiohttp.TCPConnector(
             limit=self._limits.max_connections or 0,
             limit_per_host=0,
-            keepalive_timeout=self._limits.keepalive_expiry or 5.0,
+            keepalive_timeout=min(
+                self._limits.keepalive_expiry or UPSTREAM_KEEPALIVE_S, UPSTREAM_KEEPALIVE_S
+            ),
         )
         self._session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)

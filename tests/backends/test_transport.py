@@ -216,3 +216,36 @@ def test_a_stream_has_no_socket_read_timer_and_a_whole_answer_has_the_backstop()
     stream_timeouts, whole = recorder.timeouts
     assert (stream_timeouts.read, stream_timeouts.connect, stream_timeouts.pool) == (None, 3.0, 105.0)
     assert (whole.read, whole.connect) == (105.0, 3.0)
+
+
+ENGINE_KEEPALIVE_S = 5.0  # cpp-httplib's CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND, uvicorn's timeout_keep_alive
+
+
+def test_an_idle_connection_is_not_reused_after_the_keepalive(way: str) -> None:
+    """An engine closes idle connections after 5 s (llama-server, uvicorn); turnout lets go of them
+    after ``UPSTREAM_KEEPALIVE_S``, so a request never races the engine's close on a stale one."""
+    connections: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while True:
+                await _request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def check(poster: Poster, url: str) -> None:
+        for pause in (
+            0.0,
+            0.0,
+            ENGINE_KEEPALIVE_S - 1.5,
+        ):  # idle longer than turnout keeps, shorter than engines
+            await asyncio.sleep(pause)
+            response = await _post(poster, url + "/health")
+            await response.aread()
+            await response.aclose()
+
+    serve(handler, way, check)
+    assert len(connections) == 2  # the first two requests shared one; the one after the pause a new one

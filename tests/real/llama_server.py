@@ -26,6 +26,11 @@ from backends.sim import SimConfig
 from policies import Architecture
 
 DEFAULT_ALIAS = "tiny-qwen35"
+CLIENT_LIMITS = httpx.Limits(keepalive_expiry=1.0)
+"""For a test's own client of a real engine: llama-server (and vLLM's uvicorn) close a connection idle
+for 5 s, httpx keeps one 5 s; on a busy machine a request then raced the close ("Server disconnected
+without sending a response", a busy run of tests/real/test_llama_contract.py). turnout's own
+transport lets go after 2 s (``backends.transport.UPSTREAM_KEEPALIVE_S``)."""
 BIND_ERROR = "couldn't bind HTTP server socket"
 
 

@@ -15,7 +15,13 @@ import httpx
 import pytest
 
 from backends.sim import create_sim_app
-from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory, twin_sim_config
+from tests.real.llama_server import (
+    CLIENT_LIMITS,
+    DEFAULT_ALIAS,
+    LlamaServer,
+    LlamaServerFactory,
+    twin_sim_config,
+)
 from tests.real.shapes import collapsed, differences, named_events, shape
 from tests.servers import serve
 
@@ -32,7 +38,7 @@ def pair(llama_server_module: LlamaServerFactory) -> Iterator[Pair]:
     config = twin_sim_config(SLOT_CTX)
     with (
         serve(create_sim_app(config)) as sim,
-        httpx.Client(base_url=real.base_url, timeout=120) as real_client,
+        httpx.Client(base_url=real.base_url, timeout=120, limits=CLIENT_LIMITS) as real_client,
         httpx.Client(base_url=sim.url, timeout=30) as sim_client,
     ):
         yield real_client, sim_client

@@ -16,7 +16,13 @@ import pytest
 
 from backends.parsers.prometheus import parse_samples
 from backends.sim import SimConfig, create_sim_app
-from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory, twin_sim_config
+from tests.real.llama_server import (
+    CLIENT_LIMITS,
+    DEFAULT_ALIAS,
+    LlamaServer,
+    LlamaServerFactory,
+    twin_sim_config,
+)
 from tests.real.shapes import chat_event_kinds, differences, shape, sse_payloads
 from tests.servers import serve
 
@@ -32,7 +38,7 @@ def pair(llama_server_module: LlamaServerFactory) -> Iterator[tuple[httpx.Client
     config = twin_sim_config(SLOT_CTX)
     with (
         serve(create_sim_app(config)) as sim,
-        httpx.Client(base_url=real.base_url, timeout=120) as real_client,
+        httpx.Client(base_url=real.base_url, timeout=120, limits=CLIENT_LIMITS) as real_client,
         httpx.Client(base_url=sim.url, timeout=30) as sim_client,
     ):
         yield real_client, sim_client

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from backends.sim import create_sim_app
-from tests.real.llama_server import DEFAULT_ALIAS, LlamaServerFactory, twin_sim_config
+from tests.real.llama_server import CLIENT_LIMITS, DEFAULT_ALIAS, LlamaServerFactory, twin_sim_config
 from tests.servers import serve
 
 pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(300)]
@@ -75,7 +75,7 @@ def engines(request: pytest.FixtureRequest, llama_server: LlamaServerFactory) ->
 def test_cache_n_per_turn_matches(engines: tuple[str, str], request: pytest.FixtureRequest) -> None:
     real_url, sim_url = engines
     with (
-        httpx.Client(base_url=real_url, timeout=120) as real,
+        httpx.Client(base_url=real_url, timeout=120, limits=CLIENT_LIMITS) as real,
         httpx.Client(base_url=sim_url, timeout=30) as sim,
     ):
         real_cached, sim_cached = cache_n_per_turn(real), cache_n_per_turn(sim)

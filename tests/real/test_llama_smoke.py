@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.real.llama_server import LlamaServer, LlamaServerFactory
+from tests.real.llama_server import CLIENT_LIMITS, LlamaServer, LlamaServerFactory
 
 pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(300)]
 
@@ -49,7 +49,9 @@ def server(
 
 @pytest.fixture
 def client(server: LlamaServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=httpx.Timeout(120.0, connect=10.0)) as c:
+    with httpx.Client(
+        base_url=server.base_url, timeout=httpx.Timeout(120.0, connect=10.0), limits=CLIENT_LIMITS
+    ) as c:
         yield c
 
 

@@ -21,6 +21,7 @@ import pytest
 from backends.parsers.prometheus import parse_samples
 from backends.sim import SimConfig, create_sim_app
 from policies import Architecture
+from tests.real.llama_server import CLIENT_LIMITS
 from tests.real.shapes import (
     chat_event_kinds,
     collapsed,
@@ -94,7 +95,7 @@ def sim_url(sim_config: SimConfig) -> Iterator[str]:
 def pair(real: VllmServer, sim_url: str) -> Iterator[Pair]:
     keyed = {"authorization": f"Bearer {API_KEY}"}
     with (
-        httpx.Client(base_url=real.base_url, headers=keyed, timeout=120) as real_client,
+        httpx.Client(base_url=real.base_url, headers=keyed, timeout=120, limits=CLIENT_LIMITS) as real_client,
         httpx.Client(base_url=sim_url, headers=keyed, timeout=30) as sim_client,
     ):
         yield real_client, sim_client
