@@ -381,11 +381,13 @@ def decision_entry(
         "prompt_tokens_exact": features.prompt_exact,
         "prompt_tokens_counted": features.prompt_counted,
         "chosen": decision.chosen.backend_id if decision.chosen else None,
+        "chosen_model": decision.chosen.model if decision.chosen else None,
         "slot": decision.slot,
         "reason": decision.header,
         "candidates": [
             {
                 "backend": c.deployment.backend_id,
+                "model": c.deployment.model,
                 "score": round(c.score, 4),
                 "components": dict(c.components),
                 **(

@@ -89,8 +89,13 @@ def test_a_conversation_moves_when_it_outgrows_its_members_window(stack: Stack) 
         response = ask(client, "grp", 6000, "moves")  # past the small member's 4,096-token window
         assert response.headers["x-turnout-model"] == "m-llama"
         assert response.json()["model"] == "m-llama"
-        moved = last_decision(stack)["moved"]
+        decision = last_decision(stack)
+        moved = decision["moved"]
         assert (moved["from_model"], moved["to_model"]) == ("m-vllm", "m-llama")
+        assert (decision["model"], decision["chosen_model"]) == ("grp", "m-llama")
+        page = httpx.get(f"{stack.url}/admin/decisions/{decision['request_id']}", headers=ADMIN)
+        assert page.status_code == 200
+        assert "(model m-vllm → m-llama)" in page.text  # the dashboard shows the move
         # and it keeps its new member from then on
         assert ask(client, "grp", 6200, "moves").headers["x-turnout-model"] == "m-llama"
 
