@@ -146,6 +146,7 @@ def test_gateway_accounting_matches_the_server(gateway: ServerThread) -> None:
                 body = {"model": MODEL, "messages": messages, "max_tokens": 6, "id_slot": 0, "stream": True}
                 with client.stream("POST", "/v1/chat/completions", json=body) as response:
                     raw = response.read()
+                assert response.status_code == 200, (turn, raw)  # turnout's error says what went wrong
                 timings = [line for line in raw.split(b"\n\n") if b'"timings"' in line][-1]
                 reported.append(int(timings.split(b'"cache_n":')[1].split(b",")[0]))
                 content = b"".join(
@@ -177,6 +178,7 @@ def test_disconnect_frees_the_slot(gateway: ServerThread, real: LlamaServer) -> 
     }
     with httpx.Client(base_url=gateway.url, timeout=120) as client:
         with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+            assert response.status_code == 200, response.read()
             chunks = response.iter_raw()
             next(chunks)
             next(chunks)
