@@ -96,7 +96,7 @@ class LlamaEngine(Engine):
         slots = (await _get(self.client, "/slots")).json()
         return sum(1 for slot in slots if slot.get("is_processing"))
 
-    async def _complete(self, tokens: Sequence[int], slot: int, n_predict: int) -> dict[str, Any]:
+    async def complete(self, tokens: Sequence[int], slot: int, n_predict: int) -> dict[str, Any]:
         body = {
             "prompt": list(tokens),
             "n_predict": n_predict,
@@ -115,12 +115,12 @@ class LlamaEngine(Engine):
         """The request's time to its one token, as a client sees it (the engine's ``prompt_ms`` leaves
         out what it does before and after: parsing, slot selection, saving idle slots to RAM)."""
         started = time.perf_counter()
-        timings = (await self._complete(tokens, slot, 1))["timings"]
+        timings = (await self.complete(tokens, slot, 1))["timings"]
         seconds = time.perf_counter() - started
         return Prefill(seconds, int(timings["prompt_n"]), int(timings.get("cache_n", 0)))
 
     async def decode(self, prompts: Sequence[Sequence[int]], n_tokens: int) -> float:
-        answers = await asyncio.gather(*(self._complete(p, i, n_tokens) for i, p in enumerate(prompts)))
+        answers = await asyncio.gather(*(self.complete(p, i, n_tokens) for i, p in enumerate(prompts)))
         steps = [
             float(a["timings"]["predicted_ms"]) / 1000 / max(int(a["timings"]["predicted_n"]) - 1, 1)
             for a in answers
@@ -132,7 +132,7 @@ class LlamaEngine(Engine):
         is left holding one token, none of the calibration's prompts."""
         response = await self.client.post(f"/slots/{slot}", params={"action": "erase"})
         if response.status_code == 501:
-            await self._complete(self.prompt(1), slot, 1)
+            await self.complete(self.prompt(1), slot, 1)
         elif response.status_code != 200:
             raise CalibrationError(
                 f"could not erase slot {slot}: {response.status_code} {response.text[:200]}"

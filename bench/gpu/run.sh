@@ -2,7 +2,7 @@
 # The GPU run of issue #27 (docs/calibrate.md, "The GPU run"), in stages, on the device machine:
 #
 #   python bench/gpu/pack.py                                  # here, once: .gpu/ (source + wheels)
-#   device run, carry [".gpu"]: bash bench/gpu/run.sh build gguf      # ~6 min
+#   device run, carry [".gpu"]: bash bench/gpu/run.sh build gguf      # ~5 min (add disk: +1 min)
 #   device run (within 30 s, warm): bash bench/gpu/run.sh serve:compose calibrate:compose:2048:170 \
 #       turns:compose serve:pinned calibrate:pinned:32768:170 turns:pinned stop    # ~8 min
 #
@@ -15,6 +15,10 @@
 #                     pinned: --load-mode none --ubatch-size 4096 --batch-size 4096), until /health is 200
 #   calibrate:FLAGSET:WINDOW:BUDGET_S   turnout calibrate against it -> $OUT/h200-FLAGSET.toml
 #   turns:FLAGSET     three turns of one session through turnout serve -> $OUT/turns-FLAGSET.json
+#   cold:FLAGSET:N[,N...]  fresh prompts of N tokens, one at a time, beside the profile's price -> $OUT/cold.json
+#   disk              copy the GGUF to a disk ($DISK_DIR, not tmpfs) once; later stages serve it from there
+#   evict             drop the served GGUF's pages from the page cache (the next serve reads the disk)
+#   shm               serve the /dev/shm copy again
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}
@@ -23,6 +27,9 @@ GPU=.gpu
 SRC=$GPU/src/llama.cpp
 BUILD=${BUILD:-/tmp/llama-build}   # outside the repository: a carried .gpu/ replaces what is there
 MODEL=${MODEL:-/dev/shm/flash-next-shape.gguf}
+SHM_MODEL=$MODEL
+DISK_DIR=${DISK_DIR:-$HOME/turnout-disk}
+WHERE=shm   # where the served GGUF lies: shm or disk (in the names of the logs)
 SERVER=${SERVER:-$BUILD/bin/llama-server}
 PORT=${PORT:-8080}
 EXTRA=${EXTRA:-}   # more --set NAME=VALUE for compose_flags.py (a dry run on a CPU: EXTRA="--set threads=2")
@@ -65,15 +72,17 @@ stage_serve() {
   stop_server
   mapfile -t flags < <(flags_for "$1")
   echo "${flags[*]}" > "$OUT/flags-$1.txt"
-  local started=$SECONDS
-  setsid "$SERVER" "${flags[@]}" > "$OUT/server-$1.log" 2>&1 &
+  local started log="$OUT/server-$1-$WHERE.log"
+  started=$(date +%s.%N)
+  setsid "$SERVER" "${flags[@]}" > "$log" 2>&1 &
   echo $! > "$GPU/server.pid"
   until curl -fsS "http://127.0.0.1:$PORT/health" > /dev/null 2>&1; do
-    kill -0 "$(cat "$GPU/server.pid")" 2>/dev/null || { tail -30 "$OUT/server-$1.log"; exit 1; }
-    sleep 1
+    kill -0 "$(cat "$GPU/server.pid")" 2>/dev/null || { tail -30 "$log"; exit 1; }
+    sleep 0.2
   done
-  say "serve $1: ready after $((SECONDS - started)) s"
+  say "serve $1 from $WHERE ($MODEL): ready after $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $started }") s"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv | tee "$OUT/gpu-memory-$1.txt" || true
+  if [ "$WHERE" = disk ]; then python3 bench/gpu/pagecache.py resident "$MODEL"; fi
 }
 
 python_env() {
@@ -103,6 +112,34 @@ stage_turns() {
     --turns 3 --first ${FIRST_WORDS:-1000} --grow 250 --out "$OUT/turns-$1.json" 2>&1 | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$1.log"
 }
 
+stage_cold() {
+  python_env
+  python3 bench/gpu/cold.py "http://127.0.0.1:$PORT" --tokens ${2//,/ } --label "$1 from $WHERE" \
+    --profile "backends/profiles/h200-llamacpp-flash-next-shape-$1.toml" --out "$OUT/cold.json"
+  if [ "$WHERE" = disk ]; then python3 bench/gpu/pagecache.py resident "$MODEL"; fi
+}
+
+stage_disk() {
+  mkdir -p "$DISK_DIR"
+  local fs copy="$DISK_DIR/$(basename "$SHM_MODEL")"
+  fs=$(stat -f -c %T "$DISK_DIR")
+  [ "$fs" = tmpfs ] && { echo "$DISK_DIR is tmpfs: set DISK_DIR to a disk" >&2; exit 2; }
+  df -h "$DISK_DIR" | tee "$OUT/disk.txt"
+  if [ ! -s "$copy" ]; then
+    local started=$SECONDS need avail
+    need=$(( $(stat -c %s "$SHM_MODEL") + (2 << 30) )); avail=$(df --output=avail -B1 "$DISK_DIR" | tail -1)
+    [ "$avail" -gt "$need" ] || { echo "disk: $DISK_DIR has $avail bytes free, the copy needs $need" >&2; exit 2; }
+    cp "$SHM_MODEL" "$copy" && sync
+    say "disk: copied $(du -h "$copy" | cut -f1) to $DISK_DIR ($fs) in $((SECONDS - started)) s"
+  fi
+  MODEL=$copy WHERE=disk
+}
+
+stage_evict() {
+  [ "$WHERE" = disk ] || { echo "evict: the model is in /dev/shm (run the disk stage first)" >&2; exit 2; }
+  python3 bench/gpu/pagecache.py evict "$MODEL"
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no GPU: a dry run"
 for step in "$@"; do
   IFS=: read -r name a b c <<< "$step"
@@ -113,6 +150,10 @@ for step in "$@"; do
     serve) stage_serve "$a" ;;
     calibrate) stage_calibrate "$a" "$b" "$c" ;;
     turns) stage_turns "$a" ;;
+    cold) stage_cold "$a" "$b" ;;
+    disk) stage_disk ;;
+    evict) stage_evict ;;
+    shm) MODEL=$SHM_MODEL WHERE=shm ;;
     stop) stop_server ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
