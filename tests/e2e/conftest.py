@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,7 @@ class Tap:
         self.bodies: list[tuple[str, bytes]] = []
         self.requests: list[bytes] = []
         self.posts: list[tuple[str, bytes]] = []  # every POST (counting calls too): path, request body
+        self.holding = threading.Event()  # while set, answers to /v1/ POSTs hold back their last bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -53,6 +56,8 @@ class Tap:
             if message["type"] == "http.response.body":
                 sent.append(message.get("body", b""))
                 if not message.get("more_body", False):
+                    while tapped and self.holding.is_set():  # a test keeps this request open
+                        await asyncio.sleep(0.005)
                     record()  # before the last bytes leave: the client cannot finish reading first
             await send(message)
 
