@@ -59,7 +59,9 @@ async def measure(url: str, sizes: list[int], profile: Path | None, label: str) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("url")
     parser.add_argument("--tokens", type=int, nargs="+", required=True)
     parser.add_argument("--profile", type=Path)

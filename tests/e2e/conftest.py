@@ -26,7 +26,8 @@ class Tap:
         self.bodies: list[tuple[str, bytes]] = []
         self.requests: list[bytes] = []
         self.posts: list[tuple[str, bytes]] = []  # every POST (counting calls too): path, request body
-        self.holding = threading.Event()  # while set, answers to /v1/ POSTs hold back their last bytes
+        self.released = threading.Event()  # while clear, answers to /v1/ POSTs hold back their last bytes
+        self.released.set()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -56,8 +57,8 @@ class Tap:
             if message["type"] == "http.response.body":
                 sent.append(message.get("body", b""))
                 if not message.get("more_body", False):
-                    while tapped and self.holding.is_set():  # a test keeps this request open
-                        await asyncio.sleep(0.005)
+                    if tapped and not self.released.is_set():  # a test keeps this request open
+                        await asyncio.to_thread(self.released.wait, 60)
                     record()  # before the last bytes leave: the client cannot finish reading first
             await send(message)
 

@@ -84,16 +84,16 @@ def test_concurrent_requests_are_limited_and_released(stack: Stack) -> None:
     body = {"model": "m-vllm", "messages": MESSAGES, "max_tokens": 40, "stream": True}
     headers = {"authorization": "Bearer sk-bob"}
     with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client:
-        stack.taps["vllm"].holding.set()  # the first request stays open until the second was refused
+        stack.taps["vllm"].released.clear()  # the first request stays open until the second was refused
         try:
             with client.stream("POST", "/v1/chat/completions", json=body) as open_stream:
                 assert open_stream.status_code == 200
                 second = client.post("/v1/chat/completions", json={**body, "stream": False})
                 assert second.status_code == 429
-                stack.taps["vllm"].holding.clear()
+                stack.taps["vllm"].released.set()
                 open_stream.read()
         finally:
-            stack.taps["vllm"].holding.clear()
+            stack.taps["vllm"].released.set()
         ended(client, "bob")  # the first one's admission ended with it (just after its last bytes)
         again = client.post("/v1/chat/completions", json={**body, "stream": False})
         assert again.status_code == 200
