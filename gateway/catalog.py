@@ -28,6 +28,8 @@ class CatalogModel:
     a plain model."""
     reasoning_floor_b: float | None = None
     """A group's size floor for requests asking for deep reasoning (``GroupConfig.reasoning_floor_b``)."""
+    prefer_default: float = 0.0
+    """A group's preference for its default member (``GroupConfig.prefer_default``)."""
 
 
 class Catalog:
@@ -79,6 +81,7 @@ class Catalog:
                 display_name=g.display_name,
                 members=g.ordered,
                 reasoning_floor_b=g.reasoning_floor_b,
+                prefer_default=g.prefer_default,
             )
             for g in groups
         )

@@ -310,7 +310,7 @@ class Relay:
             body, endpoint, model=model.name, headers=headers, chars_per_token=chars_per_token, shape=False
         )
         if model.members:
-            features = replace(features, members=model.members)
+            features = replace(features, members=model.members, prefer_default=model.prefer_default)
         floor = size_floor(headers)
         if model.reasoning_floor_b is not None and asks_deep_reasoning(body):
             floor = max(floor or 0.0, model.reasoning_floor_b)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -69,9 +70,20 @@ def engine_counted(routed: Routed, error: UpstreamStatusError) -> Routed:
     return replace(routed, features=features, overflowed=(*routed.overflowed, error.backend_id))
 
 
-def outgrown(routed: Routed) -> dict[str, Any] | None:
-    """A session moved off its backend because the conversation outgrew that backend's window: where
-    from, where to, and what the move costs (the prompt tokens re-prefilled there and their seconds)."""
+MOVES = {
+    Reason.CONTEXT_TOO_LONG: "it outgrew that backend's window",
+    Reason.UNHEALTHY: "that backend is down",
+    Reason.CIRCUIT_OPEN: "that backend's circuit is open",
+    Reason.DRAINED: "an admin drained that backend",
+    Reason.PINNED: "an admin pinned its model group to another member",
+}
+"""Why a conversation must leave the backend it was on (the rejection of that backend), in words."""
+
+
+def moved(routed: Routed) -> dict[str, Any] | None:
+    """A session that had to leave its backend (``MOVES``): where from, where to, why, the models when
+    it changes model (a group's member), and what the move costs (the prompt tokens re-prefilled there
+    and their seconds). A conversation the cost model sends elsewhere by choice is not a move."""
     decision, session = routed.decision, routed.session
     chosen = decision.chosen_candidate
     if session is None or session.backend_id is None or chosen is None:
@@ -79,10 +91,9 @@ def outgrown(routed: Routed) -> dict[str, Any] | None:
     previous = session.backend_id
     if previous == chosen.deployment.backend_id:
         return None
-    too_long = previous in routed.overflowed or any(
-        r.backend_id == previous and r.reason is Reason.CONTEXT_TOO_LONG for r in decision.rejected
-    )
-    if not too_long:
+    reasons = [r.reason for r in decision.rejected if r.backend_id == previous and r.reason in MOVES]
+    why = Reason.CONTEXT_TOO_LONG if previous in routed.overflowed else next(iter(reasons), None)
+    if why is None:
         return None
     estimate = chosen.estimate
     cached = estimate.expected_cached_tokens if estimate else 0
@@ -90,6 +101,7 @@ def outgrown(routed: Routed) -> dict[str, Any] | None:
     return {
         "from": previous,
         "to": chosen.deployment.backend_id,
+        "reason": why.value,
         **({"from_model": session.model, "to_model": chosen.deployment.model} if moves_model else {}),
         "prompt_tokens": routed.features.prompt_tokens,
         "reprefill_tokens": max(routed.features.prompt_tokens - cached, 0),
@@ -150,6 +162,8 @@ class Router:
         """What this replica learned from its own outcomes (what it shares with the others)."""
         self.drained: frozenset[str] = frozenset()
         """Backends an admin drained: routing sends them no new requests (in-flight ones finish)."""
+        self.pins: dict[str, str] = {}
+        """Model groups an admin pinned to one member: group -> member."""
         self._sequence = itertools.count()
         self._generations: dict[str, int] = {}  # the fleet's restart counts this router has acted on
         self.live = LiveSessions(lease_idle_s)
@@ -255,6 +269,7 @@ class Router:
             matches=matches,
             lease_idle_s=self.lease_idle_s,
             drained=self.drained,
+            pins=MappingProxyType(dict(self.pins)),
             live_sessions=self.live.count(self.clock.time()),
             follow_rate=self.follow_ups.rate,
         )
@@ -269,9 +284,9 @@ class Router:
     ) -> Routed:
         """Route, and hold the chosen slot for the session (re-routing if another request took it first)."""
         routed = await self._decide(features, session, excluded, overflowed)
-        moved = outgrown(routed)
-        if moved is not None and session is not None:
-            log.info("session.outgrew_window", session=session_label(session.key), **moved)
+        move = moved(routed)
+        if move is not None and session is not None:
+            log.info("session.moved", session=session_label(session.key), **move)
         return routed
 
     async def _decide(
@@ -419,7 +434,7 @@ def decision_entry(
             {"backend": b, "reason": "context-too-long", "detail": "the engine refused it as too long"}
             for b in routed.overflowed
         ],
-        "moved": outgrown(routed),
+        "moved": moved(routed),
         "status": status,
         "error": error,
         "outcome": None

@@ -172,6 +172,10 @@ class GroupConfig(_Strict):
     ``reasoning.effort`` ``"high"``, or an Anthropic ``thinking`` budget of at least
     ``REASONING_BUDGET_TOKENS``) asks for a member of at least this many billion parameters, as if it
     sent ``x-turnout-min-params-b``; unset: reasoning does not choose the member."""
+    prefer_default: float = Field(0.25, ge=0, le=10)
+    """How much better another member must score than the default member to answer instead (the
+    ``cost`` profile's score is the inverse of the predicted time to first token, so 0.25: predicted
+    at least 1.25x faster); 0: the cost model alone chooses among the members."""
 
     @property
     def ordered(self) -> tuple[str, ...]:

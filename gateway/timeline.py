@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.routing import Routed, outgrown
+from gateway.routing import MOVES, Routed, moved
 from policies.shape import Break, where_it_breaks
-from policies.types import EngineKind, Outcome
+from policies.types import EngineKind, Outcome, Reason
 
 BREAK_MIN_TOKENS = 600
 """Below this a shortfall is a hybrid slot's checkpoint gap (516 tokens) or a vLLM block, not a break."""
@@ -37,8 +37,8 @@ def _engine_cause(routed: Routed, outcome: Outcome) -> str:
     chosen = routed.decision.chosen_candidate
     estimate = chosen.estimate if chosen else None
     if session is not None and session.backend_id not in (None, outcome.backend_id):
-        moved = outgrown(routed)
-        why = " (it outgrew that backend's window)" if moved else ""
+        move = moved(routed)
+        why = f" ({MOVES[Reason(move['reason'])]})" if move else ""
         return f"moved from {session.backend_id} to {outcome.backend_id}{why}"
     if estimate is not None and estimate.source == "ram":
         return "RAM cache miss: the evicted slot's state was not restored"

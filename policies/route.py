@@ -47,6 +47,8 @@ class RoutingContext(msgspec.Struct, frozen=True):
     follow_rate: float = 0.0
     """The chance a conversation known only by its content comes back after its first turn (learned
     by the gateway: ``gateway.live.FollowUps``); weighs a first turn's look-ahead while a slot is free."""
+    pins: Mapping[str, str] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    """Model group -> the one member an admin pinned it to (its other members get no requests)."""
 
 
 def size_floor(
@@ -94,6 +96,37 @@ def keep_model(
     return own, others
 
 
+def pinned_member(
+    features: RequestFeatures, candidates: list[Candidate], pins: Mapping[str, str]
+) -> tuple[list[Candidate], list[Rejection]]:
+    """A group an admin pinned to one member routes to that member only, conversations included."""
+    member = pins.get(features.model) if features.members else None
+    if member is None:
+        return candidates, []
+    others = [
+        Rejection(s.backend_id, Reason.PINNED, f"{features.model} is pinned to {member} (not {d.model})")
+        for d, s in candidates
+        if d.model != member
+    ]
+    return [(d, s) for d, s in candidates if d.model == member], others
+
+
+def prefer_default(features: RequestFeatures, scored: Sequence[ScoredCandidate], best: int) -> int | None:
+    """The default member's best candidate when ``best`` is another member's that does not score
+    ``features.prefer_default`` better than it (the size concern's fallback: absent a floor, a group
+    answers with its default member unless another is clearly faster); None: ``best`` stands."""
+    if not features.members or features.prefer_default <= 0:
+        return None
+    default = features.members[0]
+    if scored[best].deployment.model == default:
+        return None
+    own = [i for i, c in enumerate(scored) if c.deployment.model == default]
+    if not own:
+        return None
+    mine = max(own, key=lambda i: (scored[i].score, -i))
+    return mine if scored[best].score < scored[mine].score * (1.0 + features.prefer_default) else None
+
+
 def _clamp(value: float) -> float:
     if value != value:  # NaN scores as the worst value, never poisons a sum
         return 0.0
@@ -131,6 +164,10 @@ def route(
         return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
     candidates, small = size_floor(features, candidates)
     rejected.extend(small)
+    if not candidates:
+        return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
+    candidates, not_pinned = pinned_member(features, candidates, context.pins)
+    rejected.extend(not_pinned)
     if not candidates:
         return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
     candidates, kept_out = keep_model(features, candidates, context.session)
@@ -171,4 +208,7 @@ def route(
 
     best = max(range(len(scored)), key=lambda i: (scored[i].score, -i))
     reason = Reason.ONLY_CANDIDATE if len(scored) == 1 else profile.reason
+    default = prefer_default(features, scored, best)
+    if default is not None:
+        best, reason = default, Reason.DEFAULT_MEMBER
     return Decision(profile.name, scored[best].deployment, reason, tuple(scored), tuple(rejected))

@@ -73,6 +73,8 @@ class Reason(StrEnum):
     NO_CANDIDATE = "no-eligible-backend"
     KEEPS_MODEL = "conversation-keeps-its-model"
     BELOW_SIZE_FLOOR = "below-size-floor"
+    PINNED = "group-pinned"
+    DEFAULT_MEMBER = "default-member"
 
 
 class SessionSource(StrEnum):
@@ -176,6 +178,10 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     empty for a plain model."""
     min_params_b: float | None = None
     """The smallest model the client accepts, in billions of parameters (``x-turnout-min-params-b``)."""
+    prefer_default: float = 0.0
+    """For a model group: how much better another member must score than the default member (the
+    first of ``members``) to answer instead: 0.25 means 25% (with the ``cost`` profile, predicted 1.25x
+    faster); 0: the cost model alone chooses."""
 
 
 class SessionView(msgspec.Struct, frozen=True):

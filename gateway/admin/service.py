@@ -1,5 +1,6 @@
 """What the admin pages show and do: read-only views of the fleet, the router and the decision log,
-and the few actions (switch profile, drain and undrain a backend), each written to an audit log."""
+and the few actions (switch profile, drain and undrain a backend, pin a model group to one member),
+each written to an audit log."""
 
 from __future__ import annotations
 
@@ -79,6 +80,24 @@ class AdminService:
         self._record(identity, "drain" if drained else "undrain", backend_id)
         await self._share()
 
+    async def pin(self, group: str, member: str | None, identity: Identity) -> None:
+        """Send ``group``'s requests to ``member`` only (conversations on another member move); None:
+        its members are chosen per request again."""
+        groups = {g.name: g for g in self.settings.groups}
+        if group not in groups:
+            raise AdminError(f"unknown model group {group!r}; known: {', '.join(groups) or 'none'}")
+        if member is not None and member not in groups[group].members:
+            raise AdminError(
+                f"{member!r} is not a member of {group}; members: {', '.join(groups[group].members)}"
+            )
+        router = self.relay.router
+        if member is None:
+            router.pins.pop(group, None)
+        else:
+            router.pins[group] = member
+        self._record(identity, "pin" if member else "unpin", f"{group} -> {member}" if member else group)
+        await self._share()
+
     async def _share(self) -> None:
         """Every replica applies it within ``POLICY_POLL_S`` (``follow_policy``)."""
         router = self.relay.router
@@ -86,6 +105,7 @@ class AdminService:
         policy = {
             "profile": router.profile.name,
             "drained": sorted(router.drained),
+            "pins": dict(sorted(router.pins.items())),
             "changed_at": self.applied_at,
         }
         await router.store.save_policy(policy)
@@ -108,7 +128,16 @@ class AdminService:
             router.drained = frozenset(
                 b for b in policy["drained"] if b in {x.id for x in self.settings.backends}
             )
-            log.info("admin.policy_followed", profile=policy["profile"], drained=policy["drained"])
+            groups = {g.name: g.members for g in self.settings.groups}
+            router.pins = {
+                g: m for g, m in policy.get("pins", {}).items() if m in groups.get(g, ())
+            }  # a policy saved before pins existed has none
+            log.info(
+                "admin.policy_followed",
+                profile=policy["profile"],
+                drained=policy["drained"],
+                pins=router.pins,
+            )
 
     async def release(self, label: str, identity: Identity) -> list[tuple[str, int]]:
         session = await self._session_bysession_label(label)
@@ -229,6 +258,10 @@ class AdminService:
             "scorers": dict(profile.scorers),
             "profiles": self.profiles,
             "backends": [{"id": b.id, "drained": b.id in router.drained} for b in self.settings.backends],
+            "groups": [
+                {"name": g.name, "members": list(g.ordered), "pinned": router.pins.get(g.name)}
+                for g in self.settings.groups
+            ],
             "audit": [asdict(e) for e in self.audit],
         }
 

@@ -23,7 +23,7 @@ from litestar.response import Redirect
 
 from gateway.admin.auth import COOKIE, Identity
 from gateway.admin.service import DECISION_FILTERS, AdminError, AdminService
-from gateway.api.service import AdminProfile
+from gateway.api.service import AdminPin, AdminProfile
 
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
@@ -306,12 +306,39 @@ async def api_drain(
     return _json(_service(state).policy())
 
 
+@post("/groups/{group:str}/{action:str}", status_code=200)
+async def api_pin(
+    request: Request[Any, Any, Any],
+    state: State,
+    group: Annotated[str, PathParameter()],
+    action: Annotated[str, PathParameter()],
+) -> Response[bytes]:
+    """``pin`` with ``{"member": "<model>"}``: the group's requests go to that member only (its
+    conversations on another member move there); ``unpin``: each request chooses its member again."""
+    actor = _actor(request, state)
+    if isinstance(actor, Response):
+        return actor
+    if action not in ("pin", "unpin"):
+        return _api_error(404, "actions: pin, unpin")
+    member = None
+    if action == "pin":
+        try:
+            member = msgspec.json.decode(await request.body(), type=AdminPin).member
+        except (msgspec.DecodeError, RecursionError):
+            return _api_error(400, 'send {"member": "<model>"}')
+    try:
+        await _service(state).pin(group, member, actor)
+    except AdminError as exc:
+        return _api_error(404 if "unknown model group" in str(exc) else 400, str(exc))
+    return _json(_service(state).policy())
+
+
 api_router = Router(
     path="/api",
     guards=[logged_in],
     route_handlers=[
         api_overview, api_decisions, api_decision, api_sessions, api_session, api_release, api_series,
-        api_keys, api_policy, api_switch_profile, api_drain,
+        api_keys, api_policy, api_switch_profile, api_drain, api_pin,
     ],
 )  # fmt: skip
 admin_router = Router(

@@ -176,7 +176,7 @@ def _admin(
         400: "a malformed request (the message says what)",
         401: "no admin session cookie and no `Authorization: Bearer <admin token>`",
         403: "a browser session without the right `x-csrf-token`",
-        404: "no such decision, session, backend or action",
+        404: "no such decision, session, backend, model group or action",
     }
     replies = {200: Reply("OK", json=(ok,))}
     replies.update({status: Reply(why[status], json=(service.AdminError,)) for status in (401, *errors)})
@@ -239,6 +239,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("get", "/admin/api/policy"): _admin(dict[str, Any]),
     ("post", "/admin/api/policy/profile"): _admin(dict[str, Any], 400, 403, request=service.AdminProfile),
     ("post", "/admin/api/backends/{backend_id}/{action}"): _admin(dict[str, Any], 403, 404),
+    ("post", "/admin/api/groups/{group}/{action}"): _admin(dict[str, Any], 400, 403, 404, request=service.AdminPin),
 }  # fmt: skip
 """Every operation the document describes; :func:`complete` fails on one litestar does not know."""
 

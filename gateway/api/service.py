@@ -89,6 +89,10 @@ class AdminProfile(Struct):
     profile: str
 
 
+class AdminPin(Struct):
+    member: str
+
+
 class AdminErrorDetail(Struct):
     message: str
     type: str

@@ -67,7 +67,8 @@ def stack() -> Iterator[Stack]:
     running = start_stack(
         extra_models=[
             {"name": HOSTILE, "deployments": [{"backend": "vllm", "upstream_name": "up-vllm"}]},
-        ]
+        ],
+        groups=[{"name": "grp", "members": ["m-vllm", "m-llama"]}],
     )
     try:
         yield running

@@ -183,3 +183,31 @@ def test_the_admin_api_is_in_the_openapi_schema(stack: Stack) -> None:
             "/admin/api/policy/profile", "/admin/api/series", "/v1/chat/completions"} <= paths  # fmt: skip
     assert not {p for p in paths if p.startswith("/admin/") and not p.startswith("/admin/api/")}  # no pages
     assert "cache-hit ratio" in schema["paths"]["/admin/api/overview"]["get"]["description"]
+
+
+def test_pin_a_group_and_its_conversations_move_with_the_move_shown(page: Any, stack: Stack) -> None:
+    """Last in the module: a pinned group's traffic on the shared gateway moves its slots and learning."""
+    log_in(page, stack)
+    first = httpx.get(
+        stack.url + "/admin/api/decisions/" + ask(stack, "grp", **{"x-session-id": "pin-me"}), headers=ADMIN
+    ).json()
+    other = {"m-vllm": "m-llama", "m-llama": "m-vllm"}[first["chosen_model"]]
+    page.goto(stack.url + "/admin/policy")
+    page.select_option('select.pin-member[data-group="grp"]', other)
+    page.click('button.pin[data-group="grp"]')
+    page.wait_for_selector(f'tr[data-group="grp"] td.state:text("pinned to {other}")')
+    screenshot(page, "policy-pinned")
+    request_id = ask(stack, "grp", **{"x-session-id": "pin-me"})
+    decision = httpx.get(stack.url + "/admin/api/decisions/" + request_id, headers=ADMIN).json()
+    assert decision["chosen_model"] == other
+    assert (decision["moved"]["from_model"], decision["moved"]["to_model"]) == (first["chosen_model"], other)
+    assert "group-pinned" in {r["reason"] for r in decision["rejected"]}
+    page.goto(f"{stack.url}/admin/decisions/{request_id}")
+    assert f"(model {first['chosen_model']} → {other})" in page.inner_text("main")
+    assert "group-pinned" in page.inner_text("main")
+    screenshot(page, "decision-moved")
+    page.goto(stack.url + "/admin/policy")
+    page.click('button.unpin[data-group="grp"]')
+    page.wait_for_selector('tr[data-group="grp"] td.state:text("member chosen per request")')
+    assert "pin" in page.inner_text("#audit")
+    assert page.errors == []

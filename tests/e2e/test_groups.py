@@ -186,3 +186,75 @@ def test_a_group_of_unknown_members_is_refused_with_the_field_named() -> None:
         load_settings(None, backends=[backend], models=[model], groups=[{"name": "g", "members": ["a", "b"]}])
     with pytest.raises(ConfigError, match="groups: name or alias 'a' is used twice"):
         load_settings(None, backends=[backend], models=[model], groups=[{"name": "a", "members": ["a", "a"]}])
+
+
+def pin(stack: Stack, group: str, action: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    return httpx.post(f"{stack.url}/admin/api/groups/{group}/{action}", json=body, headers=ADMIN)
+
+
+def test_an_admin_pins_a_group_to_one_member(stack: Stack) -> None:
+    with stack.client() as client:
+        assert ask(client, "m-vllm", 100, "pinned").headers["x-turnout-model"] == "m-vllm"
+        response = pin(stack, "grp", "pin", {"member": "m-llama"})
+        assert response.status_code == 200, response.text
+        assert {"name": "grp", "members": ["m-vllm", "m-llama"], "pinned": "m-llama"} in response.json()[
+            "groups"
+        ]
+        try:
+            for session in ("pinned", "fresh"):  # a conversation on the other member moves too
+                assert ask(client, "grp", 150, session).headers["x-turnout-model"] == "m-llama"
+                rejected = last_decision(stack)["rejected"]
+                assert {"backend": "vllm", "reason": "group-pinned",
+                        "detail": "grp is pinned to m-llama (not m-vllm)"} in rejected  # fmt: skip
+            assert (
+                ask(client, "m-vllm", 100, "by-name").headers["x-turnout-model"] == "m-vllm"
+            )  # the member itself
+            page = httpx.get(stack.url + "/admin/policy", headers=ADMIN).text
+            assert "pinned to m-llama" in page
+        finally:
+            unpinned = pin(stack, "grp", "unpin")
+        assert unpinned.status_code == 200
+        assert {"name": "grp", "members": ["m-vllm", "m-llama"], "pinned": None} in unpinned.json()["groups"]
+        audit = [(e["action"], e["detail"]) for e in unpinned.json()["audit"]]
+        assert audit[:2] == [("unpin", "grp"), ("pin", "grp -> m-llama")]
+
+
+@pytest.mark.parametrize(
+    ("group", "action", "body", "status", "message"),
+    [
+        ("grp", "pin", {"member": "large"}, 400, "'large' is not a member of grp; members: m-vllm, m-llama"),
+        ("nope", "pin", {"member": "m-llama"}, 404, "unknown model group 'nope'; known: grp, sized"),
+        ("grp", "pin", {"model": "m-llama"}, 400, 'send {"member": "<model>"}'),
+        ("grp", "freeze", None, 404, "actions: pin, unpin"),
+    ],
+)
+def test_a_bad_pin_is_refused_clearly(
+    stack: Stack, group: str, action: str, body: dict[str, Any] | None, status: int, message: str
+) -> None:
+    response = pin(stack, group, action, body)
+    assert response.status_code == status
+    assert response.json()["error"]["message"] == message
+    policy = httpx.get(stack.url + "/admin/api/policy", headers=ADMIN).json()
+    assert all(g["pinned"] is None for g in policy["groups"])
+
+
+def test_count_tokens_for_a_group_counts_with_the_member_it_would_answer_with(stack: Stack) -> None:
+    body = {"model": "grp", "messages": [{"role": "user", "content": "count these words please"}]}
+
+    def counted_by() -> set[str]:
+        before = {name: len(tap.posts) for name, tap in stack.taps.items()}
+        with stack.client() as client:
+            response = client.post("/v1/messages/count_tokens", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["input_tokens"] > 0
+        return {name for name, tap in stack.taps.items() if len(tap.posts) > before[name]}
+
+    with stack.client() as client:  # where the same request, sent for an answer, goes
+        answered = client.post("/v1/messages", json={**body, "max_tokens": 4}).headers["x-turnout-backend"]
+    assert counted_by() == {answered}
+    other = {"vllm": "m-llama", "llama": "m-vllm"}[answered]
+    assert pin(stack, "grp", "pin", {"member": other}).status_code == 200
+    try:
+        assert counted_by() == ({"vllm", "llama"} - {answered})
+    finally:
+        pin(stack, "grp", "unpin")

@@ -11,6 +11,7 @@ from policies import (
     BUILTIN_PROFILES,
     Architecture,
     BackendSnapshot,
+    Decision,
     Deployment,
     Endpoint,
     EngineKind,
@@ -19,6 +20,8 @@ from policies import (
     RequestFeatures,
     route,
 )
+from policies.route import RoutingContext
+from policies.types import SessionView
 
 PROFILE = BUILTIN_PROFILES["least-loaded"]
 
@@ -115,6 +118,73 @@ class TestLeastLoaded:
     def test_single_candidate_reason(self) -> None:
         decision = route(features(), [snapshot("only")], PROFILE, 0.0)
         assert decision.reason is Reason.ONLY_CANDIDATE
+
+
+def group(prefer_default: float = 0.25, min_params_b: float | None = None) -> RequestFeatures:
+    """A request for group ``g`` over ``small`` (the default member, on ``a``) and ``large`` (on ``b``)."""
+    return replace(
+        features(model="g"),
+        members=("small", "large"),
+        prefer_default=prefer_default,
+        min_params_b=min_params_b,
+    )
+
+
+def members(a_running: int, b_running: int, *, b_health: Health = Health.READY) -> list[BackendSnapshot]:
+    return [
+        snapshot("a", model="small", running=a_running),
+        snapshot("b", model="large", running=b_running, health=b_health),
+    ]
+
+
+def model_of(decision: Decision) -> str | None:
+    return decision.chosen.model if decision.chosen is not None else None
+
+
+class TestGroups:
+    """A group's member: the default unless another is clearly better; an admin's pin (issue #28)."""
+
+    def test_the_default_member_answers_unless_another_is_clearly_better(self) -> None:
+        close = route(group(), members(a_running=5, b_running=4), PROFILE, 0.0)  # 1/6 vs 1/5: 1.2x
+        assert model_of(close) == "small"
+        assert close.reason is Reason.DEFAULT_MEMBER
+        assert close.candidates[1].score > close.candidates[0].score  # the log shows the other was ahead
+        clear = route(group(), members(a_running=5, b_running=0), PROFILE, 0.0)  # 6x
+        assert model_of(clear) == "large"
+        assert clear.reason is Reason.LEAST_LOADED
+
+    def test_without_a_preference_the_cost_model_alone_chooses(self) -> None:
+        decision = route(group(prefer_default=0.0), members(a_running=5, b_running=4), PROFILE, 0.0)
+        assert model_of(decision) == "large"
+
+    def test_a_default_member_that_cannot_answer_is_no_fallback(self) -> None:
+        down = [snapshot("a", model="small", health=Health.DOWN), snapshot("b", model="large", running=9)]
+        decision = route(group(), down, PROFILE, 0.0)
+        assert model_of(decision) == "large"
+
+    def test_a_pin_sends_every_request_to_one_member(self) -> None:
+        pinned = RoutingContext(pins={"g": "large"})
+        decision = route(group(), members(a_running=0, b_running=9), PROFILE, 0.0, pinned)
+        assert model_of(decision) == "large"
+        assert [(r.backend_id, r.reason) for r in decision.rejected] == [("a", Reason.PINNED)]
+        assert "g is pinned to large" in decision.rejected[0].detail
+        session = SessionView("s", backend_id="a", model="small")  # a conversation on the other member
+        moved = route(
+            group(), members(0, 9), PROFILE, 0.0, RoutingContext(session=session, pins={"g": "large"})
+        )
+        assert model_of(moved) == "large"
+
+    def test_a_pinned_member_that_cannot_answer_fails_the_request(self) -> None:
+        context = RoutingContext(pins={"g": "large"})
+        decision = route(group(), members(0, 0, b_health=Health.DOWN), PROFILE, 0.0, context)
+        assert decision.chosen is None
+        assert {r.reason for r in decision.rejected} == {Reason.UNHEALTHY, Reason.PINNED}
+
+    def test_a_pin_of_another_group_or_a_plain_model_changes_nothing(self) -> None:
+        context = RoutingContext(pins={"other": "large", "m": "large"})
+        decision = route(group(), members(a_running=0, b_running=9), PROFILE, 0.0, context)
+        assert model_of(decision) == "small"
+        assert route(features(), [snapshot("x")], PROFILE, 0.0, context).chosen is not None
 
 
 loads = st.tuples(st.integers(0, 50), st.integers(0, 50), st.sampled_from([None, 1, 2, 4]))

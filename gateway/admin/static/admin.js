@@ -164,7 +164,7 @@ async function refreshCharts() {
   if (boxes.length) document.getElementById("charts").replaceChildren(...boxes);
 }
 
-// Policy: switch profile, drain and undrain.
+// Policy: switch profile, drain and undrain, pin a model group.
 function policyActions() {
   const message = document.getElementById("message");
   const act = async (path, payload) => {
@@ -175,6 +175,14 @@ function policyActions() {
   for (const button of document.querySelectorAll("button.drain")) {
     button.addEventListener("click", () => act(
       "/admin/api/backends/" + encodeURIComponent(button.dataset.backend) + (button.dataset.drained === "1" ? "/undrain" : "/drain")));
+  }
+  const group = (button) => "/admin/api/groups/" + encodeURIComponent(button.dataset.group);
+  for (const button of document.querySelectorAll("button.pin")) {
+    const select = document.querySelector(`select.pin-member[data-group="${CSS.escape(button.dataset.group)}"]`);
+    button.addEventListener("click", () => act(group(button) + "/pin", { member: select.value }));
+  }
+  for (const button of document.querySelectorAll("button.unpin")) {
+    button.addEventListener("click", () => act(group(button) + "/unpin"));
   }
 }
 
