@@ -239,7 +239,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("get", "/admin/api/policy"): _admin(dict[str, Any]),
     ("post", "/admin/api/policy/profile"): _admin(dict[str, Any], 400, 403, request=service.AdminProfile),
     ("post", "/admin/api/backends/{backend_id}/{action}"): _admin(dict[str, Any], 403, 404),
-    ("post", "/admin/api/groups/{group}/{action}"): _admin(dict[str, Any], 400, 403, 404, request=service.AdminPin),
+    ("post", "/admin/api/groups/{group}/{action}"):
+        _admin(dict[str, Any], 400, 403, 404, request=service.AdminPin),
 }  # fmt: skip
 """Every operation the document describes; :func:`complete` fails on one litestar does not know."""
 
