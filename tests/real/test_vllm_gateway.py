@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +31,8 @@ from gateway.settings import load_settings
 from policies import Deployment, EngineKind, Health
 from policies.learning import DeploymentStats
 from tests.latency_proxy import LatencyProxy
+from tests.real.conftest import qwen35_model
+from tests.real.llama_server import LlamaServer
 from tests.real.vllm_server import VllmServer, VllmServerFactory
 from tests.servers import ADMIN, ServerThread
 
@@ -409,3 +412,91 @@ def test_openai_responses_relay_from_real_vllm(gateway: Gateway) -> None:
     events = list(codex.responses.create(model=MODEL, input="Say hi.", max_output_tokens=6, stream=True))
     assert events[0].type == "response.created"
     assert events[-1].type in ("response.completed", "response.incomplete")
+
+
+GROUP_SLOT_CTX = 8192  # llama.cpp's slot: twice vLLM's window
+
+
+@pytest.fixture(scope="module")
+def llama_beside(llama_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """A real llama-server beside the module's vLLM, its slots larger than vLLM's window."""
+    server = LlamaServer(
+        llama_binary,
+        qwen35_model(context=32768),  # trained longer than a slot: no cap
+        log_path=tmp_path_factory.mktemp("group") / "llama-server.log",
+        n_parallel=2,
+        ctx_total=2 * GROUP_SLOT_CTX,
+        extra_args=["--cache-ram", "0"],
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.real_llama
+def test_a_group_conversation_keeps_its_member_then_moves_when_it_outgrows_vllm(
+    real: VllmServer, llama_beside: LlamaServer
+) -> None:
+    """Model group ``grp`` over the 27B-like model on the real vLLM (4,096-token window, the default
+    member) and the larger one on the real llama-server (8,192 a slot): a conversation stays on its
+    member while it fits, moves to llama.cpp when it outgrows vLLM's window (logged with its reason
+    and models), and stays there (issue #28)."""
+    settings = load_settings(
+        None,
+        profile="cost",
+        backends=[
+            {"id": "vllm", "kind": "vllm", "url": real.base_url, "probe_interval_s": 0.2,
+             "timeouts": {"probe": PROBE_TIMEOUT_S}},
+            {"id": "llama", "kind": "llamacpp", "url": llama_beside.base_url, "probe_interval_s": 0.2,
+             "timeouts": {"probe": PROBE_TIMEOUT_S}},
+        ],
+        models=[
+            {"name": "m-vllm", "architecture": "hybrid", "params_total_b": 27,
+             "deployments": [{"backend": "vllm", "upstream_name": UPSTREAM}]},
+            {"name": "m-llama", "architecture": "hybrid", "params_total_b": 80,
+             "deployments": [{"backend": "llama", "upstream_name": llama_beside.alias}]},
+        ],
+        groups=[{"name": "grp", "members": ["m-vllm", "m-llama"]}],
+    )  # fmt: skip
+    app = create_app(settings)
+    server = ServerThread(app).start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # both probed: their windows known
+            if all(s.health is Health.READY for s in app.state.relay.fleet.snapshots()):
+                break
+            time.sleep(0.05)
+        messages: list[dict[str, str]] = []
+        answered: list[tuple[str, str, str]] = []
+        with httpx.Client(base_url=server.url, timeout=300) as client:
+            # the first turn asks the member by name; the others ask the group
+            for turn, (model, words) in enumerate(
+                [("m-vllm", 600), ("grp", 900), ("grp", 900), ("grp", 2400), ("grp", 300)]
+            ):
+                messages.append({"role": "user", "content": f"turn {turn}: " + "router " * words})
+                body = {"model": model, "messages": messages, "max_tokens": 4}
+                response = client.post("/v1/chat/completions", json=body, headers={"x-session-id": "grows"})
+                assert response.status_code == 200, response.text
+                member = response.headers["x-turnout-model"]
+                assert response.json()["model"] == member
+                decision = client.get(
+                    f"/admin/api/decisions/{response.headers['x-request-id']}", headers=ADMIN
+                ).json()
+                answered.append((member, response.headers["x-turnout-backend"], str(decision["moved"])))
+                content = response.json()["choices"][0]["message"]["content"] or ""
+                messages.append({"role": "assistant", "content": content})
+                if turn == 3:
+                    moved = decision["moved"]
+                    assert moved is not None, answered
+                    assert (moved["reason"], moved["from_model"], moved["to_model"]) == (
+                        "context-too-long",
+                        "m-vllm",
+                        "m-llama",
+                    ), moved
+                    assert decision["prompt_tokens_estimate"] > MAX_MODEL_LEN
+    finally:
+        server.stop()
+    members = [member for member, _, _ in answered]
+    assert members == ["m-vllm", "m-vllm", "m-vllm", "m-llama", "m-llama"], answered
+    assert [backend for _, backend, _ in answered] == ["vllm", "vllm", "vllm", "llama", "llama"]
