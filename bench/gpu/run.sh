@@ -30,6 +30,7 @@ MODEL=${MODEL:-/dev/shm/flash-next-shape.gguf}
 SHM_MODEL=$MODEL
 DISK_DIR=${DISK_DIR:-$HOME/turnout-disk}
 WHERE=shm   # where the served GGUF lies: shm or disk (in the names of the logs)
+PIDFILE=/tmp/turnout-llama-server.pid   # not under .gpu/: a carried .gpu/ replaces it between calls
 SERVER=${SERVER:-$BUILD/bin/llama-server}
 PORT=${PORT:-8080}
 EXTRA=${EXTRA:-}   # more --set NAME=VALUE for compose_flags.py (a dry run on a CPU: EXTRA="--set threads=2")
@@ -65,7 +66,7 @@ flags_for() {
 }
 
 stop_server() {
-  if [ -f "$GPU/server.pid" ]; then kill "$(cat "$GPU/server.pid")" 2>/dev/null || true; sleep 3; rm -f "$GPU/server.pid"; fi
+  if [ -f "$PIDFILE" ]; then kill "$(cat "$PIDFILE")" 2>/dev/null || true; sleep 3; rm -f "$PIDFILE"; fi
 }
 
 stage_serve() {
@@ -75,11 +76,13 @@ stage_serve() {
   local started log="$OUT/server-$1-$WHERE.log"
   started=$(date +%s.%N)
   setsid "$SERVER" "${flags[@]}" > "$log" 2>&1 &
-  echo $! > "$GPU/server.pid"
+  echo $! > "$PIDFILE"
   until curl -fsS "http://127.0.0.1:$PORT/health" > /dev/null 2>&1; do
-    kill -0 "$(cat "$GPU/server.pid")" 2>/dev/null || { tail -30 "$log"; exit 1; }
+    kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { tail -30 "$log"; exit 1; }
     sleep 0.2
   done
+  sleep 0.5  # a server left running on the port answers /health too: this one must still be alive
+  kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "another server holds port $PORT" >&2; tail -5 "$log"; exit 1; }
   say "serve $1 from $WHERE ($MODEL): ready after $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $started }") s"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv | tee "$OUT/gpu-memory-$1.txt" || true
   if [ "$WHERE" = disk ]; then python3 bench/gpu/pagecache.py resident "$MODEL"; fi

@@ -4,8 +4,8 @@ The default is docs/replay.md's workstation: ``vllm`` (hybrid, prefix caching of
 window) and ``llama`` (hybrid, ``llama_slots`` slots of 65,536 tokens, its RAM prompt cache at the
 default 8 GiB), at DOMAIN.md's rates, probed every 2 simulated seconds. ``--backends FILE`` replays on
 the backends of a turnout config instead (at most :data:`MAX_BACKENDS`): each backend's engine model
-takes its kind, the upstream name and window of its deployment of the replayed model (of its first
-deployment if it serves another model), that model's architecture, and the backend's ``[backends.sim]``
+takes its kind, the upstream name and window of its deployment of the replayed model (a model group:
+of its members; of its first deployment if it serves none of them), that model's architecture, and the backend's ``[backends.sim]``
 table (slots, rates, chunk, prefix caching, ...). vLLM's prefix cache defaults to off for a hybrid
 model (no prefix reuse in older releases) and on otherwise.
 """
@@ -43,26 +43,31 @@ def fleet_from_file(path: Path, profile: str) -> Settings:
     return settings
 
 
-def _model(settings: Settings, name: str) -> ModelConfig:
+def _served(settings: Settings, name: str) -> list[ModelConfig]:
+    """The model called ``name`` (or an alias), or a model group's members."""
     for model in settings.models:
         if model.name == name or name in model.aliases:
-            return model
-    known = ", ".join(m.name for m in settings.models)
+            return [model]
+    by_name = {m.name: m for m in settings.models}
+    for group in settings.groups:
+        if group.name == name or name in group.aliases:
+            return [by_name[m] for m in group.ordered]
+    known = ", ".join([*(m.name for m in settings.models), *(g.name for g in settings.groups)])
     raise ConfigError(f"the fleet serves no model {name!r}; it serves {known}")
 
 
 def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimConfig]:
     """An engine model per backend of ``settings`` (module docstring), replaying ``model``."""
-    served = _model(settings, model)
+    served = _served(settings, model)
     configs: dict[str, SimConfig] = {}
     for backend in settings.backends:
         if backend.kind is EngineKind.OPENAI:
             kind = "a generic OpenAI server"
             raise ConfigError(f"backend {backend.id!r} is {kind}: a replay simulates vllm and llamacpp only")
-        own = [d for d in served.deployments if d.backend == backend.id]
+        own = [(m, d) for m in served for d in m.deployments if d.backend == backend.id]
         others = [d for m in settings.models for d in m.deployments if d.backend == backend.id]
-        deployment = (own or others)[0] if own or others else None
-        architecture = served.architecture if own else _architecture(settings, backend.id)
+        deployment = own[0][1] if own else others[0] if others else None
+        architecture = own[0][0].architecture if own else _architecture(settings, backend.id)
         sim = backend.sim
         base = SimConfig(
             kind="vllm" if backend.kind is EngineKind.VLLM else "llamacpp",
@@ -82,8 +87,9 @@ def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimC
 
 
 def capacity(settings: Settings, model: str, configs: dict[str, SimConfig]) -> float:
-    """The prefill capacity (tokens/s, all engines together) of the backends serving ``model``."""
-    served = {d.backend for d in _model(settings, model).deployments}
+    """The prefill capacity (tokens/s, all engines together) of the backends serving ``model`` (a
+    group: any of its members)."""
+    served = {d.backend for m in _served(settings, model) for d in m.deployments}
     return sum(config.prefill_tok_s for name, config in configs.items() if name in served)
 
 

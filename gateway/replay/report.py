@@ -14,7 +14,9 @@ in simulated seconds:
 * ``session_completion_mean_s``: over the conversations of two or more turns that all completed,
   mean time from sending the first turn to the last answer (null when there are none);
 * ``prefill_amplification``: tokens the engines prefilled (prompt - cached) / the distinct tokens of
-  the same requests' prompts, chat template included (``yardsticks.distinct_tokens``).
+  the same requests' prompts, chat template included (``yardsticks.distinct_tokens``);
+* ``sessions_moved``: of those conversations, the share answered by more than one backend (for a
+  model group over one backend per member: the conversations that changed model).
 
 The report's ``lower-bound`` entry (``yardsticks.lower_bounds``) has the TTFT keys only: no routing
 can beat them.
@@ -47,6 +49,7 @@ REPORT_KEYS = (
     "backend_share",
     "session_completion_mean_s",
     "prefill_amplification",
+    "sessions_moved",
 )
 """The keys of every profile's entry, in order (the JSON report and the table use them)."""
 
@@ -82,11 +85,9 @@ def summarize(
     span = (max(r.end_s for r in done) - min(r.arrival_s for r in done)) if done else 0.0
     backends = Counter(r.backend or "?" for r in done)
     by_index = {r.index: r for r in results}
-    sessions = [
-        max(by_index[i].end_s for i in group) - by_index[group[0]].start_s
-        for group in groups
-        if len(group) > 1 and all(i in by_index and by_index[i].ok for i in group)
-    ]
+    finished = [g for g in groups if len(g) > 1 and all(i in by_index and by_index[i].ok for i in g)]
+    sessions = [max(by_index[i].end_s for i in g) - by_index[g[0]].start_s for g in finished]
+    moved = [len({by_index[i].backend for i in g}) > 1 for g in finished]
     new = distinct_tokens([distinct[r.index] for r in done]) if distinct is not None else 0
     prefilled = sum(r.prompt_tokens - r.cached_tokens for r in done)
     return {
@@ -102,6 +103,7 @@ def summarize(
         "backend_share": {b: round(n / len(done), 4) for b, n in sorted(backends.items())},
         "session_completion_mean_s": _round(_mean(sessions)),
         "prefill_amplification": _round(prefilled / new if new else None),
+        "sessions_moved": _round(sum(moved) / len(moved) if moved else None),
     }
 
 
@@ -199,6 +201,7 @@ TABLE_COLUMNS = (
     ("cache hit", "cache_hit_ratio"),
     ("session", "session_completion_mean_s"),
     ("prefill x", "prefill_amplification"),
+    ("moved", "sessions_moved"),
     ("backends", "backend_share"),
 )
 

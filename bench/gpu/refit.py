@@ -1,0 +1,83 @@
+"""Refit a profile's prefill with cold prefills measured later (``cold.py``), and rewrite it in place.
+
+    python bench/gpu/refit.py backends/profiles/h200-llamacpp-flash-next-shape-compose.toml \
+        bench/gpu/results/2026-12-03b-h200/cold.json --label compose
+
+``turnout calibrate`` sizes its grid to its budget; prompts of 16k and 32k under compose's flags take
+minutes each, so they were measured apart (``bench/gpu/run.sh cold:...``). This adds the rows of
+``cold.json`` whose label starts with ``--label`` to the profile's ``prefill_points``, fits the prefill
+again over all of them (``policies.profile_fit``), raises ``context_window`` to the longest prompt now
+measured, prices the scenarios (``[[checks]]``) again, keeps the file's leading comments and adds one
+saying so, then prints each point's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from backends.engine_profiles import load_profile, save_profile  # noqa: E402  (after the path is set)
+from policies.engine_profile import Check, EngineProfile, Point  # noqa: E402
+from policies.profile_fit import fit_prefill  # noqa: E402
+
+
+def _recheck(profile: EngineProfile, check: Check) -> Check:
+    """The scenario's cold price and prediction by the refit profile (as ``turnout calibrate`` prices
+    them: ``backends.calibrate.procedure``)."""
+    restore = profile.ram_restore_seconds(check.cached) if check.name == "ram" else 0.0
+    return msgspec.structs.replace(
+        check,
+        cold_seconds=round(profile.prefill_seconds(check.prompt), 6),
+        predicted_s=round(profile.prefill_seconds(check.prompt - check.cached, check.cached) + restore, 6),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("profile", type=Path)
+    parser.add_argument("cold", type=Path)
+    parser.add_argument("--label", required=True, help="the rows of cold.json whose label starts so")
+    args = parser.parse_args()
+    profile = load_profile(args.profile)
+    rows = [r for r in json.loads(args.cold.read_text()) if str(r["label"]).startswith(args.label)]
+    if not rows:
+        raise SystemExit(f"{args.cold}: no row labelled {args.label}...")
+    added = [Point(int(r["tokens"]), int(r["cache_n"]), float(r["seconds"])) for r in rows]
+    points = tuple(p for p in profile.prefill_points if p not in added) + tuple(added)
+    attention = any(p.b > 0 for p in points)
+    refit = msgspec.structs.replace(
+        profile,
+        prefill=fit_prefill(profile.prefill, points, attention=attention),
+        prefill_points=points,
+        context_window=max(profile.context_window, *(p.a + p.b for p in points)),
+    )
+    refit = msgspec.structs.replace(refit, checks=tuple(_recheck(refit, c) for c in refit.checks))
+    header = [
+        line[2:] if line.startswith("# ") else line[1:]
+        for line in args.profile.read_text(encoding="utf-8").splitlines()
+        if line.startswith("#")
+    ]
+    note = f"Prefill refit by bench/gpu/refit.py with {len(added)} cold prompts from {args.cold.resolve().relative_to(REPO)}."
+    if note not in header:
+        header.append(note)
+    save_profile(refit, args.profile, header=header)
+    for point in points:
+        predicted = refit.prefill_seconds(point.a, point.b)
+        error = (predicted - point.seconds) / point.seconds
+        print(
+            f"{point.a:>7} new {point.b:>6} cached: {point.seconds:9.2f} s measured, {predicted:9.2f} predicted ({error:+.0%})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
