@@ -66,7 +66,8 @@ def main() -> int:
         for line in args.profile.read_text(encoding="utf-8").splitlines()
         if line.startswith("#")
     ]
-    note = f"Prefill refit by bench/gpu/refit.py with {len(added)} cold prompts from {args.cold.resolve().relative_to(REPO)}."
+    source = args.cold.resolve().relative_to(REPO)
+    note = f"Prefill refit by bench/gpu/refit.py with {len(added)} cold prompts from {source}."
     if note not in header:
         header.append(note)
     save_profile(refit, args.profile, header=header)
@@ -74,7 +75,8 @@ def main() -> int:
         predicted = refit.prefill_seconds(point.a, point.b)
         error = (predicted - point.seconds) / point.seconds
         print(
-            f"{point.a:>7} new {point.b:>6} cached: {point.seconds:9.2f} s measured, {predicted:9.2f} predicted ({error:+.0%})"
+            f"{point.a:>7} new {point.b:>6} cached: {point.seconds:9.2f} s measured, "
+            f"{predicted:9.2f} predicted ({error:+.0%})"
         )
     return 0
 

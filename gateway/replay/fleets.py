@@ -5,9 +5,9 @@ window) and ``llama`` (hybrid, ``llama_slots`` slots of 65,536 tokens, its RAM p
 default 8 GiB), at DOMAIN.md's rates, probed every 2 simulated seconds. ``--backends FILE`` replays on
 the backends of a turnout config instead (at most :data:`MAX_BACKENDS`): each backend's engine model
 takes its kind, the upstream name and window of its deployment of the replayed model (a model group:
-of its members; of its first deployment if it serves none of them), that model's architecture, and the backend's ``[backends.sim]``
-table (slots, rates, chunk, prefix caching, ...). vLLM's prefix cache defaults to off for a hybrid
-model (no prefix reuse in older releases) and on otherwise.
+of its members; of its first deployment if it serves none of them), that model's architecture, and
+the backend's ``[backends.sim]`` table (slots, rates, chunk, prefix caching, ...). vLLM's prefix cache
+defaults to off for a hybrid model (no prefix reuse in older releases) and on otherwise.
 """
 
 from __future__ import annotations
