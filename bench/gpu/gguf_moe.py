@@ -53,17 +53,18 @@ import argparse
 import math
 import mmap
 import os
-import struct
 import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
+
+REPO = Path(__file__).resolve().parents[2]
 
 if TYPE_CHECKING:
     import gguf
@@ -361,97 +362,18 @@ def make_buffer(rng: np.random.Generator, spec: TensorSpec) -> Bytes:
     return data
 
 
-# -- tokenizer copy (a plain struct walk of the vocab GGUF's key/values) ------------------------
-
-KeyValue = tuple[str, Any, "gguf.GGUFValueType", "gguf.GGUFValueType | None"]
+# -- tokenizer copy ------------------------------------------------------------------------------
 
 
-def read_gguf_metadata(path: Path) -> list[KeyValue]:
-    """The key/value section of a GGUF v2/v3 file, as (key, value, type, array item type).
+def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path) -> int:
+    """Copy every ``tokenizer.ggml.*`` key; return the vocabulary size: the tests' tiny-model
+    generator's (``tests/real/gguf_qwen35.py``), one reader for both. Imported here, once ``gguf`` is
+    importable (``import_gguf``)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from tests.real.gguf_qwen35 import copy_tokenizer as copy
 
-    ``gguf.GGUFReader`` takes ~10 s on the 150k-token vocabulary (it builds numpy views per
-    element); this plain ``struct`` walk takes a fraction of a second.
-    """
-    import gguf
-
-    vt = gguf.GGUFValueType
-    scalar_formats: dict[gguf.GGUFValueType, str] = {
-        vt.UINT8: "<B",
-        vt.INT8: "<b",
-        vt.UINT16: "<H",
-        vt.INT16: "<h",
-        vt.UINT32: "<I",
-        vt.INT32: "<i",
-        vt.FLOAT32: "<f",
-        vt.BOOL: "<?",
-        vt.UINT64: "<Q",
-        vt.INT64: "<q",
-        vt.FLOAT64: "<d",
-    }
-    data = memoryview(Path(path).read_bytes())
-    pos = 0
-
-    def take(fmt: str) -> Any:
-        nonlocal pos
-        (value,) = struct.unpack_from(fmt, data, pos)
-        pos += struct.calcsize(fmt)
-        return value
-
-    def take_str() -> bytes:
-        nonlocal pos
-        size = take("<Q")
-        value = bytes(data[pos : pos + size])
-        pos += size
-        return value
-
-    def take_value(vtype: gguf.GGUFValueType) -> Any:
-        if vtype == vt.STRING:
-            return take_str()
-        return take(scalar_formats[vtype])
-
-    if bytes(data[:4]) != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file")
-    pos = 4
-    version = take("<I")
-    if version not in (2, 3):
-        raise ValueError(f"{path}: unsupported GGUF version {version}")
-    take("<Q")  # tensor count
-    n_kv = take("<Q")
-    out: list[KeyValue] = []
-    for _ in range(n_kv):
-        key = take_str().decode()
-        vtype = vt(take("<I"))
-        if vtype == vt.ARRAY:
-            sub = vt(take("<I"))
-            count = take("<Q")
-            if sub in scalar_formats:
-                fmt = scalar_formats[sub]
-                items = list(struct.unpack_from(f"<{count}{fmt[1]}", data, pos))
-                pos += count * struct.calcsize(fmt)
-            else:
-                items = [take_value(sub) for _ in range(count)]
-            out.append((key, items, vtype, sub))
-        else:
-            value = take_value(vtype)
-            out.append((key, value.decode() if isinstance(value, bytes) else value, vtype, None))
-    return out
-
-
-def copy_tokenizer(writer: gguf.GGUFWriter | None, vocab_path: Path) -> int:
-    """Copy every ``tokenizer.ggml.*`` key (when ``writer`` is given); return the vocabulary size."""
-    import gguf
-
-    n_vocab = 0
-    for key, value, vtype, sub in read_gguf_metadata(vocab_path):
-        if not key.startswith("tokenizer.ggml."):
-            continue
-        if key == gguf.Keys.Tokenizer.LIST:
-            n_vocab = len(value)
-        if writer is not None:
-            writer.add_key_value(key, value, vtype, sub)
-    if n_vocab == 0:
-        raise ValueError(f"{vocab_path} has no tokenizer.ggml.tokens")
-    return n_vocab
+    return copy(writer, vocab_path)
 
 
 # -- writing -------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 from backends.sim import SimConfig
 from gateway.cli import build_parser, main
-from gateway.replay.fleets import default_fleet, sim_configs
+from gateway.replay.fleets import capacity, default_fleet, sim_configs
 from gateway.replay.generate import agent_trace
 from gateway.replay.report import LOWER_BOUND
 from gateway.replay.runner import ORACLE
@@ -225,6 +225,26 @@ class TestSimConfigs:
         """Replaying a model the fleet does not serve: a ConfigError listing the models it serves."""
         settings = load_settings(write_config(tmp_path))
         with pytest.raises(ConfigError, match="'nope'; it serves coder, helper"):
+            sim_configs(settings, "nope")
+
+    def test_a_model_group_replays_on_each_members_deployments(self, tmp_path: Path) -> None:
+        """A group over ``coder`` and ``helper``: every backend takes its member's deployment and that
+        member's architecture (``llama-b`` serves ``helper``, a MoE), as when each is replayed alone."""
+        path = write_config(tmp_path)
+        path.write_text(
+            path.read_text() + '\n[[groups]]\nname = "both"\nmembers = ["coder", "helper"]\naliases = ["b"]\n'
+        )
+        settings = load_settings(path)
+        group = sim_configs(settings, "both")
+        alone = sim_configs(settings, "coder")
+        assert group == alone  # coder's two backends as before; llama-b's helper deployment either way
+        assert group["llama-b"].architecture is Architecture.MOE
+        assert sim_configs(settings, "b") == group
+        assert (
+            capacity(settings, "both", group)
+            == capacity(settings, "coder", group) + group["llama-b"].prefill_tok_s
+        )
+        with pytest.raises(ConfigError, match="it serves coder, helper, both"):
             sim_configs(settings, "nope")
 
 

@@ -226,11 +226,14 @@ class TestReport:
         assert entry["prefill_amplification"] == round(3261 / 3252, 4)
         assert entry["cache_hit_ratio"] == round(1709 / 4970, 4)
         assert entry["backend_share"] == {"llama": round(5 / 7, 4), "vllm": round(2 / 7, 4)}
+        # of those three, only the pair 1 -> 7 changed backend (vllm, then llama)
+        assert entry["sessions_moved"] == round(1 / 3, 4)
 
     def test_without_the_trace_the_trace_keys_are_null(self) -> None:
         """No trace: no conversations and no new tokens to divide by."""
         entry = report({"cost": self.RESULTS})["profiles"]["cost"]
         assert (entry["session_completion_mean_s"], entry["prefill_amplification"]) == (None, None)
+        assert entry["sessions_moved"] is None
 
     def test_lower_bound_entry(self) -> None:
         """The ``lower-bound`` entry has every report key: its TTFT keys from the bounds, the rest null."""
@@ -252,6 +255,7 @@ class TestReport:
             "backend_share": {},
             "session_completion_mean_s": None,
             "prefill_amplification": None,
+            "sessions_moved": None,
         }
 
     def test_lower_bound_long_prompts(self) -> None:
