@@ -41,6 +41,7 @@ def stack(redis_server: RedisServer) -> Iterator[Stack]:
         vllm=SimConfig(kind="vllm", model="up-vllm", time_scale=0.02, architecture=Architecture.HYBRID),
         llama=SimConfig(kind="llamacpp", model="up-llama", time_scale=0.02, slots=2),
         state={"url": redis_server.url, "prefix": f"e2e{uuid.uuid4().hex[:6]}", "timeout_s": 5.0},
+        groups=[{"name": "grp", "members": ["m-llama", "m-vllm"]}],
     )
     try:
         yield running
@@ -293,12 +294,19 @@ def test_a_policy_change_reaches_every_replica(stack: Stack) -> None:
         assert switched.status_code == 200
         drained = httpx.post(stack.url + "/admin/api/backends/llama/drain", headers=ADMIN, timeout=30)
         assert drained.status_code == 200
+        pinned = httpx.post(
+            stack.url + "/admin/api/groups/grp/pin", json={"member": "m-vllm"}, headers=ADMIN, timeout=30
+        )
+        assert pinned.status_code == 200
         deadline = time.monotonic() + PATIENCE_S
         while time.monotonic() < deadline:
             policy = httpx.get(second.url + "/admin/api/policy", headers=ADMIN, timeout=30).json()
-            if policy["profile"] == "prefer-vllm" and [
-                b["id"] for b in policy["backends"] if b["drained"]
-            ] == ["llama"]:
+            if (
+                policy["profile"] == "prefer-vllm"
+                and [b["id"] for b in policy["backends"] if b["drained"]] == ["llama"]
+                and policy["groups"]
+                == [{"name": "grp", "members": ["m-llama", "m-vllm"], "pinned": "m-vllm"}]
+            ):
                 break
             time.sleep(0.05)
         else:
