@@ -298,7 +298,13 @@ def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
         transport = AiohttpTransport(limits)  # backends.transport: httpx's API, aiohttp's pool
         async with httpx.AsyncClient(limits=limits, timeout=None, transport=transport) as client:
             fleet = Fleet(backend_specs(settings, catalog), client, poster=transport, clock=clock)
-            router = Router(fleet, store, profile, lease_idle_s=settings.state.lease_idle_s)
+            router = Router(
+                fleet,
+                store,
+                profile,
+                lease_idle_s=settings.state.lease_idle_s,
+                group_profiles=settings.group_profiles(),
+            )
             app.state.relay = Relay(
                 fleet,
                 catalog,

@@ -148,13 +148,21 @@ def remembered_slot(
 
 class Router:
     def __init__(
-        self, fleet: Fleet, store: StateStore, profile: Profile, *, lease_idle_s: float = DEFAULT_LEASE_IDLE_S
+        self,
+        fleet: Fleet,
+        store: StateStore,
+        profile: Profile,
+        *,
+        lease_idle_s: float = DEFAULT_LEASE_IDLE_S,
+        group_profiles: Mapping[str, Profile] | None = None,
     ) -> None:
         self.fleet = fleet
         self.clock: Clock = fleet.clock
         """What routing, leases, sessions and the decision log read as now: the fleet's clock."""
         self.store = store
         self.profile = profile
+        self.group_profiles = dict(group_profiles or {})
+        """Model groups routed by a profile of their own (``GroupConfig.profile``): group -> profile."""
         self.lease_idle_s = lease_idle_s
         self.learned = LearnedState()
         """What routing believes: this replica's learning merged with the others' (``gateway.replicas``)."""
@@ -305,7 +313,10 @@ class Router:
                 self.follow_ups.second_turn()
         for _ in range(CLAIM_ATTEMPTS):
             snapshots, context = await self._context(session, excluded, features.chain)
-            decision = route(features, snapshots, self.profile, self.clock.time(), context)
+            profile = (
+                self.group_profiles.get(features.model, self.profile) if features.members else self.profile
+            )
+            decision = route(features, snapshots, profile, self.clock.time(), context)
             chosen = decision.chosen_candidate
             if (
                 chosen is None

@@ -172,6 +172,9 @@ class GroupConfig(_Strict):
     ``reasoning.effort`` ``"high"``, or an Anthropic ``thinking`` budget of at least
     ``REASONING_BUDGET_TOKENS``) asks for a member of at least this many billion parameters, as if it
     sent ``x-turnout-min-params-b``; unset: reasoning does not choose the member."""
+    profile: str | None = None
+    """The routing profile that chooses among the members (built-in or ``[[profiles]]``, like the
+    gateway's own ``profile``); unset: the gateway's profile, as an admin switches it."""
     prefer_default: float = Field(0.25, ge=0, le=10)
     """How much better another member must score than the default member to answer instead (the
     ``cost`` profile's score is the inverse of the predicted time to first token, so 0.25: predicted
@@ -343,6 +346,12 @@ class Settings(BaseSettings):
         known = {*BUILTIN_PROFILES, *(p.name for p in self.profiles)}
         if self.profile not in known:
             raise ValueError(f"profile: unknown profile {self.profile!r}; known: {', '.join(sorted(known))}")
+        for group in self.groups:
+            if group.profile is not None and group.profile not in known:
+                raise ValueError(
+                    f"groups.{group.name}.profile: unknown profile {group.profile!r};"
+                    f" known: {', '.join(sorted(known))}"
+                )
         return self
 
     def routing_profile(self, name: str | None = None) -> Profile:
@@ -352,6 +361,10 @@ class Settings(BaseSettings):
             if profile.name == name:
                 return build_profile(profile.name, filters=profile.filters, scorers=profile.scorers)
         return BUILTIN_PROFILES[name]
+
+    def group_profiles(self) -> dict[str, Profile]:
+        """Each model group that names its own routing profile: group -> that profile."""
+        return {g.name: self.routing_profile(g.profile) for g in self.groups if g.profile is not None}
 
     @model_validator(mode="after")
     def _admin_token_off_loopback(self) -> Settings:

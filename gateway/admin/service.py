@@ -259,7 +259,12 @@ class AdminService:
             "profiles": self.profiles,
             "backends": [{"id": b.id, "drained": b.id in router.drained} for b in self.settings.backends],
             "groups": [
-                {"name": g.name, "members": list(g.ordered), "pinned": router.pins.get(g.name)}
+                {
+                    "name": g.name,
+                    "members": list(g.ordered),
+                    "pinned": router.pins.get(g.name),
+                    "profile": g.profile or router.profile.name,
+                }
                 for g in self.settings.groups
             ],
             "audit": [asdict(e) for e in self.audit],

@@ -301,6 +301,7 @@ class GatewayReplay(World):
             state_store(one_replica(settings), self.clock),
             settings.routing_profile(),
             lease_idle_s=settings.state.lease_idle_s,
+            group_profiles=settings.group_profiles(),
         )
         self.relay = Relay(
             self.fleet,

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from backends.sim import SimConfig
+from gateway.settings import ConfigError, load_settings
 from policies import Architecture
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.servers import ADMIN
@@ -178,8 +179,6 @@ def test_a_floor_no_member_meets_is_a_clear_400(stack: Stack, floor: str, messag
 
 
 def test_a_group_of_unknown_members_is_refused_with_the_field_named() -> None:
-    from gateway.settings import ConfigError, load_settings
-
     backend = {"id": "v", "kind": "vllm", "url": "http://127.0.0.1:9"}
     model = {"name": "a", "deployments": [{"backend": "v", "upstream_name": "a"}]}
     with pytest.raises(ConfigError, match=r"groups\.g: 'b' is not a configured model name"):
@@ -197,9 +196,12 @@ def test_an_admin_pins_a_group_to_one_member(stack: Stack) -> None:
         assert ask(client, "m-vllm", 100, "pinned").headers["x-turnout-model"] == "m-vllm"
         response = pin(stack, "grp", "pin", {"member": "m-llama"})
         assert response.status_code == 200, response.text
-        assert {"name": "grp", "members": ["m-vllm", "m-llama"], "pinned": "m-llama"} in response.json()[
-            "groups"
-        ]
+        assert {
+            "name": "grp",
+            "members": ["m-vllm", "m-llama"],
+            "pinned": "m-llama",
+            "profile": "cost",
+        } in response.json()["groups"]
         try:
             for session in ("pinned", "fresh"):  # a conversation on the other member moves too
                 assert ask(client, "grp", 150, session).headers["x-turnout-model"] == "m-llama"
@@ -214,7 +216,12 @@ def test_an_admin_pins_a_group_to_one_member(stack: Stack) -> None:
         finally:
             unpinned = pin(stack, "grp", "unpin")
         assert unpinned.status_code == 200
-        assert {"name": "grp", "members": ["m-vllm", "m-llama"], "pinned": None} in unpinned.json()["groups"]
+        assert {
+            "name": "grp",
+            "members": ["m-vllm", "m-llama"],
+            "pinned": None,
+            "profile": "cost",
+        } in unpinned.json()["groups"]
         audit = [(e["action"], e["detail"]) for e in unpinned.json()["audit"]]
         assert audit[:2] == [("unpin", "grp"), ("pin", "grp -> m-llama")]
 
@@ -258,3 +265,32 @@ def test_count_tokens_for_a_group_counts_with_the_member_it_would_answer_with(st
         assert counted_by() == ({"vllm", "llama"} - {answered})
     finally:
         pin(stack, "grp", "unpin")
+
+
+def test_a_group_routed_by_a_profile_of_its_own() -> None:
+    """``profile = "prefer-llamacpp"`` on a group: its requests choose members by that profile, the
+    gateway's own (``cost``) routes everything else; an unknown name is refused at start-up."""
+    running = start_stack(
+        groups=[{"name": "own", "members": ["m-vllm", "m-llama"], "profile": "prefer-llamacpp"}]
+    )
+    try:
+        with running.client() as client:
+            response = ask(client, "own", 20, "own-profile")
+            assert response.headers["x-turnout-model"] == "m-llama"
+            decision = last_decision(running)
+            assert (decision["profile"], decision["chosen_model"]) == ("prefer-llamacpp", "m-llama")
+            ask(client, "m-both", 20, "plain")
+            assert last_decision(running)["profile"] == "cost"
+        policy = httpx.get(running.url + "/admin/api/policy", headers=ADMIN).json()
+        assert policy["groups"][0]["profile"] == "prefer-llamacpp"
+    finally:
+        stop_stack(running)
+    backend = {"id": "v", "kind": "vllm", "url": "http://127.0.0.1:9"}
+    models = [{"name": n, "deployments": [{"backend": "v", "upstream_name": n}]} for n in ("a", "b")]
+    with pytest.raises(ConfigError, match=r"groups\.own\.profile: unknown profile 'fastest'"):
+        load_settings(
+            None,
+            backends=[backend],
+            models=models,
+            groups=[{"name": "own", "members": ["a", "b"], "profile": "fastest"}],
+        )

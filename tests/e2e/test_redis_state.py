@@ -304,8 +304,7 @@ def test_a_policy_change_reaches_every_replica(stack: Stack) -> None:
             if (
                 policy["profile"] == "prefer-vllm"
                 and [b["id"] for b in policy["backends"] if b["drained"]] == ["llama"]
-                and policy["groups"]
-                == [{"name": "grp", "members": ["m-llama", "m-vllm"], "pinned": "m-vllm"}]
+                and policy["groups"][0]["pinned"] == "m-vllm"
             ):
                 break
             time.sleep(0.05)
