@@ -38,11 +38,16 @@ def prefill_features(shape: PrefillModel, new: int, cached: int) -> tuple[float,
 def fit_prefill(shape: PrefillModel, points: Sequence[Point], *, attention: bool = True) -> PrefillModel:
     """``shape`` (its batching) with ``token_s``, ``batch_s`` and ``context_s`` fitted to ``points``
     (``new``, ``cached``, ``seconds``); ``attention=False`` keeps ``context_s`` at 0 (too few long
-    prompts to tell it apart)."""
+    prompts to tell it apart). Attention adds to a per-token or per-batch cost, never replaces it: a
+    fit that explains the points by attention alone (noisy timings of short prompts) is done again
+    without it."""
     rows = [prefill_features(shape, p.a, p.b) for p in points]
     if not attention:
         rows = [(one, t, b, 0.0) for one, t, b, _ in rows]
-    request_s, token_s, batch_s, context_s = nnls(rows, [p.seconds for p in points])
+    seconds = [p.seconds for p in points]
+    request_s, token_s, batch_s, context_s = nnls(rows, seconds)
+    if token_s == 0 and batch_s == 0 and attention:
+        request_s, token_s, batch_s, context_s = nnls([(one, t, b, 0.0) for one, t, b, _ in rows], seconds)
     if token_s == 0 and batch_s == 0:
         raise ProfileSchemaError("the prefill points fit no positive rate: measure longer prompts")
     return PrefillModel(

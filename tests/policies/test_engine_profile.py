@@ -100,6 +100,19 @@ class TestFit:
         fitted = fit_prefill(PrefillModel(token_s=1.0, ubatch=512, batch=2048), points)
         assert min(fitted.token_s, fitted.batch_s, fitted.context_s) >= 0
 
+    def test_attention_alone_never_explains_a_prefill(self) -> None:
+        """The tiny vLLM's timings under a busy run (make test-busy, run 3): the best fit with
+        attention had no per-token cost, and calibrate refused the engine. Fitted again without
+        attention, the rate is per token."""
+        points = [
+            Point(16, 0, 0.061394), Point(512, 0, 0.082289), Point(1024, 0, 0.066674),
+            Point(1843, 0, 0.136784), Point(504, 384, 0.140789), Point(872, 768, 0.129686),
+        ]  # fmt: skip
+        shape = PrefillModel(token_s=1.0, batch_min=1, ubatch=2048, batch=2048)
+        fitted = fit_prefill(shape, points, attention=True)
+        assert fitted.token_s > 0
+        assert fitted.context_s == 0
+
     def test_decode_fit_separates_the_batch_and_the_context(self) -> None:
         truth = DecodeModel(step_s=0.02, seq_s=0.004, context_s=0.0005)
         points = [
