@@ -304,6 +304,7 @@ def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
                 profile,
                 lease_idle_s=settings.state.lease_idle_s,
                 group_profiles=settings.group_profiles(),
+                redact_session_ids=settings.admin.redact_session_ids,
             )
             app.state.relay = Relay(
                 fleet,

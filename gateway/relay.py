@@ -382,7 +382,13 @@ class Relay:
             await self._end(record)
             if routed is not None:  # routed, then refused or failed before any byte: log the decision too
                 entry = decision_entry(
-                    routed, record.request_id, None, exc.status, exc.message, at=self.fleet.clock.time()
+                    routed,
+                    record.request_id,
+                    None,
+                    exc.status,
+                    exc.message,
+                    at=self.fleet.clock.time(),
+                    redact=self.router.redact_session_ids,
                 )
                 await self.router.store.record_decision(entry)
             raise
@@ -526,7 +532,9 @@ async def settle(
     """A routed request ended: its decision log entry, and with an ``outcome``, learning and the
     session's next state and timeline (``Router.complete``), stamped on the router's clock."""
     now = router.clock.time()
-    entry = decision_entry(routed, request_id, outcome, status, error, at=now)
+    entry = decision_entry(
+        routed, request_id, outcome, status, error, at=now, redact=router.redact_session_ids
+    )
     chosen = routed.decision.chosen_candidate
     if outcome is None or chosen is None:
         await router.store.record_decision(entry)

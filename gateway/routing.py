@@ -110,8 +110,22 @@ def moved(routed: Routed) -> dict[str, Any] | None:
 
 
 def session_label(key: str) -> str:
-    """A short stable label for logs and the decision log (session keys may be user ids)."""
+    """A short stable label for logs, URLs and the decision log (session keys may be user ids)."""
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+
+
+NAMED_SOURCES = ("h:", "a:", "k:", "u:", "m:")
+"""Session keys that carry the client's own name after their source (``policies.sessions``): the
+``x-session-id`` header, an agent's header, ``prompt_cache_key``, ``user``, Anthropic's
+``metadata.user_id``. A conversation known only by its content has no name."""
+
+
+def session_name(key: str | None, *, redact: bool = False) -> str | None:
+    """The name the client gave its session (``agent-7`` for ``x-session-id: agent-7``); None for an
+    implicit session, or when names are redacted (``admin.redact_session_ids``)."""
+    if key is None or redact or not key.startswith(NAMED_SOURCES):
+        return None
+    return key[2:]
 
 
 def added_part(features: RequestFeatures, session: SessionView) -> bytes | None:
@@ -155,6 +169,7 @@ class Router:
         *,
         lease_idle_s: float = DEFAULT_LEASE_IDLE_S,
         group_profiles: Mapping[str, Profile] | None = None,
+        redact_session_ids: bool = False,
     ) -> None:
         self.fleet = fleet
         self.clock: Clock = fleet.clock
@@ -162,6 +177,8 @@ class Router:
         self.store = store
         self.profile = profile
         self.group_profiles = dict(group_profiles or {})
+        self.redact_session_ids = redact_session_ids
+        """Keep the names clients give their sessions out of the decision log (hashes only)."""
         """Model groups routed by a profile of their own (``GroupConfig.profile``): group -> profile."""
         self.lease_idle_s = lease_idle_s
         self.learned = LearnedState()
@@ -390,10 +407,11 @@ def decision_entry(
     error: str | None = None,
     *,
     at: float,
+    redact: bool = False,
 ) -> dict[str, Any]:
     """One decision log entry: the choice, every candidate's prediction, and what really happened
     (``status``/``error``: how the request ended, also when no outcome was measured; ``at``: when,
-    epoch seconds)."""
+    epoch seconds; ``redact``: leave out the name the client gave its session)."""
     decision, features = routed.decision, routed.features
     return {
         "at": at,
@@ -402,6 +420,7 @@ def decision_entry(
         "endpoint": features.endpoint.value,
         "profile": decision.profile,
         "session": session_label(features.session_key) if features.session_key else None,
+        "session_name": session_name(features.session_key, redact=redact),
         "session_source": features.session_source.value,
         "prompt_tokens_estimate": features.prompt_tokens,
         "prompt_tokens_exact": features.prompt_exact,

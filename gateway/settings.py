@@ -231,6 +231,10 @@ class AdminConfig(_Strict):
     (``Authorization: Bearer <token>``). Unset: a random token is made at start-up and logged, which
     is allowed only when the gateway listens on loopback."""
     enabled: bool = True
+    redact_session_ids: bool = False
+    """Show and log sessions by a hash only, never by the names clients send (``x-session-id``, an
+    agent's session header, ``prompt_cache_key``, ``user``, ``metadata.user_id``: these may be user
+    ids or e-mail addresses); unset: the dashboard shows each session by its own name."""
 
 
 class KeyConfig(_Strict):

@@ -16,7 +16,7 @@ import structlog
 from backends.inflight import Load
 from gateway.admin.auth import AdminAuth, Identity
 from gateway.relay import Relay
-from gateway.routing import session_label
+from gateway.routing import session_label, session_name
 from gateway.settings import Settings
 from policies import BUILTIN_PROFILES
 from policies.learning import DeploymentStats
@@ -150,21 +150,42 @@ class AdminService:
 
     # views
 
+    def _session_row(self, session: SessionView) -> dict[str, Any]:
+        return {
+            "session": session_label(session.key),
+            "name": self._name(session.key),
+            "source": session.source,
+            "turns": session.turns,
+            "backend": session.backend_id,
+            "slot": session.slot,
+            "last_prompt_tokens": session.prompt_tokens,
+            "total_prompt_tokens": session.total_prompt_tokens,
+            "total_cached_tokens": session.total_cached_tokens,
+            "saved_s": round(session.saved_s, 2),
+            "first_seen": session.first_seen,
+            "last_seen": session.last_seen,
+        }
+
+    def _name(self, key: str | None) -> str | None:
+        return session_name(key, redact=self.settings.admin.redact_session_ids)
+
     async def _session_bysession_label(self, label: str) -> SessionView | None:
-        for session in await self.relay.router.store.sessions(self.settings.state.max_sessions):
+        """The live session with this label (the hash) or, unless redacted, this name."""
+        sessions = await self.relay.router.store.sessions(self.settings.state.max_sessions)
+        for session in sessions:
             if session_label(session.key) == label:
                 return session
-        return None
+        return next((s for s in sessions if self._name(s.key) == label), None)
 
     async def sessions(self, limit: int) -> list[dict[str, Any]]:
-        return [_session_row(s) for s in await self.relay.router.store.sessions(limit)]
+        return [self._session_row(s) for s in await self.relay.router.store.sessions(limit)]
 
     async def session(self, label: str) -> dict[str, Any] | None:
         session = await self._session_bysession_label(label)
         if session is None:
             return None
         turns = await self.relay.router.store.turns(session.key)
-        return {**_session_row(session), "timeline": turns}
+        return {**self._session_row(session), "timeline": turns}
 
     async def decisions(self, limit: int, filters: Mapping[str, str]) -> list[dict[str, Any]]:
         entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
@@ -190,6 +211,7 @@ class AdminService:
                     "n_ctx": slot.n_ctx,
                     "busy": slot.is_processing,
                     "session": session_label(leases[slot.id].session_key) if slot.id in leases else None,
+                    "session_name": self._name(leases[slot.id].session_key) if slot.id in leases else None,
                     "tokens": leases[slot.id].tokens if slot.id in leases else 0,
                     "idle_s": round(now - leases[slot.id].last_used, 1) if slot.id in leases else None,
                 }
@@ -208,7 +230,11 @@ class AdminService:
                     "queued": snapshot.queued,
                     "in_flight": in_flight.get(snapshot.backend_id, Load()).running,
                     "leases": [
-                        {"slot": lease.slot, "session": session_label(lease.session_key)}
+                        {
+                            "slot": lease.slot,
+                            "session": session_label(lease.session_key),
+                            "session_name": self._name(lease.session_key),
+                        }
                         for lease in leases.values()
                     ],
                     "kv_usage": snapshot.kv_usage,
@@ -271,24 +297,12 @@ class AdminService:
         }
 
 
-def _session_row(session: SessionView) -> dict[str, Any]:
-    return {
-        "session": session_label(session.key),
-        "source": session.source,
-        "turns": session.turns,
-        "backend": session.backend_id,
-        "slot": session.slot,
-        "last_prompt_tokens": session.prompt_tokens,
-        "total_prompt_tokens": session.total_prompt_tokens,
-        "total_cached_tokens": session.total_cached_tokens,
-        "saved_s": round(session.saved_s, 2),
-        "first_seen": session.first_seen,
-        "last_seen": session.last_seen,
-    }
-
-
 def _matches(entry: Mapping[str, Any], wanted: Mapping[str, str]) -> bool:
     for key, value in wanted.items():
+        if key == "session":  # its label (the hash) or the name the client gave it
+            if value not in (entry.get("session"), entry.get("session_name")):
+                return False
+            continue
         field = "chosen" if key == "backend" else key
         if str(entry.get(field)) != value:
             return False

@@ -52,6 +52,7 @@ def test_a_request_appears_on_the_live_decisions_page(page: Any, stack: Stack) -
     request_id = ask(stack, **{"x-session-id": "live-1"})
     row = page.wait_for_selector(f'tr[data-id="{request_id}"]', timeout=30_000)  # no reload: the live refresh
     assert "m-both" in row.inner_text()
+    assert "live-1" in row.inner_text()  # the session by the name the client gave it
     assert "vllm" in row.inner_text()
     assert "llama" in row.inner_text()
     screenshot(page, "decisions")
@@ -117,13 +118,20 @@ def test_markup_a_client_sent_is_shown_as_text(page: Any, stack: Stack) -> None:
     """A model name, a session id and a request id with markup in them: nothing executes."""
     ask(stack, HOSTILE, **{"x-session-id": "<script>window.xss=2</script>", "x-request-id": "<b>x</b>"})
     log_in(page, stack)
-    for path in ("/admin", "/admin/decisions", f"/admin/decisions?model={HOSTILE}", "/admin/policy"):
+    for path in (
+        "/admin",
+        "/admin/decisions",
+        f"/admin/decisions?model={HOSTILE}",
+        "/admin/policy",
+        "/admin/sessions",
+    ):
         page.goto(stack.url + path)
         page.wait_for_timeout(300)  # a live refresh too
         assert page.evaluate("window.xss") is None, path
     page.goto(stack.url + "/admin/decisions")
     page.wait_for_selector("#decisions tbody tr")
     assert HOSTILE in page.inner_text("#decisions")  # shown, as text
+    assert "<script>window.xss=2</script>" in page.inner_text("#decisions")  # the session's name, as text
     assert page.errors == []
 
 
@@ -150,8 +158,10 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     label = session_label("h:edit-me")
     log_in(page, stack)
     page.goto(stack.url + "/admin/sessions")
+    assert page.inner_text(f'tr[data-session="{label}"] a') == "edit-me"  # by its own name
     page.click(f'tr[data-session="{label}"] a')
     page.wait_for_url(f"**/admin/sessions/{label}")
+    assert page.inner_text("h1").startswith("Session edit-me")
     rows = page.locator("#timeline tbody tr")
     assert rows.count() == 4
     third = page.inner_text('#timeline tr[data-turn="3"] td.prefix')

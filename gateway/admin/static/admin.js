@@ -46,7 +46,7 @@ function decisionRow(d) {
   const status = el("td", d.status);
   if (d.error) status.appendChild(el("span", " " + d.error, "error"));
   const tr = row([
-    link, d.model, d.session || "–", d.endpoint,
+    link, d.model, d.session_name || d.session || "–", d.endpoint,
     (d.chosen || "–") + (d.slot !== null && d.slot !== undefined ? "/" + d.slot : ""),
     d.reason, fixed(chosen.predicted_ttft_s), fixed(d.outcome && d.outcome.ttft_s),
     (chosen.expected_cached_tokens ?? "–") + " / " + (d.outcome ? d.outcome.cached_tokens : "–"),
@@ -90,7 +90,7 @@ function backendSection(b) {
   };
   if (b.slots.length) {
     section.appendChild(table(["slot", "state", "session", "tokens", "idle"],
-      b.slots.map((s) => [s.id, s.busy ? "busy" : "idle", s.session || "–", s.tokens, s.idle_s ?? "–"]), "slots"));
+      b.slots.map((s) => [s.id, s.busy ? "busy" : "idle", s.session_name || s.session || "–", s.tokens, s.idle_s ?? "–"]), "slots"));
   }
   section.appendChild(table(["model", "prefill tok/s (prior)", "decode tok/s (prior)", "samples"],
     b.learned.map((l) => [l.model, `${l.prefill_tok_s} (${l.prefill_prior})`, `${l.decode_tok_s} (${l.decode_prior})`, l.samples]), "learned"));

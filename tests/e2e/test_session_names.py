@@ -1,0 +1,96 @@
+"""Sessions by the names clients send (issue #29): in the sessions API and the decision log, as a
+filter, as the session page's address; ``admin.redact_session_ids`` keeps hashes only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.routing import session_label
+from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.servers import ADMIN, ADMIN_TOKEN
+
+
+def ask(stack: Stack, headers: dict[str, str] | None = None, **body: Any) -> str:
+    payload = {"model": "m-both", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], **body}
+    response = httpx.post(stack.url + "/v1/chat/completions", json=payload, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.headers["x-request-id"]
+
+
+def admin(stack: Stack, path: str) -> Any:
+    response = httpx.get(stack.url + path, headers=ADMIN, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    running = start_stack()
+    try:
+        yield running
+    finally:
+        stop_stack(running)
+
+
+@pytest.mark.parametrize(
+    ("how", "key", "source"),
+    [
+        ({"headers": {"x-session-id": "agent-7"}}, "h:agent-7", "header"),
+        ({"prompt_cache_key": "codex-thread-9"}, "k:codex-thread-9", "prompt_cache_key"),
+        ({"user": "ada@example.com"}, "u:ada@example.com", "user"),
+    ],
+)
+def test_a_session_goes_by_the_name_its_client_gave_it(
+    stack: Stack, how: dict[str, Any], key: str, source: str
+) -> None:
+    request_id = ask(stack, **how)
+    name, label = key[2:], session_label(key)
+    decision = admin(stack, f"/admin/api/decisions/{request_id}")
+    assert (decision["session"], decision["session_name"], decision["session_source"]) == (
+        label,
+        name,
+        source,
+    )
+    rows = {row["session"]: row for row in admin(stack, "/admin/api/sessions")["data"]}
+    assert (rows[label]["name"], rows[label]["source"]) == (name, source)
+    by_name = admin(stack, f"/admin/api/decisions?session={name}")["data"]
+    assert [d["request_id"] for d in by_name] == [request_id]
+    assert admin(stack, f"/admin/api/decisions?session={label}")["data"] == by_name  # the hash still works
+    assert admin(stack, f"/admin/api/sessions/{name}")["session"] == label  # its page, by its name
+    page = httpx.get(f"{stack.url}/admin/sessions/{label}", headers=ADMIN, timeout=30).text
+    assert f"Session {name}" in page
+
+
+def test_a_session_known_by_its_content_has_no_name(stack: Stack) -> None:
+    messages = [{"role": "user", "content": "implicit one"}]
+    first = ask(stack, messages=messages)
+    second = ask(
+        stack,
+        messages=[*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}],
+    )
+    for request_id in (first, second):
+        decision = admin(stack, f"/admin/api/decisions/{request_id}")
+        assert decision["session_name"] is None
+
+
+def test_redacted_sessions_show_only_their_hash() -> None:
+    running = start_stack(admin={"token": ADMIN_TOKEN, "redact_session_ids": True})
+    try:
+        request_id = ask(running, headers={"x-session-id": "ada@example.com"})
+        label = session_label("h:ada@example.com")
+        decision = admin(running, f"/admin/api/decisions/{request_id}")
+        assert (decision["session"], decision["session_name"]) == (label, None)
+        assert "ada@example.com" not in str(admin(running, "/admin/api/sessions"))
+        assert admin(running, "/admin/api/decisions?session=ada@example.com")["data"] == []
+        missing = httpx.get(running.url + "/admin/api/sessions/ada@example.com", headers=ADMIN, timeout=30)
+        assert missing.status_code == 404
+        assert (
+            "ada@example.com"
+            not in httpx.get(running.url + "/admin/sessions", headers=ADMIN, timeout=30).text
+        )
+    finally:
+        stop_stack(running)
