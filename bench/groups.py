@@ -78,7 +78,11 @@ def verdicts(workload: str, rows: dict[str, dict[str, Any]]) -> list[str]:
     out = []
     group = rows[GROUP]
     for key, what in (("ttft_mean_s", "mean TTFT"), ("completion_mean_s", "mean completion")):
-        better = min(rows[SMALL][key], rows[LARGE][key])
+        members = [rows[m][key] for m in (SMALL, LARGE) if rows[m][key] is not None]
+        if group[key] is None or not members:
+            out.append(f"MISSED: {what}: no request completed")
+            continue
+        better = min(members)
         met = group[key] <= better + 1e-9
         out.append(
             f"{'MET' if met else 'MISSED'}: {what} {group[key]:.2f} s vs the better member's {better:.2f} s"

@@ -117,12 +117,22 @@ def asks_deep_reasoning(body: Mapping[str, Any]) -> bool:
     return False
 
 
+NOT_ASKED = (Reason.PINNED, Reason.KEEPS_MODEL)
+"""Rejections that say which of a group's members was not asked, not why a request cannot be served."""
+
+
+def refusals(decision: Decision) -> tuple[Rejection, ...]:
+    """The rejections that explain a refusal: a group's members left out by an admin's pin or a
+    conversation's own member do not (a prompt too long for the pinned member is still an overflow)."""
+    return tuple(r for r in decision.rejected if r.reason not in NOT_ASKED) or decision.rejected
+
+
 def no_route_error(
     decision: Decision, features: RequestFeatures, overflow: UpstreamStatusError | None = None
 ) -> GatewayError:
     """Why no backend can take the request, as the client should hear it (``overflow``: an engine
     refused the prompt as too long, and no other backend can take it)."""
-    rejected = decision.rejected
+    rejected = refusals(decision)
     too_long = [r for r in rejected if r.reason is Reason.CONTEXT_TOO_LONG]
     if overflow is not None or (rejected and len(too_long) == len(rejected)):
         return too_long_error(features, too_long, overflow)
@@ -321,7 +331,7 @@ class Relay:
         features, session = await self.router.resolve_session(features)
         features = await self.router.count_if_near_limit(features, body, session)
         routed = await self.router.decide(features, session)
-        rejected = routed.decision.rejected
+        rejected = refusals(routed.decision)
         too_long = bool(rejected) and all(r.reason is Reason.CONTEXT_TOO_LONG for r in rejected)
         if routed.decision.chosen is None and too_long and not features.prompt_exact:
             # refuse on the engine's count, not on an estimate

@@ -177,9 +177,9 @@ class Router:
         self.store = store
         self.profile = profile
         self.group_profiles = dict(group_profiles or {})
+        """Model groups routed by a profile of their own (``GroupConfig.profile``): group -> profile."""
         self.redact_session_ids = redact_session_ids
         """Keep the names clients give their sessions out of the decision log (hashes only)."""
-        """Model groups routed by a profile of their own (``GroupConfig.profile``): group -> profile."""
         self.lease_idle_s = lease_idle_s
         self.learned = LearnedState()
         """What routing believes: this replica's learning merged with the others' (``gateway.replicas``)."""
@@ -239,8 +239,12 @@ class Router:
             return features
         learned = self.learned.for_model(features.model).chars_per_token.samples > 0
         margin = NEAR_LIMIT_LEARNED if learned else NEAR_LIMIT
-        for snapshot in self.fleet.snapshots():
-            deployment = snapshot.deployment_for(features.model)
+        deployments = (
+            (snapshot, snapshot.deployment_for(name))
+            for snapshot in self.fleet.snapshots()
+            for name in features.members or (features.model,)  # a group: each member's deployments
+        )
+        for snapshot, deployment in deployments:
             window = deployment.context_window if deployment else None
             if deployment is None or window is None or snapshot.health not in (Health.READY, Health.UNKNOWN):
                 continue

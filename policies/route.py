@@ -113,8 +113,9 @@ def pinned_member(
 
 def prefer_default(features: RequestFeatures, scored: Sequence[ScoredCandidate], best: int) -> int | None:
     """The default member's best candidate when ``best`` is another member's that does not score
-    ``features.prefer_default`` better than it (the size concern's fallback: absent a floor, a group
-    answers with its default member unless another is clearly faster); None: ``best`` stands."""
+    ``features.prefer_default`` better than it (the size concern's fallback: absent a floor, or when the
+    default member meets it, a group answers with its default member unless another is clearly
+    faster); None: ``best`` stands."""
     if not features.members or features.prefer_default <= 0:
         return None
     default = features.members[0]

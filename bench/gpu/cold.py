@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -28,11 +29,13 @@ from backends.calibrate.engines import LlamaEngine, connect  # noqa: E402  (afte
 from backends.engine_profiles import load_profile  # noqa: E402
 
 
-async def measure(url: str, sizes: list[int], profile: Path | None, label: str) -> list[dict[str, Any]]:
+async def measure(
+    url: str, sizes: list[int], profile: Path | None, label: str, seed: int
+) -> list[dict[str, Any]]:
     predict = load_profile(profile).prefill_seconds if profile else None
     rows: list[dict[str, Any]] = []
     async with httpx.AsyncClient(base_url=url, timeout=None) as client:
-        engine = await connect(client, seed=len(sizes))
+        engine = await connect(client, seed=seed)
         if not isinstance(engine, LlamaEngine):
             raise SystemExit(f"{url} is not llama-server")
         for n in sizes:
@@ -67,8 +70,15 @@ def main() -> int:
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the prompts' seed (default: random, so a rerun meets no cache)",
+    )
     args = parser.parse_args()
-    rows = asyncio.run(measure(args.url, args.tokens, args.profile, args.label))
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    rows = asyncio.run(measure(args.url, args.tokens, args.profile, args.label, seed))
     if args.out:
         old = json.loads(args.out.read_text()) if args.out.exists() else []
         args.out.write_text(json.dumps(old + rows, indent=1) + "\n")

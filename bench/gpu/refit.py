@@ -51,7 +51,7 @@ def main() -> int:
     rows = [r for r in json.loads(args.cold.read_text()) if str(r["label"]).startswith(args.label)]
     if not rows:
         raise SystemExit(f"{args.cold}: no row labelled {args.label}...")
-    added = [Point(int(r["tokens"]), int(r["cache_n"]), float(r["seconds"])) for r in rows]
+    added = [Point(int(r["prompt_n"]), int(r["cache_n"]), float(r["seconds"])) for r in rows]  # new, cached
     points = tuple(p for p in profile.prefill_points if p not in added) + tuple(added)
     attention = any(p.b > 0 for p in points)
     refit = msgspec.structs.replace(
@@ -66,7 +66,8 @@ def main() -> int:
         for line in args.profile.read_text(encoding="utf-8").splitlines()
         if line.startswith("#")
     ]
-    source = args.cold.resolve().relative_to(REPO)
+    source = args.cold.resolve()
+    source = source.relative_to(REPO) if source.is_relative_to(REPO) else source
     note = f"Prefill refit by bench/gpu/refit.py with {len(added)} cold prompts from {source}."
     if note not in header:
         header.append(note)

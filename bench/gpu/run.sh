@@ -132,7 +132,7 @@ stage_disk() {
     local started=$SECONDS need avail
     need=$(( $(stat -c %s "$SHM_MODEL") + (2 << 30) )); avail=$(df --output=avail -B1 "$DISK_DIR" | tail -1)
     [ "$avail" -gt "$need" ] || { echo "disk: $DISK_DIR has $avail bytes free, the copy needs $need" >&2; exit 2; }
-    cp "$SHM_MODEL" "$copy" && sync
+    cp "$SHM_MODEL" "$copy.partial" && sync && mv "$copy.partial" "$copy"  # a cut-off copy is never taken
     say "disk: copied $(du -h "$copy" | cut -f1) to $DISK_DIR ($fs) in $((SECONDS - started)) s"
   fi
   MODEL=$copy WHERE=disk

@@ -43,6 +43,10 @@ class AdminError(ValueError):
     """An action that cannot be done as asked (unknown profile or backend); the message says why."""
 
 
+class UnknownGroup(AdminError):
+    """A pin of a model group that is not configured."""
+
+
 class AdminService:
     def __init__(self, relay: Relay, settings: Settings, auth: AdminAuth) -> None:
         self.relay = relay
@@ -85,7 +89,7 @@ class AdminService:
         its members are chosen per request again."""
         groups = {g.name: g for g in self.settings.groups}
         if group not in groups:
-            raise AdminError(f"unknown model group {group!r}; known: {', '.join(groups) or 'none'}")
+            raise UnknownGroup(f"unknown model group {group!r}; known: {', '.join(groups) or 'none'}")
         if member is not None and member not in groups[group].members:
             raise AdminError(
                 f"{member!r} is not a member of {group}; members: {', '.join(groups[group].members)}"
@@ -170,12 +174,14 @@ class AdminService:
         return session_name(key, redact=self.settings.admin.redact_session_ids)
 
     async def _session_bysession_label(self, label: str) -> SessionView | None:
-        """The live session with this label (the hash) or, unless redacted, this name."""
+        """The live session with this label (the hash) or, unless redacted, this name when one live
+        session alone has it (``h:bob`` and ``u:bob`` are both ``bob``: then only their hashes do)."""
         sessions = await self.relay.router.store.sessions(self.settings.state.max_sessions)
         for session in sessions:
             if session_label(session.key) == label:
                 return session
-        return next((s for s in sessions if self._name(s.key) == label), None)
+        named = [s for s in sessions if self._name(s.key) == label]
+        return named[0] if len(named) == 1 else None
 
     async def sessions(self, limit: int) -> list[dict[str, Any]]:
         return [self._session_row(s) for s in await self.relay.router.store.sessions(limit)]
@@ -190,12 +196,17 @@ class AdminService:
     async def decisions(self, limit: int, filters: Mapping[str, str]) -> list[dict[str, Any]]:
         entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
         wanted = {k: v for k, v in filters.items() if k in DECISION_FILTERS and v}
+        if self.settings.admin.redact_session_ids:  # entries logged before names were redacted too
+            entries = [{**e, "session_name": None} for e in entries]
         out = [e for e in entries if _matches(e, wanted)]
         return out[:limit]
 
     async def decision(self, request_id: str) -> dict[str, Any] | None:
         entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
-        return next((e for e in entries if e["request_id"] == request_id), None)
+        entry = next((e for e in entries if e["request_id"] == request_id), None)
+        if entry is not None and self.settings.admin.redact_session_ids:
+            entry = {**entry, "session_name": None}
+        return entry
 
     async def overview(self) -> dict[str, Any]:
         router, fleet = self.relay.router, self.relay.fleet

@@ -22,7 +22,7 @@ from litestar.params import Body, PathParameter, QueryParameter
 from litestar.response import Redirect
 
 from gateway.admin.auth import COOKIE, Identity
-from gateway.admin.service import DECISION_FILTERS, AdminError, AdminService
+from gateway.admin.service import DECISION_FILTERS, AdminError, AdminService, UnknownGroup
 from gateway.api.service import AdminPin, AdminProfile
 
 HTML = "text/html; charset=utf-8"
@@ -329,7 +329,7 @@ async def api_pin(
     try:
         await _service(state).pin(group, member, actor)
     except AdminError as exc:
-        return _api_error(404 if "unknown model group" in str(exc) else 400, str(exc))
+        return _api_error(404 if isinstance(exc, UnknownGroup) else 400, str(exc))
     return _json(_service(state).policy())
 
 

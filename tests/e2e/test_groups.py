@@ -294,3 +294,28 @@ def test_a_group_routed_by_a_profile_of_its_own() -> None:
             models=models,
             groups=[{"name": "own", "members": ["a", "b"], "profile": "fastest"}],
         )
+
+
+def test_a_prompt_too_long_for_the_pinned_member_is_an_overflow_not_a_503(stack: Stack) -> None:
+    """Pinned to the small member, a prompt only the large one could hold: the client hears its API's
+    context-length error (agents compact on it), not "no backend now" (agents retry that)."""
+    assert pin(stack, "grp", "pin", {"member": "m-vllm"}).status_code == 200
+    try:
+        body = {"model": "grp", "max_tokens": 4, "messages": [{"role": "user", "content": "word " * 6000}]}
+        response = httpx.post(stack.url + "/v1/chat/completions", json=body, timeout=30)
+    finally:
+        pin(stack, "grp", "unpin")
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_group_prompt_near_a_members_window_is_counted_by_an_engine(stack: Stack) -> None:
+    """An estimate near the small member's 4,096-token window is checked with an engine's own count
+    (as for a plain model) before routing decides on it."""
+    with stack.client() as client:
+        response = ask(client, "grp", 3900, "near-the-window")
+    decision = httpx.get(
+        f"{stack.url}/admin/api/decisions/{response.headers['x-request-id']}", headers=ADMIN
+    ).json()
+    assert decision["prompt_tokens_counted"] == "counted"
+    assert decision["prompt_tokens_exact"] is True

@@ -9,9 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.app import create_app
 from gateway.routing import session_label
+from gateway.settings import load_settings
 from tests.e2e.conftest import Stack, start_stack, stop_stack
-from tests.servers import ADMIN, ADMIN_TOKEN
+from tests.redis_server import RedisServer
+from tests.servers import ADMIN, ADMIN_TOKEN, ServerThread
 
 
 def ask(stack: Stack, headers: dict[str, str] | None = None, **body: Any) -> str:
@@ -93,4 +96,48 @@ def test_redacted_sessions_show_only_their_hash() -> None:
             not in httpx.get(running.url + "/admin/sessions", headers=ADMIN, timeout=30).text
         )
     finally:
+        stop_stack(running)
+
+
+def test_a_name_two_sessions_share_opens_neither(stack: Stack) -> None:
+    """``x-session-id: bob`` and ``user: bob`` are two sessions named ``bob``: the name alone is no
+    address (an action on it could reach the wrong one); each hash still is."""
+    ask(stack, headers={"x-session-id": "bob"})
+    ask(stack, user="bob")
+    shared = httpx.get(stack.url + "/admin/api/sessions/bob", headers=ADMIN, timeout=30)
+    assert shared.status_code == 404
+    for key in ("h:bob", "u:bob"):
+        assert admin(stack, f"/admin/api/sessions/{session_label(key)}")["name"] == "bob"
+
+
+def test_redaction_hides_the_names_logged_before_it(redis_server: RedisServer) -> None:
+    """Names in a shared decision log written before ``redact_session_ids`` was turned on are hidden
+    by a gateway that has it on, and cannot be filtered on."""
+    state = {"url": redis_server.url, "prefix": "redact-later", "timeout_s": 5.0}
+    running = start_stack(state=state)
+    redacted = None
+    try:
+        request_id = ask(running, headers={"x-session-id": "ada@example.com"})
+        assert admin(running, f"/admin/api/decisions/{request_id}")["session_name"] == "ada@example.com"
+        settings = load_settings(
+            None,
+            backends=[b.model_dump() for b in running.settings.backends],
+            models=[m.model_dump() for m in running.settings.models],
+            state=state,
+            admin={"token": ADMIN_TOKEN, "redact_session_ids": True},
+        )
+        redacted = ServerThread(create_app(settings)).start()
+        entry = httpx.get(
+            f"{redacted.url}/admin/api/decisions/{request_id}", headers=ADMIN, timeout=30
+        ).json()
+        assert (entry["session"], entry["session_name"]) == (session_label("h:ada@example.com"), None)
+        listed = httpx.get(redacted.url + "/admin/api/decisions", headers=ADMIN, timeout=30).text
+        assert "ada@example.com" not in listed
+        by_name = httpx.get(
+            redacted.url + "/admin/api/decisions?session=ada@example.com", headers=ADMIN, timeout=30
+        ).json()
+        assert by_name["data"] == []
+    finally:
+        if redacted is not None:
+            redacted.stop()
         stop_stack(running)
