@@ -549,6 +549,8 @@ async def settle(
     if outcome is None or chosen is None:
         await router.store.record_decision(entry)
         return
+    if router.recorder is not None and status < 400:
+        router.recorder.record(routed.features, outcome, entry["session"], at=now)
     turn = None
     if routed.session is not None:
         rate = router.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value

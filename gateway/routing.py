@@ -22,6 +22,7 @@ from backends.errors import UpstreamStatusError
 from backends.fleet import Fleet
 from gateway.live import FollowUps, LiveSessions
 from gateway.state import StateStore
+from gateway.traffic import TrafficRecorder
 from policies import Decision, Endpoint, Profile, RequestFeatures, route
 from policies.features import MESSAGE_OVERHEAD_TOKENS
 from policies.learning import LearnedState, learn
@@ -180,6 +181,8 @@ class Router:
         """Model groups routed by a profile of their own (``GroupConfig.profile``): group -> profile."""
         self.redact_session_ids = redact_session_ids
         """Keep the names clients give their sessions out of the decision log (hashes only)."""
+        self.recorder: TrafficRecorder | None = None
+        """Writes each answered request as a trace line (``[record]``), when set."""
         self.lease_idle_s = lease_idle_s
         self.learned = LearnedState()
         """What routing believes: this replica's learning merged with the others' (``gateway.replicas``)."""

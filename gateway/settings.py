@@ -196,6 +196,18 @@ class ProfileConfig(_Strict):
     """Scorer name -> positive weight (see policies/scorers.py for the registry)."""
 
 
+class RecordConfig(_Strict):
+    """Live traffic written as a replayable trace (``gateway.traffic``; docs/replay.md)."""
+
+    path: Path | None = None
+    """Where to append it (turnout's trace format, one line per answered request, no text of any
+    prompt); unset: nothing is recorded."""
+    max_mb: float = Field(64.0, gt=0)
+    """The file rotates at this size (``path`` -> ``path.1`` -> ...)."""
+    keep: int = Field(3, ge=0, le=100)
+    """Rotated files kept."""
+
+
 class StateConfig(_Strict):
     """Where sessions and slot leases live, and how long."""
 
@@ -320,6 +332,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     limits: Limits = Limits()
     state: StateConfig = StateConfig()
+    record: RecordConfig = RecordConfig()
     admin: AdminConfig = AdminConfig()
     auth: AuthConfig = AuthConfig()
     profiles: tuple[ProfileConfig, ...] = ()

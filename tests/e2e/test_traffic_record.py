@@ -1,0 +1,93 @@
+"""Live traffic recorded as a trace (``[record]``, gateway.traffic; issue #29): one line per answered
+request with the engine's counts and the prompt's blocks as ids, no text; ``turnout replay`` reads it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.cli import main
+from gateway.replay.traces import read_trace
+from gateway.routing import session_label
+from gateway.traffic import TrafficRecorder
+from policies import Endpoint, RequestFeatures
+from policies.prefix import chain_of
+from policies.types import EngineKind, Outcome, Usage
+from tests.e2e.conftest import start_stack, stop_stack
+
+SECRET = "zanzibar"  # a word of every prompt: it must not reach the file
+
+
+def test_answered_requests_become_a_trace_that_replays(tmp_path: Path) -> None:
+    path = tmp_path / "traffic.jsonl"
+    running = start_stack(record={"path": str(path)})
+    usage: dict[str, list[int]] = {}
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as client:
+            for session in ("agent-a", "agent-b"):
+                messages = [{"role": "system", "content": f"{SECRET} rules. " * 600}]
+                for turn in range(3):
+                    messages.append({"role": "user", "content": f"step {turn} {SECRET} " * 300})
+                    body = {"model": "m-both", "messages": messages, "max_tokens": 5}
+                    answer = client.post("/v1/chat/completions", json=body, headers={"x-session-id": session})
+                    assert answer.status_code == 200, answer.text
+                    usage.setdefault(session, []).append(answer.json()["usage"]["prompt_tokens"])
+                    messages.append(
+                        {"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]}
+                    )
+            one_off = {"model": "m-both", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            assert client.post("/v1/chat/completions", json=one_off).status_code == 200
+    finally:
+        stop_stack(running)
+    text = path.read_text()
+    assert SECRET not in text
+    assert "agent-a" not in text  # sessions by their hash, never the client's name
+    trace = read_trace(path)
+    assert len(trace) == 7
+    by_session: dict[str | None, list[list[int]]] = {}
+    for request in trace:
+        by_session.setdefault(request.session, []).append(list(request.hash_ids))
+    for name in ("agent-a", "agent-b"):
+        turns = [r for r in trace if r.session == session_label(f"h:{name}")]
+        assert [r.input_tokens for r in turns] == usage[name]  # the engine's own counts
+        ids = [list(r.hash_ids) for r in turns]
+        for earlier, later in itertools.pairwise(ids):
+            assert later[: len(earlier) - 1] == earlier[:-1]  # a turn repeats the last one's whole blocks
+            assert len(later) >= len(earlier)
+    a, b = (by_session[session_label(f"h:{n}")][0] for n in ("agent-a", "agent-b"))
+    assert a[0] == b[0]  # the same system prompt opens both: its first block has one id
+    assert [r.t for r in trace] == sorted(r.t for r in trace)
+    assert trace[0].t == 0.0
+    report = tmp_path / "report.json"
+    code = main(["replay", str(path), "--no-oracle", "--json", str(report)])
+    assert code == 0
+    assert json.loads(report.read_text())["profiles"]["cost"]["requests"] == 7
+
+
+def features(text: str) -> RequestFeatures:
+    chain = chain_of(text.encode())
+    return RequestFeatures("m", Endpoint.CHAT, len(text) // 4, 8, False, chain=chain)
+
+
+def outcome(tokens: int) -> Outcome:
+    return Outcome("b", "m", EngineKind.VLLM, Usage(tokens, 8), 0.1, 0.5, 0, 0, False)
+
+
+@pytest.mark.parametrize("keep", [0, 2])
+def test_the_file_rotates_by_size_keeping_keep_old_ones(tmp_path: Path, keep: int) -> None:
+    path = tmp_path / "t.jsonl"
+    recorder = TrafficRecorder(path, max_bytes=300, keep=keep)
+    for index in range(20):
+        recorder.record(features("x" * 4000 + str(index)), outcome(1000), None, at=100.0 + index)
+    recorder.close()
+    files = {p.name for p in tmp_path.iterdir()}
+    allowed = {"t.jsonl", *(f"t.jsonl.{i}" for i in range(1, keep + 1))}
+    assert files <= allowed  # never more than ``keep`` old files
+    assert f"t.jsonl.{keep}" in files or keep == 0  # it did rotate, that far
+    for file in tmp_path.iterdir():
+        assert file.stat().st_size < 300 + 200  # one line past the limit at most
+        read_trace(file)  # each file is a trace on its own
