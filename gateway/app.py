@@ -48,7 +48,6 @@ from gateway.settings import Settings, is_loopback
 from gateway.state import MemoryStore, StateStore
 from gateway.state.redis_store import RedisStore
 from gateway.state.resilient import ResilientStore
-from gateway.traffic import TrafficRecorder
 from gateway.version import turnout_version
 from policies import Endpoint
 
@@ -307,12 +306,8 @@ def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
                 group_profiles=settings.group_profiles(),
                 redact_session_ids=settings.admin.redact_session_ids,
             )
-            if settings.record.path is not None:
-                router.recorder = TrafficRecorder(
-                    settings.record.path,
-                    max_bytes=int(settings.record.max_mb * (1 << 20)),
-                    keep=settings.record.keep,
-                )
+            if settings.record.path is not None and settings.record.on_start:
+                router.recorder = settings.record.recorder()
             app.state.relay = Relay(
                 fleet,
                 catalog,

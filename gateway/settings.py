@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, SecretStr, Validatio
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from backends.engine_profiles import ProfileNotFound, load_profile
+from gateway.traffic import TrafficRecorder
 from policies import BUILTIN_PROFILES, Architecture, EngineKind, Profile, ProfileError, build_profile
 from policies.engine_profile import EngineProfile, ProfileSchemaError
 
@@ -206,6 +207,14 @@ class RecordConfig(_Strict):
     """The file rotates at this size (``path`` -> ``path.1`` -> ...)."""
     keep: int = Field(3, ge=0, le=100)
     """Rotated files kept."""
+    on_start: bool = True
+    """Record from start-up; false: only once an admin switches it on (the policy page). Each replica
+    records what it answered to its own file."""
+
+    def recorder(self) -> TrafficRecorder:
+        """A recorder writing to ``path`` (which must be set)."""
+        assert self.path is not None
+        return TrafficRecorder(self.path, max_bytes=int(self.max_mb * (1 << 20)), keep=self.keep)
 
 
 class StateConfig(_Strict):

@@ -102,6 +102,18 @@ class AdminService:
         self._record(identity, "pin" if member else "unpin", f"{group} -> {member}" if member else group)
         await self._share()
 
+    def record(self, on: bool, identity: Identity) -> None:
+        """Start or stop writing answered requests to ``record.path`` (this replica's own file)."""
+        config, router = self.settings.record, self.relay.router
+        if config.path is None:
+            raise AdminError("set record.path in the config to record traffic")
+        if on and router.recorder is None:
+            router.recorder = config.recorder()
+        elif not on and router.recorder is not None:
+            router.recorder.close()
+            router.recorder = None
+        self._record(identity, "record" if on else "stop-recording", str(config.path))
+
     async def _share(self) -> None:
         """Every replica applies it within ``POLICY_POLL_S`` (``follow_policy``)."""
         router = self.relay.router
@@ -295,6 +307,10 @@ class AdminService:
             "scorers": dict(profile.scorers),
             "profiles": self.profiles,
             "backends": [{"id": b.id, "drained": b.id in router.drained} for b in self.settings.backends],
+            "record": {
+                "path": str(self.settings.record.path) if self.settings.record.path else None,
+                "on": router.recorder is not None,
+            },
             "groups": [
                 {
                     "name": g.name,

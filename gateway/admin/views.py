@@ -333,12 +333,30 @@ async def api_pin(
     return _json(_service(state).policy())
 
 
+@post("/record/{action:str}", status_code=200)
+async def api_record(
+    request: Request[Any, Any, Any], state: State, action: Annotated[str, PathParameter()]
+) -> Response[bytes]:
+    """``start``: write each answered request to ``record.path`` as a replayable trace (this
+    replica's own file); ``stop``: stop writing."""
+    actor = _actor(request, state)
+    if isinstance(actor, Response):
+        return actor
+    if action not in ("start", "stop"):
+        return _api_error(404, "actions: start, stop")
+    try:
+        _service(state).record(action == "start", actor)
+    except AdminError as exc:
+        return _api_error(400, str(exc))
+    return _json(_service(state).policy())
+
+
 api_router = Router(
     path="/api",
     guards=[logged_in],
     route_handlers=[
         api_overview, api_decisions, api_decision, api_sessions, api_session, api_release, api_series,
-        api_keys, api_policy, api_switch_profile, api_drain, api_pin,
+        api_keys, api_policy, api_switch_profile, api_drain, api_pin, api_record,
     ],
 )  # fmt: skip
 admin_router = Router(

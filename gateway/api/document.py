@@ -173,7 +173,7 @@ def _admin(
     ok: Any, *errors: int, request: Any = None, parameters: tuple[dict[str, Any], ...] = ()
 ) -> Operation:
     why = {
-        400: "a malformed request (the message says what)",
+        400: "a malformed request, or an action the config does not allow (the message says what)",
         401: "no admin session cookie and no `Authorization: Bearer <admin token>`",
         403: "a browser session without the right `x-csrf-token`",
         404: "no such decision, session, backend, model group or action",
@@ -239,6 +239,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("get", "/admin/api/policy"): _admin(dict[str, Any]),
     ("post", "/admin/api/policy/profile"): _admin(dict[str, Any], 400, 403, request=service.AdminProfile),
     ("post", "/admin/api/backends/{backend_id}/{action}"): _admin(dict[str, Any], 403, 404),
+    ("post", "/admin/api/record/{action}"): _admin(dict[str, Any], 400, 403, 404),
     ("post", "/admin/api/groups/{group}/{action}"):
         _admin(dict[str, Any], 400, 403, 404, request=service.AdminPin),
 }  # fmt: skip

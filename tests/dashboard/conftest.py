@@ -63,8 +63,10 @@ def page(browser: Any) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    traffic = tmp_path_factory.mktemp("traffic") / "traffic.jsonl"
     running = start_stack(
+        record={"path": str(traffic), "on_start": False},
         extra_models=[
             {"name": HOSTILE, "deployments": [{"backend": "vllm", "upstream_name": "up-vllm"}]},
         ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -220,4 +221,22 @@ def test_pin_a_group_and_its_conversations_move_with_the_move_shown(page: Any, s
     page.click('button.unpin[data-group="grp"]')
     page.wait_for_selector('tr[data-group="grp"] td.state:text("member chosen per request")')
     assert "pin" in page.inner_text("#audit")
+    assert page.errors == []
+
+
+def test_recording_is_switched_on_and_off_from_the_policy_page(page: Any, stack: Stack) -> None:
+    log_in(page, stack)
+    page.goto(stack.url + "/admin/policy")
+    assert page.inner_text("#record-state").startswith("not recording")
+    page.click("#record")
+    page.wait_for_selector('#record-state:text("recording to")')
+    screenshot(page, "policy")
+    ask(stack)
+    path = Path(str(stack.settings.record.path))
+    assert len(path.read_text().splitlines()) == 1
+    page.click("#record")
+    page.wait_for_selector('#record-state:text("not recording")')
+    ask(stack)
+    assert len(path.read_text().splitlines()) == 1
+    assert "stop-recording" in page.inner_text("#audit")
     assert page.errors == []

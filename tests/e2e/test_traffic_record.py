@@ -18,6 +18,7 @@ from policies import Endpoint, RequestFeatures
 from policies.prefix import chain_of
 from policies.types import EngineKind, Outcome, Usage
 from tests.e2e.conftest import start_stack, stop_stack
+from tests.servers import ADMIN
 
 SECRET = "zanzibar"  # a word of every prompt: it must not reach the file
 
@@ -91,3 +92,42 @@ def test_the_file_rotates_by_size_keeping_keep_old_ones(tmp_path: Path, keep: in
     for file in tmp_path.iterdir():
         assert file.stat().st_size < 300 + 200  # one line past the limit at most
         read_trace(file)  # each file is a trace on its own
+
+
+def test_an_admin_switches_the_recording(tmp_path: Path) -> None:
+    """``on_start = false``: nothing is written until an admin starts it; stopping it stops the writes."""
+    path = tmp_path / "switched.jsonl"
+    running = start_stack(record={"path": str(path), "on_start": False})
+    body = {"model": "m-both", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+    def act(action: str) -> httpx.Response:
+        return httpx.post(f"{running.url}/admin/api/record/{action}", headers=ADMIN, timeout=30)
+
+    try:
+        with httpx.Client(base_url=running.url, timeout=30) as client:
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+            assert not path.exists()
+            started = act("start")
+            assert started.status_code == 200
+            assert started.json()["record"] == {"path": str(path), "on": True}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+            stopped = act("stop")
+            assert stopped.json()["record"]["on"] is False
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+            assert [e["action"] for e in stopped.json()["audit"][:2]] == ["stop-recording", "record"]
+            assert act("pause").status_code == 404
+    finally:
+        stop_stack(running)
+    assert len(read_trace(path)) == 1  # only the request between start and stop
+
+
+def test_recording_without_a_path_is_refused_clearly() -> None:
+    running = start_stack()
+    try:
+        refused = httpx.post(f"{running.url}/admin/api/record/start", headers=ADMIN, timeout=30)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"] == "set record.path in the config to record traffic"
+        policy = httpx.get(f"{running.url}/admin/api/policy", headers=ADMIN, timeout=30).json()
+        assert policy["record"] == {"path": None, "on": False}
+    finally:
+        stop_stack(running)

@@ -184,6 +184,10 @@ function policyActions() {
   for (const button of document.querySelectorAll("button.unpin")) {
     button.addEventListener("click", () => act(group(button) + "/unpin"));
   }
+  const record = document.getElementById("record");
+  if (record) {
+    record.addEventListener("click", () => act("/admin/api/record/" + (record.dataset.on === "1" ? "stop" : "start")));
+  }
 }
 
 function every(ms, refresh) {
