@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from backends.inflight import Load
+from gateway.admin import accuracy
 from gateway.admin.auth import AdminAuth, Identity
 from gateway.relay import Relay
 from gateway.routing import session_label, session_name
@@ -297,6 +298,24 @@ class AdminService:
                 [m, round(c / p, 4) if p else None] for m, (c, p) in sorted(line["cache"].items())
             ]
         return {"minutes": minutes, "backends": out}
+
+    async def predictions(self, minutes: int, slices: int = 12) -> dict[str, Any]:
+        """Per backend: how far the predicted TTFTs were from the actual ones over the last
+        ``minutes`` (``gateway.admin.accuracy``), beside what learning corrected of the priors."""
+        router = self.relay.router
+        entries = await router.store.decisions(self.settings.state.decision_log_size)
+        now = router.clock.time()
+        since = now - minutes * 60
+        found = accuracy.pairs(entries, since)
+        backends = []
+        for snapshot in self.relay.fleet.snapshots():
+            learned = [_learned(d.model, router.learned.for_deployment(d, snapshot.kind), snapshot.kind)
+                       for d in snapshot.deployments]  # fmt: skip
+            stats = accuracy.summary(found.get(snapshot.backend_id, []), since, now, slices)
+            backends.append(
+                {"id": snapshot.backend_id, "kind": snapshot.kind.value, **stats, "learned": learned}
+            )
+        return {"minutes": minutes, "backends": backends}
 
     def policy(self) -> dict[str, Any]:
         router = self.relay.router

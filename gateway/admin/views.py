@@ -142,6 +142,16 @@ async def decision_page(
     return await _render(request, state, "decision.html", "decision", d=entry)
 
 
+@get("/predictions", include_in_schema=False)
+async def predictions_page(
+    request: Request[Any, Any, Any],
+    state: State,
+    minutes: Annotated[int, QueryParameter(ge=1, le=24 * 60)] = 60,
+) -> Response[Any]:
+    data = await _service(state).predictions(minutes)
+    return await _render(request, state, "predictions.html", "predictions", data=data)
+
+
 @get("/sessions", include_in_schema=False)
 async def sessions_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     sessions = await _service(state).sessions(SESSIONS_SHOWN)
@@ -225,6 +235,17 @@ async def api_series(
     """For the charts: per backend, each request's predicted and actual TTFT ``[at, predicted,
     actual]``, and the cache-hit ratio per minute ``[minute, ratio]``."""
     return _json(await _service(state).series(minutes))
+
+
+@get("/predictions")
+async def api_predictions(
+    request: Request[Any, Any, Any],
+    state: State,
+    minutes: Annotated[int, QueryParameter(ge=1, le=24 * 60)] = 60,
+) -> Response[bytes]:
+    """Per backend over the last ``minutes``: actual / predicted TTFT (median, p90, per slice of the
+    window), the scatter's points on log axes, and the learned rates beside their priors."""
+    return _json(await _service(state).predictions(minutes))
 
 
 @get("/sessions")
@@ -355,14 +376,15 @@ api_router = Router(
     path="/api",
     guards=[logged_in],
     route_handlers=[
-        api_overview, api_decisions, api_decision, api_sessions, api_session, api_release, api_series,
+        api_overview, api_decisions, api_decision, api_predictions, api_sessions, api_session, api_release,
+        api_series,
         api_keys, api_policy, api_switch_profile, api_drain, api_pin, api_record,
     ],
 )  # fmt: skip
 admin_router = Router(
     path="/admin",
     route_handlers=[
-        login_form, login, logout, static, overview_page, decisions_page, decision_page, sessions_page,
-        session_page, policy_page, api_router,
+        login_form, login, logout, static, overview_page, decisions_page, decision_page, predictions_page,
+        sessions_page, session_page, policy_page, api_router,
     ],
 )  # fmt: skip

@@ -231,6 +231,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("get", "/admin/api/overview"): _admin(dict[str, Any]),
     ("get", "/admin/api/decisions"): _admin(service.AdminList, 400, parameters=DECISION_FILTERS),
     ("get", "/admin/api/decisions/{request_id}"): _admin(dict[str, Any], 404),
+    ("get", "/admin/api/predictions"): _admin(dict[str, Any], 400),
     ("get", "/admin/api/sessions"): _admin(service.AdminList, 400),
     ("get", "/admin/api/sessions/{label}"): _admin(dict[str, Any], 404),
     ("post", "/admin/api/sessions/{label}/release"): _admin(dict[str, Any], 403, 404),

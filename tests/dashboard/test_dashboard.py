@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import openai
 
+from gateway.admin.accuracy import MAX_DRAWN
 from gateway.routing import session_label
 from policies.shape import PIECE_CHARS
 from tests.dashboard.conftest import HOSTILE, screenshot
@@ -239,4 +240,22 @@ def test_recording_is_switched_on_and_off_from_the_policy_page(page: Any, stack:
     ask(stack)
     assert len(path.read_text().splitlines()) == 1
     assert "stop-recording" in page.inner_text("#audit")
+    assert page.errors == []
+
+
+def test_the_predictions_page_shows_how_far_each_backend_was_off(page: Any, stack: Stack) -> None:
+    for index in range(6):
+        ask(stack, **{"x-session-id": f"predicted-{index % 2}"})
+    data = httpx.get(stack.url + "/admin/api/predictions?minutes=60", headers=ADMIN, timeout=30).json()
+    log_in(page, stack)
+    page.goto(stack.url + "/admin/predictions")
+    for backend in data["backends"]:
+        section = f'section.backend[data-backend="{backend["id"]}"]'
+        if backend["requests"]:
+            assert page.locator(f"{section} svg.scatter circle.point").count() == backend["drawn"]
+            assert backend["drawn"] == min(backend["requests"], MAX_DRAWN)
+            assert f"median {backend['median']}" in page.inner_text(f"{section} .ratio")
+        assert page.locator(f"{section} table.learned tbody tr").count() == len(backend["learned"])
+    assert sum(b["requests"] for b in data["backends"]) >= 6
+    screenshot(page, "predictions")
     assert page.errors == []
