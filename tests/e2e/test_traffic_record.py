@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.cli import main
 from gateway.replay.traces import read_trace
 from gateway.routing import session_label
 from gateway.traffic import TrafficRecorder
@@ -64,8 +65,13 @@ def test_answered_requests_become_a_trace_that_replays(tmp_path: Path) -> None:
     assert [r.t for r in trace] == sorted(r.t for r in trace)
     assert trace[0].t == 0.0
     report = tmp_path / "report.json"
-    code = main(["replay", str(path), "--no-oracle", "--json", str(report)])
-    assert code == 0
+    replayed = subprocess.run(  # its own process: the CLI configures logging for the whole process
+        [sys.executable, "-m", "gateway", "replay", str(path), "--no-oracle", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert replayed.returncode == 0, replayed.stderr
     assert json.loads(report.read_text())["profiles"]["cost"]["requests"] == 7
 
 
