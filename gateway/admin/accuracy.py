@@ -20,7 +20,8 @@ MIN_SECONDS = 1e-4
 """Times below this are drawn at it (a log axis has no zero)."""
 
 
-def _percentile(values: Sequence[float], q: float) -> float | None:
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest rank: the ``ceil(q * n)``-th smallest (as the replay reports use it); None for none."""
     if not values:
         return None
     ordered = sorted(values)
@@ -63,16 +64,16 @@ def summary(
         {
             "start": round(since + index * width, 3),
             "requests": len(inside),
-            "median": _round(_percentile(inside, 0.5)),
-            "p90": _round(_percentile(inside, 0.9)),
+            "median": _round(percentile(inside, 0.5)),
+            "p90": _round(percentile(inside, 0.9)),
         }
         for index, inside in enumerate(grouped)
     ]
     drawn = points[-MAX_DRAWN:]
     return {
         "requests": len(points),
-        "median": _round(_percentile(ratios, 0.5)),
-        "p90": _round(_percentile(ratios, 0.9)),
+        "median": _round(percentile(ratios, 0.5)),
+        "p90": _round(percentile(ratios, 0.9)),
         "slices": per_slice,
         "drawn": len(drawn),
         "plot": scatter([(p, a) for _, p, a in drawn]),

@@ -5,7 +5,6 @@ each written to an audit log."""
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -367,14 +366,6 @@ def _learned(model: str, stats: DeploymentStats, kind: EngineKind) -> dict[str, 
     }
 
 
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest rank, as the replay reports use it."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(max(math.ceil(q * len(ordered)), 1), len(ordered)) - 1]
-
-
 def _activity(
     entries: Iterable[Mapping[str, Any]], backend: str, since: float, window: int
 ) -> dict[str, Any]:
@@ -384,7 +375,7 @@ def _activity(
     ttfts: Sequence[float] = [o["ttft_s"] for o in done if o.get("ttft_s") is not None]
     prompt = sum(o["prompt_tokens"] or 0 for o in done)
     cached = sum(o["cached_tokens"] or 0 for o in done)
-    p50, p90 = _percentile(ttfts, 0.5), _percentile(ttfts, 0.9)
+    p50, p90 = accuracy.percentile(ttfts, 0.5), accuracy.percentile(ttfts, 0.9)
     return {
         "requests_per_min": round(len(done) / (window / 60), 2),
         "ttft_p50_s": None if p50 is None else round(p50, 3),

@@ -226,6 +226,17 @@ def _actor(request: Request[Any, Any, Any], state: State) -> Identity | Response
     return identity
 
 
+def _acting(
+    request: Request[Any, Any, Any], state: State, action: str, actions: tuple[str, ...]
+) -> Identity | Response[bytes]:
+    """The admin taking one of ``actions`` (a path segment), or the refusal: 403 without the CSRF
+    token, 404 naming the actions there are."""
+    actor = _actor(request, state)
+    if isinstance(actor, Response) or action in actions:
+        return actor
+    return _api_error(404, f"actions: {', '.join(actions)}")
+
+
 @get("/series")
 async def api_series(
     request: Request[Any, Any, Any],
@@ -315,11 +326,9 @@ async def api_drain(
     action: Annotated[str, PathParameter()],
 ) -> Response[bytes]:
     """``drain``: no new requests go to the backend (those in flight finish); ``undrain``: back."""
-    actor = _actor(request, state)
+    actor = _acting(request, state, action, ("drain", "undrain"))
     if isinstance(actor, Response):
         return actor
-    if action not in ("drain", "undrain"):
-        return _api_error(404, "actions: drain, undrain")
     try:
         await _service(state).drain(backend_id, action == "drain", actor)
     except AdminError as exc:
@@ -336,11 +345,9 @@ async def api_pin(
 ) -> Response[bytes]:
     """``pin`` with ``{"member": "<model>"}``: the group's requests go to that member only (its
     conversations on another member move there); ``unpin``: each request chooses its member again."""
-    actor = _actor(request, state)
+    actor = _acting(request, state, action, ("pin", "unpin"))
     if isinstance(actor, Response):
         return actor
-    if action not in ("pin", "unpin"):
-        return _api_error(404, "actions: pin, unpin")
     member = None
     if action == "pin":
         try:
@@ -360,11 +367,9 @@ async def api_record(
 ) -> Response[bytes]:
     """``start``: write each answered request to ``record.path`` as a replayable trace (this
     replica's own file); ``stop``: stop writing."""
-    actor = _actor(request, state)
+    actor = _acting(request, state, action, ("start", "stop"))
     if isinstance(actor, Response):
         return actor
-    if action not in ("start", "stop"):
-        return _api_error(404, "actions: start, stop")
     try:
         _service(state).record(action == "start", actor)
     except AdminError as exc:

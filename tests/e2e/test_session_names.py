@@ -3,7 +3,6 @@ filter, as the session page's address; ``admin.redact_session_ids`` keeps hashes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -28,15 +27,6 @@ def admin(stack: Stack, path: str) -> Any:
     response = httpx.get(stack.url + path, headers=ADMIN, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
-    running = start_stack()
-    try:
-        yield running
-    finally:
-        stop_stack(running)
 
 
 @pytest.mark.parametrize(
