@@ -175,7 +175,10 @@ async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     ok = any(s.health.value in ("ready", "unknown") and not s.circuit_blocks for s in snapshots)
     store, counter = relay.router.store, relay.access.counter
     parts = (store, counter)  # Redis away: routing state and key limits both fall back to memory
-    degraded = any(isinstance(part, ResilientStore | ResilientCounter) and part.degraded for part in parts)
+    resilient = [part for part in parts if isinstance(part, ResilientStore | ResilientCounter)]
+    for part in resilient:  # no traffic must not leave a recovered Redis reported away
+        await part.retry()
+    degraded = any(part.degraded for part in resilient)
     shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if degraded else "ok"
     status = "draining" if relay.draining else "ok" if ok else "unavailable"
     return Response(

@@ -75,6 +75,10 @@ class ResilientCounter(Counter):
                 self._failed(exc)
         return await self.local.usage(keys)
 
+    async def retry(self) -> None:
+        """While degraded, ask Redis again if its retry time has come (``/health`` calls this)."""
+        await self._shared()
+
     async def close(self) -> None:
         await self.redis.close()
 

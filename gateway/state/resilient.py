@@ -72,6 +72,12 @@ class ResilientStore(StateStore):
             self._warned_at = now
             log.warning("state.degraded", error=str(exc) or type(exc).__name__, note="routing on local state")
 
+    async def retry(self) -> None:
+        """While degraded, ask Redis again if its retry time has come (``/health`` calls this, so an
+        idle gateway does not report ``degraded`` after Redis is back)."""
+        if self.degraded:
+            await self._recover()
+
     async def _recover(self) -> None:
         """If Redis answers again, write back the sessions saved and the slots claimed meanwhile."""
         async with self._recovering:

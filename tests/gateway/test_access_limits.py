@@ -227,9 +227,12 @@ class TestRedisAway:
             assert counter.degraded
             assert [e["event"] for e in logs].count("limits.degraded") == 1  # not one per call
             server.start()  # back, on the same port, empty
+            run(counter.retry())  # what /health does: not yet, the retry period has not passed
+            assert counter.degraded
             clock.now += RETRY_EVERY_S
-            assert admit(counter, quota)[1] is None  # Redis's window is empty
+            run(counter.retry())  # no request needed to find it back
             assert not counter.degraded
+            assert admit(counter, quota)[1] is None  # Redis's window is empty
             shared = usage_of(counter)
             assert (shared.requests, shared.prompt_tokens, shared.running) == (1, 10, 1)  # written back
         finally:

@@ -488,6 +488,25 @@ def test_requests_racing_when_redis_returns_see_it_written_back_once() -> None:
     assert redis.claimed == [("llama", 0, "a"), ("llama", 1, "b")]  # written back, each once
 
 
+def test_retry_asks_a_returned_redis_without_traffic() -> None:
+    """``/health`` calls ``retry``: an idle gateway finds Redis back (and writes back what it claimed
+    meanwhile) once the retry period has passed, not before; a healthy store asks nothing."""
+    clock, redis = Clock(), ReturningRedis()
+    store = ResilientStore(redis, MemoryStore(clock=clock), clock)  # type: ignore[arg-type]
+    assert run(store.claim_slot("llama", 0, "a", clock.now, None))  # locally: Redis is away
+    assert store.degraded
+    redis.up = True
+    run(store.retry())
+    assert store.degraded  # the retry period has not passed
+    clock.now += RETRY_S
+    run(store.retry())
+    assert not store.degraded
+    assert redis.claimed == [("llama", 0, "a")]
+    redis.up = False
+    run(store.retry())  # not degraded: nothing is asked
+    assert not store.degraded
+
+
 def test_a_store_of_one_process_shares_nothing() -> None:
     store = MemoryStore()
     run(store.share("load", b"x", 60.0))

@@ -19,12 +19,14 @@ import re
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from tests.deploy.compose_run import (
     REPO,
@@ -344,9 +346,38 @@ def test_turnout_service_routes_to_each_engine(
     assert answer.json()["model"] == model
 
 
-def test_turnout_service_keeps_its_state_in_the_redis_service(turnout_service: tuple[str, int]) -> None:
+def test_turnout_service_keeps_its_state_in_the_redis_service(
+    turnout_service: tuple[str, int], redis_service: tuple[int, subprocess.Popen[bytes]]
+) -> None:
+    """``/health`` says the state is shared (``ok``) and a request's decision entry is in the Redis
+    service. A Redis call slower than state.timeout_s (a busy machine) reports ``degraded`` until
+    Redis is asked again a second later, so ``ok`` is awaited, not read once."""
     url, _ = turnout_service
-    assert httpx.get(url + "/health", timeout=5).json()["state"] == "ok"
+    redis_port, _ = redis_service
+    _await(lambda: httpx.get(url + "/health", timeout=5).json()["state"] == "ok", "/health state ok")
+    request_id = f"compose-{uuid.uuid4().hex[:8]}"
+    hello = {"model": "qwen3.8-flash-next", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    answer = httpx.post(
+        url + "/v1/chat/completions", json=hello, headers={"x-request-id": request_id}, timeout=300
+    )
+    assert answer.status_code == 200, answer.text
+    client = redis.Redis(port=redis_port)
+
+    def logged() -> bool:
+        entries: list[bytes] = client.lrange("turnout:v1:decisions", 0, -1)  # type: ignore[assignment]
+        return request_id in [json.loads(entry)["request_id"] for entry in entries]
+
+    try:
+        _await(logged, "the decision in Redis")  # written once the answer ended
+    finally:
+        client.close()
+
+
+def _await(done: Callable[[], bool], what: str, patience_s: float = 30.0) -> None:
+    deadline = time.monotonic() + patience_s
+    while not done():
+        assert time.monotonic() < deadline, f"not within {patience_s:.0f} s: {what}"
+        time.sleep(0.5)
 
 
 def test_turnout_and_redis_healthchecks(
