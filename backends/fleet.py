@@ -17,6 +17,7 @@ from msgspec.structs import replace
 from backends.base import Adapter, BackendSpec, Documents, Poster
 from backends.breaker import Breaker
 from backends.clock import WALL, Clock
+from backends.history import LoadHistory
 from backends.inflight import InFlight, Load, Sent
 from backends.registry import create_adapter
 from backends.watchdog import Watchdog
@@ -77,6 +78,8 @@ class Fleet:
         """Per backend, whether its answers are any good (``backends.breaker``)."""
         self.peers: dict[str, Load] = {}
         """The other replicas' requests in flight, per backend (``gateway.replicas`` sets it)."""
+        self.history = LoadHistory()
+        """What the probes saw of each engine's load over the last day (the slot timeline's vLLM lane)."""
 
     def snapshots(self) -> tuple[BackendSnapshot, ...]:
         """The latest snapshots, with turnout's own requests in flight laid over them
@@ -180,6 +183,7 @@ class Fleet:
         self._snapshots[snapshot.backend_id] = snapshot
         self._view = tuple(self._snapshots.values())
         self._inflight.seen(snapshot)
+        self.history.add(snapshot)
 
     def report_failure(self, backend_id: str, error: str) -> None:
         """A request found the backend unreachable: route around it until the next probe says otherwise."""

@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         "/admin", "/admin/decisions", "/admin/decisions/req-009999", "/admin/sessions",
         f"/admin/sessions/{label}", "/admin/policy", "/admin/api/overview", "/admin/api/decisions?limit=100",
         "/admin/api/sessions", f"/admin/api/sessions/{label}", "/admin/api/series?minutes=60",
-        "/admin/predictions", "/admin/api/predictions?minutes=60",
+        "/admin/predictions", "/admin/api/predictions?minutes=60", "/admin/slots?minutes=60",
+        "/admin/slots?minutes=1440", "/admin/api/slots?minutes=60", "/admin/whatif", "/admin/api/whatif",
+        "/admin/api/bought",
     ]  # fmt: skip
     worst_median = 0.0
     with TestClient(app) as client:

@@ -17,7 +17,9 @@ in bytes is fixed per model by the first prompt recorded (its bytes per engine t
 bytes always fall in the same block. The last (partial) block takes the digest of the whole prompt.
 
 The file rotates by size: ``path`` becomes ``path.1`` (``path.1`` becomes ``path.2``, ...), keeping
-``keep`` old files. Writing costs one short line per request, only while recording.
+``keep`` old files. Each recording (a start of the gateway, an admin's start) begins a new file, the
+one before rotating away: a file has one clock and one numbering of blocks. Writing costs one short
+line per request, only while recording.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class TrafficRecorder:
         self._block_bytes: dict[str, float] = {}  # per model: bytes a 512-token block spans
         self._start: float | None = None
         self._file: TextIO | None = None
+        self._opened = False
 
     def record(self, features: RequestFeatures, outcome: Outcome, session: str | None, *, at: float) -> None:
         """One request that ended at ``at`` (epoch seconds) with ``outcome``."""
@@ -85,6 +88,9 @@ class TrafficRecorder:
     def _write(self, text: str) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self._opened and self.path.exists() and self.path.stat().st_size:
+                self._rotate()  # another recorder's file: its clock and block ids are not this one's
+            self._opened = True
             self._file = self.path.open("a", encoding="utf-8")
         self._file.write(text)
         self._file.flush()

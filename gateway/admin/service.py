@@ -13,8 +13,9 @@ from typing import Any
 import structlog
 
 from backends.inflight import Load
-from gateway.admin import accuracy
+from gateway.admin import accuracy, bought, slots, whatif
 from gateway.admin.auth import AdminAuth, Identity
+from gateway.api.service import WhatIfEdits
 from gateway.relay import Relay
 from gateway.routing import session_label, session_name
 from gateway.settings import Settings
@@ -27,6 +28,8 @@ log = structlog.get_logger(__name__)
 AUDIT_SIZE = 500
 POLICY_POLL_S = 0.5
 WINDOWS_S = (300, 3600)
+BOUGHT_S = 24 * 3600
+"""What routing bought is summed over the last day (of what the decision log keeps)."""
 DECISION_FILTERS = ("model", "backend", "session", "status")
 
 
@@ -54,6 +57,8 @@ class AdminService:
         self.auth = auth
         self.audit: deque[AuditEvent] = deque(maxlen=AUDIT_SIZE)
         self.applied_at = 0.0  # when the live policy this replica follows was set
+        path = settings.record.path
+        self.whatifs = whatif.WhatIf(path) if path is not None else None
 
     @property
     def profiles(self) -> list[str]:
@@ -274,6 +279,19 @@ class AdminService:
             )
         return {"profile": router.profile.name, "backends": backends, "at": now}
 
+    async def bought(self) -> dict[str, Any]:
+        """What routing saved over the last day against each backend alone (``gateway.admin.bought``)."""
+        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        now = self.relay.router.clock.time()
+        spent = bought.bought(entries, now - BOUGHT_S, now)
+        return {**spent, "log_from": self._cut(entries, now - BOUGHT_S)}
+
+    def _cut(self, entries: Sequence[Mapping[str, Any]], since: float) -> float | None:
+        """When the decision log starts, if it is full and starts after ``since`` (older decisions
+        were dropped: a view of the window misses them)."""
+        full = len(entries) >= self.settings.state.decision_log_size
+        return float(entries[-1]["at"]) if full and entries and entries[-1]["at"] > since else None
+
     async def series(self, minutes: int) -> dict[str, Any]:
         """Per backend: each request's predicted and actual TTFT, and the cache-hit ratio per minute."""
         entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
@@ -315,6 +333,70 @@ class AdminService:
                 {"id": snapshot.backend_id, "kind": snapshot.kind.value, **stats, "learned": learned}
             )
         return {"minutes": minutes, "backends": backends}
+
+    async def slots(self, minutes: int) -> dict[str, Any]:
+        """The slot timeline over the last ``minutes`` (``gateway.admin.slots``): per llama.cpp
+        backend a lane per slot, per vLLM backend a lane of its running and waiting requests."""
+        router, fleet = self.relay.router, self.relay.fleet
+        entries = await router.store.decisions(self.settings.state.decision_log_size)
+        now = router.clock.time()
+        since = now - minutes * 60
+        backends: list[dict[str, Any]] = []
+        for snapshot in fleet.snapshots():
+            backend: dict[str, Any] = {"id": snapshot.backend_id, "kind": snapshot.kind.value}
+            if snapshot.kind is EngineKind.LLAMACPP:
+                backend["lanes"] = slots.llama_lanes(
+                    entries, snapshot.backend_id, snapshot.total_slots, since, now
+                )
+            elif snapshot.kind is EngineKind.VLLM:
+                backend["load"] = slots.load_lane(fleet.history.since(snapshot.backend_id, since), since, now)
+            backends.append(backend)
+        return {
+            "minutes": minutes,
+            "since": round(since, 3),
+            "now": round(now, 3),
+            "width": slots.WIDTH_PX,
+            "bucket_s": fleet.history.bucket_s,
+            "windows": slots.WINDOWS_MIN,
+            "ticks": slots.ticks(since, now),
+            "log_from": self._cut(entries, since),
+            "backends": backends,
+        }
+
+    def whatif_form(self) -> dict[str, Any]:
+        """What the what-if page offers: the recording, the backends as the replay would simulate
+        them, the profiles it replays under."""
+        config = whatif.fleet(self.settings, self.relay.fleet.snapshots(), WhatIfEdits())
+        windows: dict[str, int | None] = {}
+        for model in config["models"]:
+            for deployment in model["deployments"]:
+                windows.setdefault(deployment["backend"], deployment.get("context_window"))
+        return {
+            "recording": str(self.whatifs.recording) if self.whatifs else None,
+            "recording_now": self.relay.router.recorder is not None,
+            "profiles": self.profiles,
+            "backends": [
+                {
+                    "id": b["id"],
+                    "kind": b["kind"],
+                    "slots": b.get("sim", {}).get("slots"),
+                    "window": windows.get(b["id"]),
+                }
+                for b in config["backends"]
+            ],
+            "max_minutes": whatif.MAX_MINUTES,
+        }
+
+    async def whatif(self, edits: WhatIfEdits) -> dict[str, Any]:
+        """The recording's last ``edits.minutes`` replayed under every profile on the edited fleet
+        (``gateway.admin.whatif``)."""
+        if self.whatifs is None:
+            raise whatif.WhatIfError(
+                "no recording: set [record] path (docs/replay.md) and record some traffic"
+            )
+        config = whatif.fleet(self.settings, self.relay.fleet.snapshots(), edits)
+        log.info("admin.whatif", minutes=edits.minutes, remove=edits.remove, copies=edits.copies)
+        return await self.whatifs.run(config, edits, self.profiles)
 
     def policy(self) -> dict[str, Any]:
         router = self.relay.router

@@ -21,9 +21,10 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.params import Body, PathParameter, QueryParameter
 from litestar.response import Redirect
 
+from gateway.admin import whatif
 from gateway.admin.auth import COOKIE, Identity
 from gateway.admin.service import DECISION_FILTERS, AdminError, AdminService, UnknownGroup
-from gateway.api.service import AdminPin, AdminProfile
+from gateway.api.service import AdminPin, AdminProfile, WhatIfEdits
 
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
@@ -119,7 +120,9 @@ def static(name: Annotated[str, PathParameter()]) -> Response[bytes]:
 
 @get("/", include_in_schema=False)
 async def overview_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    return await _render(request, state, "overview.html", "overview", data=await _service(state).overview())
+    service = _service(state)
+    data, spent = await service.overview(), await service.bought()
+    return await _render(request, state, "overview.html", "overview", data=data, bought=spent)
 
 
 @get("/decisions", include_in_schema=False)
@@ -150,6 +153,21 @@ async def predictions_page(
 ) -> Response[Any]:
     data = await _service(state).predictions(minutes)
     return await _render(request, state, "predictions.html", "predictions", data=data)
+
+
+@get("/slots", include_in_schema=False)
+async def slots_page(
+    request: Request[Any, Any, Any],
+    state: State,
+    minutes: Annotated[int, QueryParameter(ge=15, le=24 * 60)] = 60,
+) -> Response[Any]:
+    data = await _service(state).slots(minutes)
+    return await _render(request, state, "slots.html", "slots", data=data)
+
+
+@get("/whatif", include_in_schema=False)
+async def whatif_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    return await _render(request, state, "whatif.html", "whatif", form=_service(state).whatif_form())
 
 
 @get("/sessions", include_in_schema=False)
@@ -248,6 +266,15 @@ async def api_series(
     return _json(await _service(state).series(minutes))
 
 
+@get("/bought")
+async def api_bought(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """What routing bought over the last day: per backend, the TTFT the chosen backends saved against
+    sending every request there (its predicted TTFT at decision time, corrected by its median actual /
+    predicted, less the measured one), in total and per hour, and the requests only another backend
+    could take."""
+    return _json(await _service(state).bought())
+
+
 @get("/predictions")
 async def api_predictions(
     request: Request[Any, Any, Any],
@@ -257,6 +284,45 @@ async def api_predictions(
     """Per backend over the last ``minutes``: actual / predicted TTFT (median, p90, per slice of the
     window), the scatter's points on log axes, and the learned rates beside their priors."""
     return _json(await _service(state).predictions(minutes))
+
+
+@get("/slots")
+async def api_slots(
+    request: Request[Any, Any, Any],
+    state: State,
+    minutes: Annotated[int, QueryParameter(ge=15, le=24 * 60)] = 60,
+) -> Response[bytes]:
+    """The slot timeline over the last ``minutes`` (15 to 1,440): per llama.cpp backend one lane per
+    slot, each answered request a bar (its session, colour, whether it evicted a session or restored
+    from the RAM cache, x and width on a 960-wide axis), labelled with the session that held it last;
+    per vLLM backend its running and waiting requests as the probes saw them."""
+    return _json(await _service(state).slots(minutes))
+
+
+@get("/whatif")
+async def api_whatif_form(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """What a what-if can replay: the recording, the backends as the replay simulates them (slots and
+    windows as the engines reported them), the profiles."""
+    return _json(_service(state).whatif_form())
+
+
+@post("/whatif", status_code=200)
+async def api_whatif(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """Replay the recording's last ``minutes`` in virtual time under every profile and the oracle, on
+    this gateway's fleet with the edits asked for (``remove``, ``copies``, ``slots``, ``windows``), by
+    ``turnout replay`` in a child process; the report, with the command that made it. 409 while
+    another runs."""
+    actor = _actor(request, state)
+    if isinstance(actor, Response):
+        return actor
+    try:
+        edits = msgspec.json.decode(await request.body() or b"{}", type=WhatIfEdits)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        return _api_error(400, f"send {{minutes, model, remove, copies, slots, windows}}: {exc}")
+    try:
+        return _json(await _service(state).whatif(edits))
+    except whatif.WhatIfError as exc:
+        return _api_error(409 if isinstance(exc, whatif.Busy) else 400, str(exc))
 
 
 @get("/sessions")
@@ -381,8 +447,8 @@ api_router = Router(
     path="/api",
     guards=[logged_in],
     route_handlers=[
-        api_overview, api_decisions, api_decision, api_predictions, api_sessions, api_session, api_release,
-        api_series,
+        api_overview, api_bought, api_decisions, api_decision, api_predictions, api_slots, api_sessions,
+        api_session, api_release, api_series, api_whatif_form, api_whatif,
         api_keys, api_policy, api_switch_profile, api_drain, api_pin, api_record,
     ],
 )  # fmt: skip
@@ -390,6 +456,6 @@ admin_router = Router(
     path="/admin",
     route_handlers=[
         login_form, login, logout, static, overview_page, decisions_page, decision_page, predictions_page,
-        sessions_page, session_page, policy_page, api_router,
+        slots_page, whatif_page, sessions_page, session_page, policy_page, api_router,
     ],
 )  # fmt: skip

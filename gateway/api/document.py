@@ -177,6 +177,7 @@ def _admin(
         401: "no admin session cookie and no `Authorization: Bearer <admin token>`",
         403: "a browser session without the right `x-csrf-token`",
         404: "no such decision, session, backend, model group or action",
+        409: "another what-if is running",
     }
     replies = {200: Reply("OK", json=(ok,))}
     replies.update({status: Reply(why[status], json=(service.AdminError,)) for status in (401, *errors)})
@@ -229,6 +230,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("get", "/metrics"): Operation({200: Reply("Prometheus text (docs/metrics.md)", text=METRICS_TEXT)}),
     ("get", "/admin/api/overview"): _admin(dict[str, Any]),
+    ("get", "/admin/api/bought"): _admin(dict[str, Any]),
     ("get", "/admin/api/decisions"): _admin(service.AdminList, 400, parameters=DECISION_FILTERS),
     ("get", "/admin/api/decisions/{request_id}"): _admin(dict[str, Any], 404),
     ("get", "/admin/api/predictions"): _admin(dict[str, Any], 400),
@@ -236,6 +238,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("get", "/admin/api/sessions/{label}"): _admin(dict[str, Any], 404),
     ("post", "/admin/api/sessions/{label}/release"): _admin(dict[str, Any], 403, 404),
     ("get", "/admin/api/series"): _admin(dict[str, Any], 400),
+    ("get", "/admin/api/slots"): _admin(dict[str, Any], 400),
+    ("get", "/admin/api/whatif"): _admin(dict[str, Any]),
+    ("post", "/admin/api/whatif"): _admin(dict[str, Any], 400, 403, 409, request=service.WhatIfEdits),
     ("get", "/admin/api/keys"): _admin(service.AdminList),
     ("get", "/admin/api/policy"): _admin(dict[str, Any]),
     ("post", "/admin/api/policy/profile"): _admin(dict[str, Any], 400, 403, request=service.AdminProfile),

@@ -93,6 +93,20 @@ class AdminPin(Struct):
     member: str
 
 
+class WhatIfEdits(Struct, forbid_unknown_fields=True):
+    """A what-if (``POST /admin/api/whatif``): the recording's last ``minutes`` replayed on this
+    gateway's fleet with these changes."""
+
+    minutes: Annotated[int, Meta(description="the recording's last minutes (1 to 1,440)")] = 60
+    model: Annotated[
+        str | None, Meta(description="replay every request as this model; unset: the most asked-for")
+    ] = None
+    remove: Annotated[list[str], Meta(description="backends left out")] = []
+    copies: Annotated[list[str], Meta(description="backends to add a copy of (`<id>-copy`, ...)")] = []
+    slots: Annotated[dict[str, int], Meta(description="llama.cpp backend -> its slots")] = {}
+    windows: Annotated[dict[str, int], Meta(description="backend -> the window of its deployments")] = {}
+
+
 class AdminErrorDetail(Struct):
     message: str
     type: str

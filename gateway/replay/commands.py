@@ -107,6 +107,12 @@ def add_replay_parser(commands: Any) -> None:
     replay.add_argument("--no-oracle", action="store_true", help="skip the hindsight oracle run")
     replay.add_argument("--json", type=Path, default=None, help="write the JSON report here")
     replay.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    replay.add_argument(
+        "--last-minutes",
+        type=positive,
+        default=None,
+        help="replay only the requests of the trace's last M minutes (a recording's latest traffic)",
+    )
     replay.add_argument("--scale-tokens", type=float, default=1.0, help="multiply token lengths by F")
     replay.add_argument(
         "--wall-cap", type=float, default=600.0, help="wall: wall seconds per profile, at most"
@@ -164,19 +170,30 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay the trace per profile (+ oracle), print the table, write the JSON report."""
     from gateway.logging import configure_logging
-    from gateway.replay.traces import TraceError, read_trace, scale_tokens, with_model
+    from gateway.replay.traces import TraceError, last_minutes, read_trace, scale_tokens, with_model
     from policies import BUILTIN_PROFILES
 
-    profiles = args.profile or list(DEFAULT_PROFILES)
-    unknown = [p for p in profiles if p not in BUILTIN_PROFILES]
-    if unknown:
-        return _usage(f"unknown profile {unknown[0]!r}; known: {', '.join(BUILTIN_PROFILES)}")
     if args.clock == "wall" and (args.backends is not None or args.overhead_ms is not None):
         return _usage("--backends and --overhead-ms apply to --clock virtual only")
+    profiles = args.profile or list(DEFAULT_PROFILES)
+    known = list(BUILTIN_PROFILES)
+    if args.backends is not None:  # and the profiles its config defines
+        from gateway.replay.fleets import fleet_from_file
+        from gateway.settings import ConfigError
+
+        try:
+            known += [p.name for p in fleet_from_file(args.backends, DEFAULT_PROFILES[0]).profiles]
+        except ConfigError as exc:
+            return _usage(str(exc))
+    unknown = [p for p in profiles if p not in known]
+    if unknown:
+        return _usage(f"unknown profile {unknown[0]!r}; known: {', '.join(known)}")
     try:
         requests = read_trace(args.trace, args.format, limit=args.limit)
     except (OSError, TraceError) as exc:
         return _usage(f"{args.trace}: {exc}")
+    if args.last_minutes is not None:
+        requests = last_minutes(requests, args.last_minutes)
     if not requests:
         return _usage("the trace is empty")
     configure_logging("json", "warning")

@@ -202,6 +202,15 @@ def with_rate(requests: Sequence[TraceRequest], factor: float) -> list[TraceRequ
     return [replace(r, t=t0 + (r.t - t0) / factor) for r in requests]
 
 
+def last_minutes(requests: Sequence[TraceRequest], minutes: float) -> list[TraceRequest]:
+    """The requests that arrived in the trace's last ``minutes`` (up to its last arrival), sorted."""
+    ordered = sorted(requests, key=lambda r: r.t)
+    if not ordered:
+        return []
+    since = ordered[-1].t - minutes * 60
+    return [r for r in ordered if r.t >= since]
+
+
 def rate_for_load(requests: Sequence[TraceRequest], load: float, prefill_tok_s: float) -> float:
     """The rate factor at which the trace's prompt tokens, without any reuse, are ``load`` of a
     fleet's prefill capacity (``prefill_tok_s``, all engines together) over the trace's span:

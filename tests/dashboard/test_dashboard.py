@@ -259,3 +259,104 @@ def test_the_predictions_page_shows_how_far_each_backend_was_off(page: Any, stac
     assert sum(b["requests"] for b in data["backends"]) >= 6
     screenshot(page, "predictions")
     assert page.errors == []
+
+
+def _chat(stack: Stack, messages: list[dict[str, str]], session: str) -> Any:
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0)
+    return client.chat.completions.with_raw_response.create(
+        model="m-llama",
+        messages=messages,
+        max_tokens=8,
+        extra_headers={"x-session-id": session},  # type: ignore[arg-type]
+    )
+
+
+def test_the_slots_page_shows_who_held_each_slot_and_who_was_evicted(page: Any, stack: Stack) -> None:
+    """Three conversations on llama.cpp's two slots: the third takes a slot from the least recent, which
+    comes back and takes one again. Each answered request is on its slot's lane (the simulators answer
+    in milliseconds: at 15 minutes they share a bar), the evictions are marked, a bar opens its newest
+    decision and a lane's label its session."""
+    firsts = {
+        name: {"role": "system", "content": " ".join(f"{name}{n % 97} word{n}" for n in range(700))}
+        for name in ("slot-a", "slot-b", "slot-c")
+    }
+    answers = {}
+    for name, first in firsts.items():
+        messages = [first, {"role": "user", "content": "go"}]
+        answers[name] = _chat(stack, messages, name).parse().choices[0].message.content or ""
+    back = [
+        firsts["slot-a"],
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": answers["slot-a"]},
+        {"role": "user", "content": "and then?"},
+    ]
+    last = _chat(stack, back, "slot-a").headers["x-request-id"]
+    data = httpx.get(stack.url + "/admin/api/slots?minutes=15", headers=ADMIN, timeout=30).json()
+    assert httpx.get(stack.url + "/admin/api/slots?minutes=5", headers=ADMIN, timeout=30).status_code == 400
+    llama = next(b for b in data["backends"] if b["id"] == "llama")
+    vllm = next(b for b in data["backends"] if b["id"] == "vllm")
+    lanes = llama["lanes"]
+    assert [lane["slot"] for lane in lanes][:2] == ["0", "1"]
+    assert sum(lane["requests"] for lane in lanes) >= 4
+    assert sum(lane["evictions"] for lane in lanes) >= 2  # slot-c's, then slot-a's on its return
+    assert vllm["load"]["samples"] >= 1  # the probes' history
+    bars = [bar for lane in lanes for bar in lane["bars"]]
+    log_in(page, stack)
+    page.goto(stack.url + "/admin/slots?minutes=15")
+    section = 'section.backend[data-backend="llama"]'
+    assert page.locator(f"{section} a.bar").count() == len(bars)
+    assert page.locator(f"{section} path.evict").count() == sum(1 for bar in bars if bar["evicted"])
+    assert page.locator(f"{section} circle.restore").count() == sum(1 for bar in bars if bar["restored"])
+    assert page.locator('section.backend[data-backend="vllm"] polyline.running').count() == 1
+    screenshot(page, "slots")
+    holder = next(lane for lane in lanes if lane["holder_name"] == "slot-a")
+    page.click(f'{section} g.lane[data-slot="{holder["slot"]}"] text.label a')
+    page.wait_for_url(f"**/admin/sessions/{holder['holder']}")
+    page.go_back()
+    bar = page.locator(f'{section} a.bar[data-request="{last}"]')  # the newest request of its bar
+    assert bar.get_attribute("href") == f"/admin/decisions/{last}"
+    bar.dispatch_event("click")  # bars may overlap in the last pixel: a click at a point hits the top one
+    page.wait_for_url(f"**/admin/decisions/{last}")
+    assert page.errors == []
+
+
+def test_the_what_if_page_replays_the_recording_on_an_edited_fleet(page: Any, stack: Stack) -> None:
+    """Recorded traffic, replayed from the page with a second llama-server: a row per profile, the
+    oracle and the lower bound, and the command that prints the same numbers by hand."""
+    started = httpx.post(stack.url + "/admin/api/record/start", headers=ADMIN, timeout=30)
+    assert started.status_code == 200
+    for index in range(4):
+        ask(stack, **{"x-session-id": f"whatif-{index % 2}"})
+    httpx.post(stack.url + "/admin/api/record/stop", headers=ADMIN, timeout=30)
+    log_in(page, stack)
+    page.goto(stack.url + "/admin/whatif")
+    assert page.locator("table.fleet tbody tr").count() == len(stack.settings.backends)
+    page.check('table.fleet tr[data-backend="llama"] input.copy')
+    page.click("#run")
+    page.wait_for_selector("#whatif-result:not([hidden])", timeout=120_000)
+    profiles = [row.get_attribute("data-profile") for row in page.locator("#whatif-table tbody tr").all()]
+    assert {"cost", "oracle", "lower-bound"} <= set(profiles)
+    assert page.inner_text("#whatif-command").startswith("turnout replay ")
+    assert "llama-copy" in page.inner_text("#whatif-table")
+    assert page.inner_text("#message") == ""
+    screenshot(page, "whatif")
+    assert page.errors == []
+
+
+def test_the_overview_says_what_routing_bought(page: Any, stack: Stack) -> None:
+    for index in range(4):
+        ask(stack, **{"x-session-id": f"bought-{index}"})
+    data = httpx.get(stack.url + "/admin/api/bought", headers=ADMIN, timeout=30).json()
+    assert data["requests"] >= 4
+    log_in(page, stack)
+    saved = page.locator("#bought .headline .saved")
+    assert saved.count() == len(data["total"]) >= 2
+    for backend, line in data["total"].items():
+        text = page.inner_text(f'#bought .saved[data-backend="{backend}"]')
+        verb = "saved" if line["saved_s"] >= 0 else "lost"
+        assert f"to {backend}, routing {verb} {abs(line['saved_s']):.1f} s" in text
+    assert "understated" in page.inner_text("#bought .hint")
+    page.click("#bought summary")
+    assert page.locator("#bought table.bought tbody tr").count() == len(data["hours"])
+    screenshot(page, "overview-bought")
+    assert page.errors == []

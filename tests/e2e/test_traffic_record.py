@@ -100,6 +100,22 @@ def test_the_file_rotates_by_size_keeping_keep_old_ones(tmp_path: Path, keep: in
         read_trace(file)  # each file is a trace on its own
 
 
+def test_each_recording_begins_a_new_file(tmp_path: Path) -> None:
+    """A restarted gateway (or an admin's new start) does not append to the last recording: its ``t``
+    would start again at 0 and its block ids would name other blocks. The old file rotates away."""
+    path = tmp_path / "t.jsonl"
+    first = TrafficRecorder(path, keep=2)
+    first.record(features("a" * 4000), outcome(1000), "s", at=500.0)
+    first.record(features("a" * 5000), outcome(1250), "s", at=560.0)
+    first.close()
+    second = TrafficRecorder(path, keep=2)
+    second.record(features("b" * 4000), outcome(1000), "s", at=900.0)
+    second.close()
+    assert [r.t for r in read_trace(path.with_name("t.jsonl.1"))] == [0.0, 60.0]
+    (again,) = read_trace(path)
+    assert (again.t, again.hash_ids[0]) == (0.0, 0)
+
+
 def test_an_admin_switches_the_recording(tmp_path: Path) -> None:
     """``on_start = false``: nothing is written until an admin starts it; stopping it stops the writes."""
     path = tmp_path / "switched.jsonl"

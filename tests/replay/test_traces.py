@@ -14,6 +14,7 @@ from gateway.replay.traces import (
     TraceError,
     TraceRequest,
     block_tokens,
+    last_minutes,
     parse_lines,
     read_trace,
     scale_tokens,
@@ -147,3 +148,11 @@ class TestContention:
         assert [r.input_tokens for r in parsed] == [r.input_tokens for r in requests]
         assert [r.hash_ids for r in parsed] == [r.hash_ids for r in requests]
         assert all(r.session is None for r in parsed)
+
+
+def test_last_minutes_keeps_the_trace_end() -> None:
+    """``--last-minutes M``: the requests of the trace's last M minutes, up to its last arrival."""
+    requests = [TraceRequest(t, None, "m", 10, (0,), 1) for t in (900.0, 0.0, 500.0, 840.0, 300.0)]
+    assert [r.t for r in last_minutes(requests, 10)] == [300.0, 500.0, 840.0, 900.0]
+    assert [r.t for r in last_minutes(requests, 1)] == [840.0, 900.0]
+    assert last_minutes([], 5) == []

@@ -207,6 +207,69 @@ function sessionActions() {
   });
 }
 
+// What if: replay the recording on the edited fleet, show the report.
+const WHATIF_COLUMNS = [
+  ["profile", null], ["n", "requests"], ["err", "errors"], ["ttft mean", "ttft_mean_s"], ["p50", "ttft_p50_s"],
+  ["p90", "ttft_p90_s"], ["completion", "completion_mean_s"], ["cache hit", "cache_hit_ratio"],
+  ["session", "session_completion_mean_s"], ["prefill x", "prefill_amplification"], ["backends", "backend_share"],
+];
+
+function whatifCell(value) {
+  if (value === null || value === undefined) return "–";
+  if (typeof value === "object") {
+    return Object.entries(value).map(([k, v]) => `${k}:${Math.round(v * 100)}%`).join(" ") || "–";
+  }
+  return typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : String(value);
+}
+
+function whatifEdits() {
+  const edits = { minutes: Number(document.getElementById("minutes").value), remove: [], copies: [], slots: {}, windows: {} };
+  const model = document.getElementById("model").value.trim();
+  if (model) edits.model = model;
+  for (const tr of document.querySelectorAll("table.fleet tbody tr")) {
+    const id = tr.dataset.backend;
+    if (!tr.querySelector("input.keep").checked) edits.remove.push(id);
+    if (tr.querySelector("input.copy").checked) edits.copies.push(id);
+    for (const [cls, key] of [["slots", "slots"], ["window", "windows"]]) {
+      const input = tr.querySelector("input." + cls);
+      if (input && input.value && input.value !== input.dataset.was) edits[key][id] = Number(input.value);
+    }
+  }
+  return edits;
+}
+
+function whatifActions() {
+  const form = document.getElementById("whatif");
+  if (!form) return;
+  const message = document.getElementById("message");
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const button = document.getElementById("run");
+    button.disabled = true;
+    message.textContent = "replaying…";
+    try {
+      const report = await post("/admin/api/whatif", whatifEdits());
+      const head = document.querySelector("#whatif-table thead tr");
+      head.replaceChildren(...WHATIF_COLUMNS.map(([name]) => el("th", name)));
+      const rows = Object.entries(report.profiles).map(([name, summary]) => {
+        const tr = row([el("td", name), ...WHATIF_COLUMNS.slice(1).map(([, key]) => el("td", whatifCell(summary[key])))]);
+        tr.dataset.profile = name;
+        return tr;
+      });
+      document.querySelector("#whatif-table tbody").replaceChildren(...rows);
+      document.getElementById("whatif-summary").textContent =
+        `${report.requests} requests of the last ${report.minutes} minutes, as ${report.model}`;
+      document.getElementById("whatif-command").textContent = report.command;
+      document.getElementById("whatif-result").hidden = false;
+      message.textContent = "";
+    } catch (error) {
+      message.textContent = error.message;
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
 const page = document.body.dataset.page;
 if (page === "decisions") {
   document.getElementById("filters").addEventListener("submit", (event) => { event.preventDefault(); refreshDecisions(); });
@@ -218,4 +281,6 @@ if (page === "decisions") {
   policyActions();
 } else if (page === "session") {
   sessionActions();
+} else if (page === "whatif") {
+  whatifActions();
 }
