@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -62,14 +63,31 @@ def llama_substitutions(port: int) -> tuple[Substitution, ...]:
     )
 
 
-def vllm_substitutions(port: int) -> tuple[Substitution, ...]:
+FP8_KV = Substitution(
+    "--kv-cache-dtype",
+    "fp8",
+    "auto",
+    "only on a CPU without AVX-512 or AMX: vLLM's CPU build needs one for FP8",
+)
+
+
+def fp8_kv_cache_runs() -> bool:
+    """Whether vLLM's CPU build can keep an FP8 KV cache here: "FP8 KV cache on CPU requires x86 with
+    AVX-512 or AMX" (an AMD EPYC without AVX-512 refuses it at start-up)."""
+    flags = {flag for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+             for flag in line.split(":", 1)[1].split()}  # fmt: skip
+    return "avx512f" in flags or "amx_tile" in flags
+
+
+def vllm_substitutions(port: int, fp8: bool = True) -> tuple[Substitution, ...]:
     return (
         Substitution("--host", "0.0.0.0", "127.0.0.1", "tests bind loopback only"),
         Substitution("--port", "8000", str(port), "a free port"),
+        *(() if fp8 else (FP8_KV,)),
     )
 
 
-SUBSTITUTIONS = {"llama": llama_substitutions(0), "vllm": vllm_substitutions(0)}
+SUBSTITUTIONS = {"llama": llama_substitutions(0), "vllm": vllm_substitutions(0, fp8=False)}
 
 
 class ComposeLlama(LlamaServer):
@@ -169,9 +187,12 @@ def vllm_service(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) ->
     model = ensure_tiny_model(vllm_python, "qwen3next", max_positions=32768)
     home = tmp_path_factory.mktemp("compose-vllm")
     env = {"VLLM_MODEL": str(model)}
+    fp8 = fp8_kv_cache_runs()
+    if not fp8:
+        print(f"\nvllm service: {FP8_KV.flag} {FP8_KV.used}, {FP8_KV.why}", file=sys.stderr)
 
     def argv_for(port: int) -> list[str]:
-        return substitute(command_line(service, env), vllm_substitutions(port))
+        return substitute(command_line(service, env), vllm_substitutions(port, fp8))
 
     service_env = {k: interpolate(str(v), env) for k, v in service["environment"].items()}
     assert service_env.pop("HF_HOME") == "/root/.cache/huggingface"  # a named volume in the container
