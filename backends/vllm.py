@@ -59,4 +59,5 @@ class VllmAdapter(Adapter):
             prefix_cache_queries=metrics.prefix_cache_queries,
             prefix_cache_hits=metrics.prefix_cache_hits,
             work_done=metrics.tokens_total,
+            cache_block=metrics.cache_block,
         )

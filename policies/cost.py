@@ -129,7 +129,11 @@ def _next_prefill(features: RequestFeatures, situation: Situation, cached_next: 
     growth = prompt - session.prompt_tokens if session.turns > 0 else round(prompt * GROWTH_PRIOR)
     next_prompt = prompt + max(growth, 1)
     token_exact = situation.snapshot.kind is EngineKind.LLAMACPP
-    reused = min(reuse(cached_next, stats, stats.reuse.value, token_exact=token_exact), next_prompt - 1)
+    reported = situation.snapshot.cache_block
+    reused = min(
+        reuse(cached_next, stats, stats.reuse.value, token_exact=token_exact, reported=reported),
+        next_prompt - 1,
+    )
     return prefill_s(situation.deployment, stats, next_prompt - reused, reused)
 
 
@@ -169,7 +173,9 @@ def estimate(
             ),
         )
     else:
-        cached = reuse(situation.match.recent, stats, stats.reuse.value, token_exact=False)
+        cached = reuse(
+            situation.match.recent, stats, stats.reuse.value, token_exact=False, reported=snapshot.cache_block
+        )
         waiting = snapshot.queued * stats.service_s.value / max(snapshot.running, 1)
         queue = max(waiting, snapshot.prefill_backlog_s)
         option = SlotOption(None, cached, "prefix-cache" if cached else "none", queue, features.prompt_tokens)

@@ -36,6 +36,7 @@ pinned there, so llama-server's own LRU choice cannot evict a session's warm slo
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -85,12 +86,16 @@ def label(key: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=4).hexdigest()
 
 
-def reuse(shared: int, stats: DeploymentStats, ratio: float, *, token_exact: bool) -> int:
+def reuse(
+    shared: int, stats: DeploymentStats, ratio: float, *, token_exact: bool, reported: int | None = None
+) -> int:
     """Tokens of a ``shared`` prefix the engine should reuse: whole blocks of ``shared - 1`` times ``ratio``.
-    A block cache (vLLM) that never hit predicts nothing."""
-    if shared <= 0 or (not token_exact and not stats.block):
+    A block cache (vLLM) reuses whole blocks: of the size it ``reported`` (its prefix cache is on) and
+    the hits learned so far, the greatest common divisor; one that reports none and never hit predicts
+    nothing."""
+    block = 1 if token_exact else math.gcd(stats.block, reported or 0)
+    if shared <= 0 or not block:
         return 0
-    block = 1 if token_exact else stats.block
     return round(reusable(shared, block) * ratio / block) * block
 
 

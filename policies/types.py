@@ -142,6 +142,8 @@ class BackendSnapshot(msgspec.Struct, frozen=True):
     prefill_backlog_s: float = 0.0  # predicted prompt processing turnout's requests there still need
     work_done: float | None = None  # a counter the engine only raises while it runs (tokens processed):
     # lower than before means it restarted, and holds nothing turnout sent it
+    cache_block: int | None = None  # vLLM: the tokens its prefix cache hits come in, as it reports them
+    # (None: prefix caching off, or not reported; turnout then learns it from the hits)
     circuit: str = "closed"  # closed, or open / half-open while its circuit breaker keeps requests away
     circuit_blocks: bool = False  # no request may go there now (open, or half-open with its trial out)
 

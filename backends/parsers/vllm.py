@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.parsers.prometheus import parse_samples, sum_by_name
+from backends.parsers.prometheus import Sample, parse_samples, sum_by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +15,9 @@ class VllmMetrics:
     prefix_cache_queries: float | None
     prefix_cache_hits: float | None
     tokens_total: float | None = None  # prompt + generated tokens since the server started
+    cache_block: int | None = None
+    """Tokens its prefix cache hits come in (``vllm:cache_config_info``); None: prefix caching off, or
+    not reported."""
 
 
 def parse_metrics(text: str) -> VllmMetrics:
@@ -35,7 +38,28 @@ def parse_metrics(text: str) -> VllmMetrics:
         prefix_cache_queries=totals.get("vllm:prefix_cache_queries_total"),
         prefix_cache_hits=totals.get("vllm:prefix_cache_hits_total"),
         tokens_total=_sum(totals, "vllm:prompt_tokens_total", "vllm:generation_tokens_total"),
+        cache_block=_cache_block(samples),
     )
+
+
+BLOCK_LABELS = ("block_size", "effective_attention_block_size", "cache_hit_alignment_tokens")
+"""``vllm:cache_config_info`` labels a prefix cache hit may be a multiple of (vLLM caches whole blocks;
+a hybrid model's attention block may be set larger than configured, and cache hits may be aligned to
+more tokens still)."""
+
+
+def _cache_block(samples: list[Sample]) -> int | None:
+    """The largest of :data:`BLOCK_LABELS` that is a number, when prefix caching is on. The largest:
+    what turnout learns of the hits can only lower it (a greatest common divisor), never raise it."""
+    for sample in samples:
+        if sample.name != "vllm:cache_config_info":
+            continue
+        labels = dict(sample.labels)
+        if labels.get("enable_prefix_caching") != "True":
+            return None
+        sizes = [int(labels[name]) for name in BLOCK_LABELS if labels.get(name, "").isdigit()]
+        return max(sizes) if sizes and max(sizes) > 0 else None
+    return None
 
 
 def _sum(totals: dict[str, float], *names: str) -> float | None:

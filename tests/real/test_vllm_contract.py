@@ -47,6 +47,7 @@ READ_BY_TURNOUT = {
     "vllm:kv_cache_usage_perc",
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
+    "vllm:cache_config_info",
 }
 COMMON_COUNTERS = {
     "vllm:prompt_tokens_total",

@@ -211,8 +211,11 @@ def test_probe_reads_the_real_server(real: VllmServer) -> None:
 
 
 def test_learned_cache_stats_follow_the_engine(gateway: Gateway, real: VllmServer, block: int) -> None:
-    """A 6-turn conversation: the learned block is whole engine blocks, and from turn 3 the cost
-    model's expected cached tokens are within one block of what vLLM then reported."""
+    """A 6-turn conversation: the learned block is whole engine blocks, and from turn 3 (after the
+    first hit taught the hybrid model's reuse) the cost model's expected cached tokens are within one
+    block of what vLLM then reported, every turn: the block vLLM reports on /metrics refines the one
+    learned from the hits (a busy machine's run learned blocks of 128 from hits of 128 and 256, and
+    predicted 256 of the 352 turn 4 reused)."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helpful assistant that routes requests. " * 3}
     ]
@@ -254,7 +257,8 @@ def test_learned_cache_stats_follow_the_engine(gateway: Gateway, real: VllmServe
         if turn >= 3 and abs(expected - cached) > block
     ]
     assert all(cached >= 2 * block for _, cached, _ in rows[2:]), rows
-    assert [turn for turn, _, _ in misses] in ([], [3]), misses
+    assert misses == [], rows
+    assert gateway.app.state.relay.fleet.snapshots()[0].cache_block == block  # what /metrics says
     if misses:
         # Known gap of the cost model (policies/cost.py, policies/learning.py): after one hit the
         # learned block is that hit's size (the gcd of one sample, here 2 engine blocks), and the
