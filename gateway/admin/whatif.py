@@ -5,9 +5,10 @@ gateway's fleet or an edited one, by ``turnout replay`` itself (docs/dashboard.m
 profiles and state settings (no API keys, no admin token, no Redis URL), with each llama.cpp
 backend's slots and each deployment's window as the engines last reported them, then the operator's
 edits: remove a backend, add a copy of one, set a backend's slots or its deployments' windows.
-:class:`WhatIf` writes it beside the recording and runs::
+:class:`WhatIf` writes it, and the recording's last N minutes (what ``turnout replay --last-minutes N``
+takes: the recording goes on, the window must not), into ``<recording>.whatif/`` and runs::
 
-    turnout replay RECORDING --last-minutes N --model M --backends FLEET --profile P ... --json REPORT
+    turnout replay WINDOW --model M --backends FLEET --profile P ... --json REPORT
 
 in a child process (the replay is CPU-bound: the gateway keeps serving meanwhile), one at a time,
 within :data:`TIMEOUT_S`. The page shows that command: run by hand, it prints the same numbers.
@@ -28,7 +29,7 @@ from typing import Any
 import tomli_w
 
 from gateway.api.service import WhatIfEdits as Edits
-from gateway.replay.traces import TraceError, TraceRequest, last_minutes, read_trace
+from gateway.replay.traces import TraceError, TraceRequest, last_minutes, read_trace, write_trace
 from gateway.settings import Settings
 from policies.types import BackendSnapshot, EngineKind
 
@@ -153,12 +154,9 @@ def window(recording: Path, minutes: int) -> list[TraceRequest]:
         raise WhatIfError(f"{recording}: {exc}") from exc
 
 
-def command(
-    recording: Path, edits: Edits, model: str, fleet_file: Path, report: Path, profiles: Sequence[str]
-) -> list[str]:
+def command(trace: Path, model: str, fleet_file: Path, report: Path, profiles: Sequence[str]) -> list[str]:
     """The ``turnout replay`` arguments the page runs (and shows)."""
-    argv = ["turnout", "replay", str(recording), "--last-minutes", str(edits.minutes), "--model", model,
-            "--backends", str(fleet_file)]  # fmt: skip
+    argv = ["turnout", "replay", str(trace), "--model", model, "--backends", str(fleet_file)]
     for profile in profiles:
         argv += ["--profile", profile]
     return [*argv, "--json", str(report)]
@@ -190,10 +188,14 @@ class WhatIf:
                     f"the fleet serves no model {model!r}; it serves {', '.join(sorted(served))}"
                 )
             self.folder.mkdir(parents=True, exist_ok=True)
-            fleet_file, report = self.folder / "fleet.toml", self.folder / "report.json"
+            trace, fleet_file, report = (
+                self.folder / name for name in ("window.jsonl", "fleet.toml", "report.json")
+            )
+            with trace.open("w", encoding="utf-8") as handle:  # the recording goes on: the window stays
+                write_trace(requests, handle)
             fleet_file.write_text(tomli_w.dumps(config), encoding="utf-8")
             report.unlink(missing_ok=True)
-            argv = command(self.recording, edits, model, fleet_file, report, profiles)
+            argv = command(trace, model, fleet_file, report, profiles)
             output = await _replay(argv)
             try:
                 result: dict[str, Any] = json.loads(report.read_text(encoding="utf-8"))

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,9 +38,15 @@ def refused(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def demo() -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("demo-traffic") / "traffic.jsonl"
+
+
+@pytest.fixture(scope="module")
+def demo(recording: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
     port = free_port()
     env = {**os.environ, "TURNOUT_PORT": str(port), "TURNOUT_LOG_FORMAT": "json"}
+    env["TURNOUT_RECORD__PATH"] = str(recording)  # what a user sets to record the demo's traffic
     env.pop("TURNOUT_ADMIN__TOKEN", None)  # the demo makes its own and prints it
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo"],
@@ -118,6 +127,36 @@ def test_demo_sends_background_traffic(demo: tuple[subprocess.Popen[str], str, l
             return
         time.sleep(0.5)
     raise AssertionError(f"no background traffic from both demo agents: {entries}")
+
+
+def test_the_demo_traffic_recorded_replays_and_the_what_if_agrees(
+    demo: tuple[subprocess.Popen[str], str, list[str]], recording: Path, tmp_path: Path
+) -> None:
+    """Issue #29's proof: the demo's own traffic, recorded (``TURNOUT_RECORD__PATH``), replays under
+    ``turnout replay``, and the what-if page's numbers for it are what the command it shows prints."""
+    _, url, found = demo
+    headers = {"authorization": f"Bearer {found[-1]}"}
+    deadline = time.monotonic() + 90
+    while not recording.exists() or len(recording.read_text().splitlines()) < 4:
+        assert time.monotonic() < deadline, "the demo recorded fewer than 4 requests in 90 s"
+        time.sleep(0.5)
+    report = tmp_path / "replayed.json"
+    replayed = subprocess.run(
+        [sys.executable, "-m", "gateway", "replay", str(recording), "--no-oracle", "--json", str(report)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(report.read_text())["profiles"]["cost"]["requests"] >= 4
+    answer = httpx.post(url + "/admin/api/whatif", json={"minutes": 10}, headers=headers, timeout=300)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    argv = shlex.split(result["command"])
+    argv[argv.index("--json") + 1] = str(tmp_path / "by-hand.json")
+    by_hand = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv[1:]], capture_output=True, text=True, timeout=300
+    )
+    assert by_hand.returncode == 0, by_hand.stderr
+    assert json.loads((tmp_path / "by-hand.json").read_text())["profiles"] == result["profiles"]
 
 
 def test_demo_stops_everything_on_sigterm(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
