@@ -219,8 +219,10 @@ async def _replay(argv: list[str]) -> str:
     try:
         out, _ = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
     except TimeoutError as exc:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
         raise WhatIfError(f"the replay took longer than {TIMEOUT_S:.0f} s; ask for fewer minutes") from exc
+    finally:  # timed out, or the admin's request went away (cancelled): the replay stops too
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
     return out.decode(errors="replace")

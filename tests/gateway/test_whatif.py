@@ -140,3 +140,9 @@ def test_one_what_if_at_a_time(tmp_path: Path) -> None:
 
     with pytest.raises(whatif.Busy):
         asyncio.run(while_one_runs())
+
+
+def test_a_replay_past_its_time_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(whatif, "TIMEOUT_S", 0.05)
+    with pytest.raises(WhatIfError, match="longer than 0 s"):
+        asyncio.run(whatif._replay(["turnout", "replay", "--help"]))
