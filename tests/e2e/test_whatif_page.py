@@ -38,7 +38,8 @@ def converse(url: str) -> None:
 
 def test_the_what_if_matches_turnout_replay_run_by_hand(tmp_path: Path) -> None:
     recording = tmp_path / "traffic.jsonl"
-    running = start_stack(record={"path": str(recording)})
+    mine = {"name": "mine", "scorers": {"ttft": 1.0}}  # a profile of its own: replayed too
+    running = start_stack(record={"path": str(recording)}, profiles=[mine])
     try:
         converse(running.url)
         api = f"{running.url}/admin/api/whatif"
@@ -63,7 +64,7 @@ def test_the_what_if_matches_turnout_replay_run_by_hand(tmp_path: Path) -> None:
         stop_stack(running)
     assert result["requests"] == 9
     assert result["model"] == "m-both"
-    assert set(result["profiles"]) >= {"cost", "least-loaded", "prefer-vllm", "oracle", "lower-bound"}
+    assert set(result["profiles"]) >= {"cost", "least-loaded", "prefer-vllm", "mine", "oracle", "lower-bound"}
     assert set(result["profiles"]["cost"]["backend_share"]) <= {"vllm", "llama", "llama-copy"}
     argv = shlex.split(result["command"])
     assert argv[:2] == ["turnout", "replay"]
