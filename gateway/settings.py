@@ -468,6 +468,20 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def served_models(settings: Settings, name: str) -> list[ModelConfig]:
+    """The model called ``name`` (or an alias), or a model group's members (what a replay of ``name``
+    runs on); :class:`ConfigError` naming the served ones when there is none."""
+    for model in settings.models:
+        if model.name == name or name in model.aliases:
+            return [model]
+    by_name = {m.name: m for m in settings.models}
+    for group in settings.groups:
+        if group.name == name or name in group.aliases:
+            return [by_name[m] for m in group.ordered]
+    known = ", ".join([*(m.name for m in settings.models), *(g.name for g in settings.groups)])
+    raise ConfigError(f"the fleet serves no model {name!r}; it serves {known}")
+
+
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Read ``path`` (TOML) if given, apply the environment, and validate.
 

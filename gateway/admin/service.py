@@ -225,7 +225,9 @@ class AdminService:
             entry = {**entry, "session_name": None}
         return entry
 
-    async def overview(self) -> dict[str, Any]:
+    async def overview(self, with_bought: bool = False) -> dict[str, Any]:
+        """The backends now; ``with_bought``: and what routing bought (:meth:`bought`), from the same
+        read of the decision log (the page renders it once; its 2-second refresh leaves it out)."""
         router, fleet = self.relay.router, self.relay.fleet
         entries = await router.store.decisions(self.settings.state.decision_log_size)
         now = self.relay.router.clock.time()
@@ -277,12 +279,15 @@ class AdminService:
                     },
                 }
             )
-        return {"profile": router.profile.name, "backends": backends, "at": now}
+        out = {"profile": router.profile.name, "backends": backends, "at": now}
+        return {**out, "bought": self._bought(entries, now)} if with_bought else out
 
     async def bought(self) -> dict[str, Any]:
         """What routing saved over the last day against each backend alone (``gateway.admin.bought``)."""
         entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
-        now = self.relay.router.clock.time()
+        return self._bought(entries, self.relay.router.clock.time())
+
+    def _bought(self, entries: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
         spent = bought.bought(entries, now - BOUGHT_S, now)
         return {**spent, "log_from": self._cut(entries, now - BOUGHT_S)}
 

@@ -39,6 +39,11 @@ SECURITY_HEADERS = {
     "cache-control": "no-store",
 }
 
+Minutes = Annotated[int, QueryParameter(ge=1, le=24 * 60)]
+"""A window of the decision log, in minutes (up to a day)."""
+TimelineMinutes = Annotated[int, QueryParameter(ge=15, le=24 * 60)]
+"""The slot timeline's window: 15 minutes to a day."""
+
 templates = Environment(loader=PackageLoader("gateway.admin", "templates"), autoescape=True)
 templates.filters["clock"] = lambda at: dt.datetime.fromtimestamp(at).strftime("%H:%M:%S")
 
@@ -121,8 +126,8 @@ def static(name: Annotated[str, PathParameter()]) -> Response[bytes]:
 @get("/", include_in_schema=False)
 async def overview_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     service = _service(state)
-    data, spent = await service.overview(), await service.bought()
-    return await _render(request, state, "overview.html", "overview", data=data, bought=spent)
+    data = await service.overview(with_bought=True)
+    return await _render(request, state, "overview.html", "overview", data=data, bought=data.pop("bought"))
 
 
 @get("/decisions", include_in_schema=False)
@@ -149,7 +154,7 @@ async def decision_page(
 async def predictions_page(
     request: Request[Any, Any, Any],
     state: State,
-    minutes: Annotated[int, QueryParameter(ge=1, le=24 * 60)] = 60,
+    minutes: Minutes = 60,
 ) -> Response[Any]:
     data = await _service(state).predictions(minutes)
     return await _render(request, state, "predictions.html", "predictions", data=data)
@@ -159,7 +164,7 @@ async def predictions_page(
 async def slots_page(
     request: Request[Any, Any, Any],
     state: State,
-    minutes: Annotated[int, QueryParameter(ge=15, le=24 * 60)] = 60,
+    minutes: TimelineMinutes = 60,
 ) -> Response[Any]:
     data = await _service(state).slots(minutes)
     return await _render(request, state, "slots.html", "slots", data=data)
@@ -259,7 +264,7 @@ def _acting(
 async def api_series(
     request: Request[Any, Any, Any],
     state: State,
-    minutes: Annotated[int, QueryParameter(ge=1, le=24 * 60)] = 60,
+    minutes: Minutes = 60,
 ) -> Response[bytes]:
     """For the charts: per backend, each request's predicted and actual TTFT ``[at, predicted,
     actual]``, and the cache-hit ratio per minute ``[minute, ratio]``."""
@@ -279,7 +284,7 @@ async def api_bought(request: Request[Any, Any, Any], state: State) -> Response[
 async def api_predictions(
     request: Request[Any, Any, Any],
     state: State,
-    minutes: Annotated[int, QueryParameter(ge=1, le=24 * 60)] = 60,
+    minutes: Minutes = 60,
 ) -> Response[bytes]:
     """Per backend over the last ``minutes``: actual / predicted TTFT (median, p90, per slice of the
     window), the scatter's points on log axes, and the learned rates beside their priors."""
@@ -290,7 +295,7 @@ async def api_predictions(
 async def api_slots(
     request: Request[Any, Any, Any],
     state: State,
-    minutes: Annotated[int, QueryParameter(ge=15, le=24 * 60)] = 60,
+    minutes: TimelineMinutes = 60,
 ) -> Response[bytes]:
     """The slot timeline over the last ``minutes`` (15 to 1,440): per llama.cpp backend one lane per
     slot, each answered request a bar (its session, colour, whether it evicted a session or restored

@@ -30,7 +30,7 @@ import tomli_w
 
 from gateway.api.service import WhatIfEdits as Edits
 from gateway.replay.traces import TraceError, TraceRequest, last_minutes, read_trace, write_trace
-from gateway.settings import Settings
+from gateway.settings import ConfigError, Settings, load_settings, served_models
 from policies.types import BackendSnapshot, EngineKind
 
 TIMEOUT_S = 120.0
@@ -181,12 +181,10 @@ class WhatIf:
             if not requests:
                 raise WhatIfError(f"nothing recorded in the last {edits.minutes} minutes of {self.recording}")
             model = edits.model or Counter(r.model for r in requests).most_common(1)[0][0]
-            served = {m["name"] for m in config["models"]} | {g["name"] for g in config["groups"]}
-            served |= {a for m in [*config["models"], *config["groups"]] for a in m.get("aliases", [])}
-            if model not in served:
-                raise WhatIfError(
-                    f"the fleet serves no model {model!r}; it serves {', '.join(sorted(served))}"
-                )
+            try:  # the fleet must load, and serve the model, as the replay will read it
+                served_models(load_settings(None, **config), model)
+            except ConfigError as exc:
+                raise WhatIfError(str(exc)) from exc
             self.folder.mkdir(parents=True, exist_ok=True)
             trace, fleet_file, report = (
                 self.folder / name for name in ("window.jsonl", "fleet.toml", "report.json")

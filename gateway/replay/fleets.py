@@ -17,7 +17,7 @@ from pathlib import Path
 
 from backends.sim import SimConfig
 from gateway.replay.stack import StackOptions, gateway_settings
-from gateway.settings import ConfigError, ModelConfig, Settings, load_settings
+from gateway.settings import ConfigError, Settings, load_settings, served_models
 from policies.types import Architecture, EngineKind
 
 MAX_BACKENDS = 16
@@ -43,22 +43,9 @@ def fleet_from_file(path: Path, profile: str) -> Settings:
     return settings
 
 
-def _served(settings: Settings, name: str) -> list[ModelConfig]:
-    """The model called ``name`` (or an alias), or a model group's members."""
-    for model in settings.models:
-        if model.name == name or name in model.aliases:
-            return [model]
-    by_name = {m.name: m for m in settings.models}
-    for group in settings.groups:
-        if group.name == name or name in group.aliases:
-            return [by_name[m] for m in group.ordered]
-    known = ", ".join([*(m.name for m in settings.models), *(g.name for g in settings.groups)])
-    raise ConfigError(f"the fleet serves no model {name!r}; it serves {known}")
-
-
 def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimConfig]:
     """An engine model per backend of ``settings`` (module docstring), replaying ``model``."""
-    served = _served(settings, model)
+    served = served_models(settings, model)
     configs: dict[str, SimConfig] = {}
     for backend in settings.backends:
         if backend.kind is EngineKind.OPENAI:
@@ -89,7 +76,7 @@ def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimC
 def capacity(settings: Settings, model: str, configs: dict[str, SimConfig]) -> float:
     """The prefill capacity (tokens/s, all engines together) of the backends serving ``model`` (a
     group: any of its members)."""
-    served = {d.backend for m in _served(settings, model) for d in m.deployments}
+    served = {d.backend for m in served_models(settings, model) for d in m.deployments}
     return sum(config.prefill_tok_s for name, config in configs.items() if name in served)
 
 
