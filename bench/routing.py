@@ -311,6 +311,20 @@ NOTES = """\
      internal queue (it reads them off the engine models). Giving `cost` the answers' exact lengths
      (the replay's `max_tokens`, sent with `ignore_eos`) moved chat only 1.89 -> 1.83 s: the gap is
      the queue predictions above, not hindsight.
+  4. Tried on 2026-12-03 (evening) and reverted, each on chat / mixed / contention-4 (before: 1.911
+     / 1.470 / 2.021 s): (a) vLLM's prompt priced with its interleaved decode steps (the steps of
+     this prompt and of the backlog ahead of it, times the profile's decode step for the running
+     batch, not the learned one, which already holds other prompts' chunks): 1.822 / 2.119 / 2.021 s;
+     the decisions lost against the best engine at each moment fell from 44 s to 27 s on chat, yet
+     mixed lost 0.65 s a request; (b) the same with the backlog's steps counted in the queue (so the
+     learned `queue_factor` scales them): 1.933 / 2.277 / 2.104 s; (c) a busy llama.cpp slot's wait
+     plus the prompt chunks queued on the other slots (llama-server runs them in the same batches,
+     so a slot's decode stalls while another slot prefills: the cause of the longer waits that teach
+     llama.cpp's `queue_factor` 2.8): 1.931 / 1.422 / 2.021 s; (b)+(c) 1.942 / 2.119 / 2.021 s.
+     Better predictions at each moment do not carry over to the mean: a request moved to the other
+     engine changes every queue after it. What is left to try is a model of both engines' queues
+     whose errors `bench/predictions.py` shows near zero in every band at once, not one side at a
+     time.
 - **contention-4 (1.12x, 1.16x without session ids).** The requests it loses are look-ahead calls:
   `cost` moves a session to a llama.cpp slot for its next turns and pays a cold prefill there now
   (a 30k-token prompt: 10 s instead of vLLM's 4.8 s), expecting 1.5 more turns (3 times the chance a
