@@ -320,7 +320,10 @@ NOTES = """\
      learned `queue_factor` scales them): 1.933 / 2.277 / 2.104 s; (c) a busy llama.cpp slot's wait
      plus the prompt chunks queued on the other slots (llama-server runs them in the same batches,
      so a slot's decode stalls while another slot prefills: the cause of the longer waits that teach
-     llama.cpp's `queue_factor` 2.8): 1.931 / 1.422 / 2.021 s; (b)+(c) 1.942 / 2.119 / 2.021 s.
+     llama.cpp's `queue_factor` 2.8): 1.931 / 1.422 / 2.021 s; (b)+(c) 1.942 / 2.119 / 2.021 s;
+     (d) (c) with llama.cpp's learned `queue_factor` no longer applied (the stall it stood in for is
+     modelled): 1.848 / 1.422 / 2.021 s, agent and contention-4-nosession unchanged. (d) is the one
+     lead that moved no checked row the wrong way; it is not yet run on every row, tested or kept.
      Better predictions at each moment do not carry over to the mean: a request moved to the other
      engine changes every queue after it. What is left to try is a model of both engines' queues
      whose errors `bench/predictions.py` shows near zero in every band at once, not one side at a
