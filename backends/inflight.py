@@ -4,7 +4,11 @@ A probe is up to ``probe_interval_s`` old; a burst routed on it alone would all 
 looked idle, and a slot turnout's own request just left would still look busy. So:
 
 - a request begun after a snapshot counts as running there (its llama.cpp slot as busy), beyond
-  the slot count as queued;
+  the slot count as queued; one the snapshot saw that has ended since no longer runs;
+- vLLM's waiting requests (``queued``) leave out those of turnout's the snapshot may have caught
+  waiting (sent before it, prompt not done by then): a request waits there for the next engine
+  step, so a probe often sees one, and its prompt is in the backlog already. Counted again as
+  waiting, each added ``service_s / running`` to every queue until the next probe;
 - a slot whose request of turnout's ended after the snapshot, or less than ``RELEASE_LAG_S``
   before it (the engine releases a slot a moment after its last event), is idle again;
 - a slot running a request of turnout's says how long it is still predicted to be busy, ``busy_s``:
@@ -15,9 +19,11 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   its run more. A request queued behind others has not started: the time it has waited does not
   count against its own run;
 - every backend says how many seconds of prompt processing turnout's requests there still need,
-  ``prefill_backlog_s``: each request's predicted prefill time, less what has passed since its
-  predicted queue wait ended, and nothing once its first token arrived. Both engines process the
-  prompt chunks of earlier requests first, so a new request's first token waits for that backlog.
+  ``prefill_backlog_s``: each request's predicted prefill time, worked off over its predicted span
+  from the end of its predicted queue wait (the prefill plus, on vLLM, the decode steps run with its
+  chunks: ``Sent.interleaved_s``), and nothing once its first token arrived. Both engines process
+  the prompt chunks of earlier requests first, so a new request's first token waits for that
+  backlog.
 
 Other gateway replicas on the same engines publish their requests' ``Load`` (``gateway.replicas``):
 their prefill backlog adds to this one's, less the time since they measured it (the engine works it
@@ -36,7 +42,7 @@ from collections.abc import Iterable
 import msgspec
 from msgspec.structs import replace
 
-from policies.types import BackendSnapshot
+from policies.types import BackendSnapshot, SlotState
 
 OVERDUE_FLOOR = 0.3
 FORGET_AFTER_S = 3600.0  # a request not ended by then was lost
@@ -56,10 +62,19 @@ class Sent(msgspec.Struct, frozen=True):
     total_s: float = 0.0
     queue_s: float = 0.0
     prefill_s: float = 0.0
+    interleaved_s: float = 0.0
 
     def prefill_left_s(self, now: float) -> float:
-        elapsed = now - self.started
-        return max(self.prefill_s - max(elapsed - self.queue_s, 0.0), 0.0)
+        """Seconds of prompt processing still to do: ``prefill_s``, worked off over its predicted
+        span (the decode steps interleaved with its chunks stretch it)."""
+        done = max(now - self.started - self.queue_s, 0.0) / self.prefill_span_s if self.prefill_s else 1.0
+        return self.prefill_s * max(1.0 - done, 0.0)
+
+    @property
+    def prefill_span_s(self) -> float:
+        """How long its prompt is predicted to take once it starts: the prefill and the decode steps
+        of other requests run in the same engine steps."""
+        return self.prefill_s + self.interleaved_s
 
     @property
     def run_s(self) -> float:
@@ -70,7 +85,7 @@ class Sent(msgspec.Struct, frozen=True):
     @property
     def prefilled_by(self) -> float:
         """When its prompt is predicted processed: no backlog left from then on."""
-        return self.started + self.queue_s + self.prefill_s
+        return self.started + self.queue_s + self.prefill_span_s
 
 
 def busy_until(requests: Iterable[Sent], now: float) -> float:
@@ -123,11 +138,13 @@ class InFlight:
         self._slotted: dict[str, dict[int, Sent]] = {}  # per backend, pinned to a slot
         self._probed_at: dict[str, float] = {}  # per backend, when its last probe (``seen``) was taken
         self._newer: dict[str, int] = {}  # per backend, requests open that began after that probe
+        self._gone: dict[str, int] = {}  # per backend, requests that probe saw running, ended since
+        self._begun: dict[str, int] = {}  # per backend, requests that probe saw prefilling, past it since
         self._ended: dict[tuple[str, int], float] = {}
         self._tokens = itertools.count()
 
     def __bool__(self) -> bool:
-        return bool(self._backend or self._ended)
+        return bool(self._backend or self._ended or any(self._gone.values()))
 
     def begin(self, request: Sent) -> int:
         token = next(self._tokens)
@@ -145,8 +162,14 @@ class InFlight:
     def prefilled(self, token: int) -> None:
         """The request's first token arrived: its prompt is no longer part of the backlog."""
         backend = self._backend.get(token)
-        if backend is not None:
-            self._prefilling.get(backend, {}).pop(token, None)
+        if backend is None:
+            return
+        self._prefilling.get(backend, {}).pop(token, None)
+        request = self._open[backend][token]
+        if request.prefill_s > 0:
+            self._open[backend][token] = replace(request, prefill_s=0.0)
+            if request.started <= self._probed_at.get(backend, -math.inf):
+                self._begun[backend] = self._begun.get(backend, 0) + 1
 
     def end(self, token: int, now: float) -> str | None:
         """The request is over; returns its backend (None if it was ended already)."""
@@ -166,6 +189,8 @@ class InFlight:
         request = self._open[backend].pop(token)
         if request.started > self._probed_at.get(backend, -math.inf):
             self._newer[backend] -= 1
+        elif backend in self._probed_at:
+            self._gone[backend] = self._gone.get(backend, 0) + 1
         return request
 
     def seen(self, snapshot: BackendSnapshot) -> None:
@@ -184,6 +209,7 @@ class InFlight:
             self._drop(token)
         self._probed_at[backend] = snapshot.taken_at
         self._newer[backend] = self._count_newer(backend, snapshot.taken_at)
+        self._gone[backend] = self._begun[backend] = 0
 
     def _count_newer(self, backend: str, since: float) -> int:
         """Requests open on ``backend`` that began after ``since`` (newest first: they were sent in order)."""
@@ -213,25 +239,29 @@ class InFlight:
         """``snapshot`` with turnout's own requests, and the other replicas' ``peers``, laid over it
         (module docstring)."""
         backend = snapshot.backend_id
-        mine = self._open.get(backend, {})
         release = snapshot.taken_at - RELEASE_LAG_S
         ended = {s for (b, s), at in self._ended.items() if b == backend and at > release}
-        if not mine and not ended and peers is None:
+        latest = snapshot.taken_at == self._probed_at.get(backend)
+        gone = self._gone.get(backend, 0) if latest else 0
+        if not self._open.get(backend) and not ended and not gone and peers is None:
             return snapshot
-        peers = peers or Load()
-        slotted = self._slotted.get(backend, {}).values()
+        slots = self._slots(snapshot, ended, now)
+        backlog = self._backlog(backend, now) + (peers or Load()).backlog_at(now)
+        running, queued = self._counts(snapshot, latest, gone)
+        return replace(snapshot, running=running, queued=queued, slots=slots, prefill_backlog_s=backlog)
+
+    def _slots(self, snapshot: BackendSnapshot, ended: set[int], now: float) -> tuple[SlotState, ...]:
+        """The probe's slots, with turnout's requests since: busy where they were pinned after it,
+        idle where one ``ended`` since, and how long each slot running them is still busy."""
+        slotted = self._slotted.get(snapshot.backend_id, {}).values()
         chains: dict[int, list[Sent]] = {}  # per slot, in the order sent: they run one after the other
         for request in slotted:
             if request.slot is not None:
                 chains.setdefault(request.slot, []).append(request)
         busy = {slot: busy_until(chain, now) - now for slot, chain in chains.items()}
         pinned = {r.slot for r in slotted if r.slot is not None and r.started > snapshot.taken_at}
-        if snapshot.taken_at == self._probed_at.get(backend):
-            newer = self._newer[backend]
-        else:  # a snapshot this never saw (not the fleet's latest)
-            newer = self._count_newer(backend, snapshot.taken_at)
         freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since
-        slots = tuple(
+        return tuple(
             replace(
                 s,
                 is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
@@ -239,9 +269,18 @@ class InFlight:
             )
             for s in snapshot.slots
         )
-        backlog = self._backlog(backend, now) + peers.backlog_at(now)
-        running = snapshot.running + newer
+
+    def _counts(self, snapshot: BackendSnapshot, latest: bool, gone: int) -> tuple[int, int]:
+        """The probe's running and queued requests, with turnout's since (module docstring); ``gone``:
+        those it saw that have ended. Of a snapshot that is not the latest (``latest``) only the
+        requests sent after it are known."""
+        backend = snapshot.backend_id
+        newer = self._newer[backend] if latest else self._count_newer(backend, snapshot.taken_at)
+        running = max(snapshot.running - gone, 0) + newer
         capacity = snapshot.total_slots
-        queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued
-        running = min(running, capacity) if capacity else running
-        return replace(snapshot, running=running, queued=queued, slots=slots, prefill_backlog_s=backlog)
+        if capacity:
+            return min(running, capacity), snapshot.queued + max(0, running - capacity)
+        prefilling = self._prefilling.get(backend, {}).values()  # after ``_backlog``: still predicted so
+        caught = sum(1 for r in prefilling if r.started <= snapshot.taken_at)
+        caught += self._begun.get(backend, 0) if latest else 0
+        return running, max(snapshot.queued - caught, 0)

@@ -193,7 +193,13 @@ def in_flight(decision: Decision, now: float) -> Sent:
     if chosen is None or chosen.estimate is None:
         return request
     estimate = chosen.estimate
-    return replace(request, total_s=estimate.total_s, queue_s=estimate.queue_s, prefill_s=estimate.prefill_s)
+    return replace(
+        request,
+        total_s=estimate.total_s,
+        queue_s=estimate.queue_s,
+        prefill_s=estimate.prefill_s,
+        interleaved_s=estimate.interleaved_s,
+    )
 
 
 class Opened(msgspec.Struct, frozen=True):

@@ -3,7 +3,10 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
 
     prefill  = prefill_s(prompt - cached, cached)     (``policies.pricing``: the engine profile,
                scaled by the learned rate; without a profile (prompt - cached) / prefill_tok_s)
-    ttft     = queue_s * queue_factor + prefill + decode_step
+    ttft     = queue_s * queue_factor + prefill + interleaved + decode_step
+    interleaved = vLLM: ceil((backlog tokens + prompt - cached) / step tokens) * the decode step of the
+               requests running there (each step that takes a chunk of those prompts decodes them
+               once; ``pricing.interleaved_decode_s``); llama.cpp: 0
     total    = ttft + (expected_output - 1) * decode_step
     decode_step = decode_step_s(requests already running on the engine): the profile's step for
                that batch over its step for one, divided by the learned decode_tok_s; without a
@@ -15,9 +18,11 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
                there (both engines process earlier prompt chunks first; ``backends.inflight``);
                vLLM at least queued * service_s / running from its own waiting queue
-               a busy llama.cpp slot: what its request is predicted to still need (``busy_s``)
+               a busy llama.cpp slot: what its request is predicted to still need (``busy_s``), plus
+               the backlog (llama-server stalls a slot's decode while another slot prefills)
                llama.cpp unpinned with no idle slot: the first slot to free + queued * service_s / slots
-    queue_factor: learned, how much longer queues really were than predicted (``policies.learning``)
+    queue_factor: vLLM: learned, how much longer queues really were than predicted
+               (``policies.learning``); llama.cpp: 1 (its slot queue is modelled whole)
 
 **Expected cached tokens** come from the prefix index (``PrefixMatch``: what turnout sent where)
 and each engine's semantics. Of a prefix of ``n`` tokens an engine reuses at most ``reusable(n)``
@@ -49,8 +54,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.learning import LearnedState
-from policies.pricing import decode_step_s, prefill_s
+from policies.learning import DeploymentStats, LearnedState
+from policies.pricing import decode_step_s, interleaved_decode_s, prefill_s
 from policies.slots import (
     DEFAULT_LEASE_IDLE_S,
     Situation,
@@ -75,6 +80,12 @@ LOOKAHEAD_TURNS = 3.0
 GROWTH_PRIOR = 0.2
 
 
+def queue_factor(snapshot: BackendSnapshot, stats: DeploymentStats) -> float:
+    """What a predicted queue is scaled by (module docstring): the learned factor on vLLM, 1 on
+    llama.cpp (a factor a state store still holds from before is not applied)."""
+    return 1.0 if snapshot.kind is EngineKind.LLAMACPP else stats.queue_factor.value
+
+
 def expected_output(features: RequestFeatures, learned: LearnedState) -> int:
     typical = round(learned.for_model(features.model).completion_tokens.value)
     return max(1, min(features.max_tokens, typical) if features.max_tokens is not None else typical)
@@ -88,9 +99,11 @@ class _Objective:
 
     __slots__ = ("_next", "_prefill", "_queue_factor", "features", "horizon", "situation")
 
-    def __init__(self, features: RequestFeatures, situation: Situation, horizon: float) -> None:
+    def __init__(
+        self, features: RequestFeatures, situation: Situation, horizon: float, factor: float
+    ) -> None:
         self.features, self.situation, self.horizon = features, situation, horizon
-        self._queue_factor = situation.stats.queue_factor.value
+        self._queue_factor = factor
         self._next: dict[int, float] = {}
         self._prefill: dict[int, float] = {}
 
@@ -160,7 +173,8 @@ def estimate(
     )
     chance = 1.0 if proven(features, session) else follow if session is not None else 0.0
     horizon = LOOKAHEAD_TURNS * keep * chance
-    objective = _Objective(features, situation, horizon)
+    factor = queue_factor(snapshot, stats)
+    objective = _Objective(features, situation, horizon, factor)
     if snapshot.kind is EngineKind.LLAMACPP:
         options = llama_options(features, situation)
         last_used = {lease.slot: lease.last_used for lease in leases}
@@ -183,8 +197,12 @@ def estimate(
     cached = max(0, min(option.cached, prompt - 1))
     decode_step = decode_step_s(deployment, stats, snapshot.running)
     prefill = objective.prefill(cached)
-    queue = option.queue_s * stats.queue_factor.value
-    ttft = queue + prefill + decode_step
+    queue = option.queue_s * factor
+    interleaved = 0.0
+    if snapshot.kind is EngineKind.VLLM:  # the steps of the backlog ahead and of this prompt
+        ahead = snapshot.prefill_backlog_s * stats.prefill_tok_s.value
+        interleaved = interleaved_decode_s(deployment, stats, snapshot.running, ahead + prompt - cached)
+    ttft = queue + prefill + interleaved + decode_step
     total = ttft + (expected_output(features, learned) - 1) * decode_step
     # what the engine could reuse by its rules: learning measures how much of it it really did
     shared = option.usable if snapshot.kind is EngineKind.LLAMACPP else situation.match.recent
@@ -195,6 +213,7 @@ def estimate(
         ttft_s=ttft,
         total_s=total,
         prefill_s=prefill,
+        interleaved_s=interleaved,
         shared_prefix_tokens=shared,
         future_s=objective.future(option.cached_next, queue) if horizon else 0.0,
         horizon=horizon,

@@ -35,7 +35,9 @@ Per deployment (``backend/model``):
   outcomes in), and only queues predicted at least as long as the rest of the TTFT: one made on
   priors is off by what the priors are, and a short queue's sample by the prefill prediction's
   error, not by what the queue model misses; a burst of either would scale every later queue by
-  that error.
+  that error. vLLM only: a llama.cpp slot's queue is modelled whole (its requests' chain and the
+  prefill backlog, ``policies.slots``) and its waits' spread is the unknown answer lengths of the
+  requests ahead, not a bias a factor could correct (one learned there scaled every wait up).
 
 Across deployments: ``speed``, each measured prefill rate over its prior; a deployment not measured
 yet starts from its priors times ``speed`` (on a machine twice as fast as the reference box, or in a
@@ -251,7 +253,13 @@ def _queue_sample(outcome: Outcome, predicted: Estimate) -> float | None:
     is mostly the error of the prefill prediction (a prefill faster than predicted reads as a queue
     that was not there)."""
     queue, rest = predicted.modelled_queue_s, predicted.ttft_s - predicted.queue_s
-    if not outcome.stream or outcome.ttft_s is None or not predicted.primed or queue < max(MIN_QUEUE_S, rest):
+    if (
+        outcome.kind is EngineKind.LLAMACPP
+        or not outcome.stream
+        or outcome.ttft_s is None
+        or not predicted.primed
+        or queue < max(MIN_QUEUE_S, rest)
+    ):
         return None
     return min(max((outcome.ttft_s - rest) / queue, 1 / QUEUE_SPREAD), QUEUE_SPREAD)
 

@@ -11,6 +11,8 @@ without a profile is linear in its learned rates (``new / prefill_tok_s``), as b
 
 from __future__ import annotations
 
+import math
+
 from policies.learning import DeploymentStats
 from policies.types import Deployment
 
@@ -18,6 +20,8 @@ BATCH_SLOWDOWN = 0.06
 """Without a profile: each further running request makes a decode step 6% longer."""
 RESTORE_TOK_S = 200_000.0
 """Without a profile: tokens a second a llama.cpp slot loads back from its RAM cache."""
+STEP_TOKENS = 2048
+"""Without a profile: prompt tokens one engine step takes (vLLM's ``max_num_batched_tokens`` default)."""
 
 
 def prefill_s(deployment: Deployment, stats: DeploymentStats, new: float, cached: int = 0) -> float:
@@ -46,3 +50,19 @@ def ram_restore_s(deployment: Deployment, tokens: float) -> float:
     if profile is None or profile.cache.ram_restore_token_s <= 0:
         return tokens / RESTORE_TOK_S
     return tokens * profile.cache.ram_restore_token_s
+
+
+def interleaved_decode_s(
+    deployment: Deployment, stats: DeploymentStats, running: int, tokens: float
+) -> float:
+    """Seconds the decode steps of ``running`` requests add to processing ``tokens`` prompt tokens
+    on an engine that batches them (vLLM): every step that takes a chunk of prompt also decodes each
+    running request once. Priced at the profile's decode step (or the prior rate): the learned
+    ``decode_tok_s`` is measured on answers whose steps already carried other prompts' chunks."""
+    if running <= 0 or tokens <= 0:
+        return 0.0
+    profile = deployment.profile
+    if profile is None:
+        steps = math.ceil(tokens / STEP_TOKENS)
+        return steps * (1 + BATCH_SLOWDOWN * (running - 1)) / stats.decode_tok_s.prior
+    return math.ceil(tokens / profile.prefill.batch) * profile.decode_step_seconds(running)

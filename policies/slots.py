@@ -30,7 +30,9 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
 A restore from the RAM cache adds ``ram_restore_s(cached)`` to the queue of the request itself.
 
 A request without a session takes no slot and names none, unless one is idle and free: then it is
-pinned there, so llama-server's own LRU choice cannot evict a session's warm slot.
+pinned there, so llama-server's own LRU choice cannot evict a session's warm slot. Naming none, it
+still lands on a slot (``_lands``: the most similar idle one, else the least recently used idle
+one, else the first to free), and pays the eviction cost of the session holding that one.
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ class SlotOption(msgspec.Struct, frozen=True):
     expired: bool = False  # another session's lease, expired
     lost: bool = False  # the session's slot no longer holds its prompt
     restore_s: float = 0.0  # loading ``cached`` back from the RAM cache (in ``queue_s``)
+    lands: int | None = None  # no slot named (``slot`` None): the one llama-server is expected to give
 
     def note(self) -> str:
         slot, notes = self.slot, []
@@ -166,8 +169,9 @@ class SlotOption(msgspec.Struct, frozen=True):
         if self.waits:
             notes.append(f"waits ~{self.queue_s - self.restore_s:.1f} s for slot {slot}")
         if self.evicts is not None:
+            taken = f"slot {slot}" if slot is not None else f"slot {self.lands} (llama-server's pick)"
             notes.append(
-                f"takes slot {slot} from session {label(self.evicts)} (+{self.evict_cost_s:.2f} s next turn)"
+                f"takes {taken} from session {label(self.evicts)} (+{self.evict_cost_s:.2f} s next turn)"
             )
         elif self.expired:
             notes.append(f"slot {slot}'s lease expired")
@@ -178,13 +182,15 @@ class SlotOption(msgspec.Struct, frozen=True):
 
 def _slot_queue(situation: Situation, state: SlotState | None, mine: bool) -> tuple[float, bool]:
     """An idle slot starts now, behind the prompt chunks already in the engine (the prefill backlog);
-    a busy one when its request is predicted to end (and then it ``waits``). The session's own slot
+    a busy one when its request is predicted to end (and then it ``waits``), and later by the backlog:
+    llama-server runs the prompt chunks of every slot in the batches that decode the others, so the
+    running request's answer stalls while other slots prefill. The session's own slot
     (``mine``) seen busy by a probe taken before the session's last turn ended is idle, unless this
     replica has a request there: what the probe saw was that turn (``_busy_with_last_turn``)."""
     if state is None or not state.is_processing or (mine and _busy_with_last_turn(situation, state)):
         return situation.snapshot.prefill_backlog_s, False
     wait = state.busy_s if state.busy_s is not None else situation.stats.service_s.value / 2
-    return wait, True
+    return wait + situation.snapshot.prefill_backlog_s, True
 
 
 def _busy_with_last_turn(situation: Situation, state: SlotState) -> bool:
@@ -366,7 +372,9 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
 
 
 def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> SlotOption:
-    """No ``id_slot``: llama-server takes the most similar idle slot, else the LRU one (+ RAM cache)."""
+    """No ``id_slot``: llama-server takes the most similar idle slot, else the LRU one (+ RAM cache);
+    with none idle, the first slot to free. Taking a slot another session holds evicts it as a pinned
+    request would (``_eviction``): naming no slot does not spare the session its cache."""
     snapshot, stats = situation.snapshot, situation.stats
     idle = [s.id for s in snapshot.slots if not s.is_processing]
     count = max(snapshot.total_slots or len(snapshot.slots) or 1, 1)
@@ -384,6 +392,30 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
     consults = best is None or consults_ram(best, features.prompt_tokens)
     got = _best_reuse(situation, best, ram if consults else None, hybrid)
     nxt = round(features.prompt_tokens * stats.ram_reuse.value)
+    lands = _lands(situation, idle if snapshot.queued == 0 else [], best)
+    lease = next((lease for lease in situation.leases if lease.slot == lands), None)
+    mine = lease is not None and situation.session is not None and lease.session_key == situation.session.key
+    cost = _eviction(lease, situation, shares=not consults) if lease is not None and not mine else 0.0
     return SlotOption(
-        None, got.cached, got.source, queue, nxt, ram_potential=got.potential, usable=got.usable
-    )
+        None, got.cached, got.source, queue, nxt,
+        evicts=lease.session_key if lease is not None and cost > 0 else None,
+        evict_cost_s=cost,
+        ram_potential=got.potential,
+        usable=got.usable,
+        lands=lands,
+    )  # fmt: skip
+
+
+def _lands(situation: Situation, idle: Sequence[int], similar: SlotMatch | None) -> int | None:
+    """The slot llama-server gives a request that names none: the most ``similar`` idle slot, else
+    the least recently used idle one (a slot no lease holds first), else the first busy slot
+    predicted to free."""
+    if similar is not None:
+        return similar.slot
+    used = {lease.slot: lease.last_used for lease in situation.leases}
+    if idle:
+        return min(idle, key=lambda slot: (used.get(slot, -math.inf), slot))
+    busy = [s for s in situation.snapshot.slots if s.is_processing]
+    if not busy:
+        return None
+    return min(busy, key=lambda s: (s.busy_s if s.busy_s is not None else math.inf, s.id)).id

@@ -281,6 +281,7 @@ class Estimate(msgspec.Struct, frozen=True):
     ttft_s: float
     total_s: float
     prefill_s: float = 0.0  # this request's own prompt processing, after its queue
+    interleaved_s: float = 0.0  # vLLM: the decode steps run in the same steps as its prompt chunks
     modelled_queue_s: float = 0.0  # queue_s before the learned queue_factor
     shared_prefix_tokens: int = 0  # what the engine could reuse by its rules (learning divides by it)
     future_s: float = 0.0  # predicted TTFT of the session's next turn if this candidate serves this one

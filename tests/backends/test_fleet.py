@@ -220,3 +220,41 @@ def test_a_probe_taken_as_the_engine_released_the_slot_does_not_keep_it_busy(fle
     assert not fleet.snapshots()[0].slots[0].is_processing
     fleet.observe(replace(probed, slots=busy, taken_at=NOW + RELEASE_LAG_S * 2))
     assert fleet.snapshots()[0].slots[0].is_processing
+
+
+def test_a_prompt_is_worked_off_over_its_predicted_span(fleet: Fleet) -> None:
+    """On vLLM a prompt's chunks share their steps with the running requests' decode steps: 2 s of
+    prefill predicted to take 4 s is a quarter done after 1 s, not half (worked off by the prefill
+    time alone, the backlog ran out early and the next request was predicted 1-2 s short)."""
+    fleet.begin(Sent("vllm", None, NOW - 1.0, total_s=9.0, queue_s=0.0, prefill_s=2.0, interleaved_s=2.0))
+    assert fleet.snapshots()[1].prefill_backlog_s == pytest.approx(1.5)
+    request = Sent("vllm", None, NOW, queue_s=0.5, prefill_s=2.0, interleaved_s=2.0)
+    assert request.prefilled_by == NOW + 4.5
+
+
+def test_vllm_waiting_requests_leave_out_turnouts_own(fleet: Fleet) -> None:
+    """A request waits in vLLM's queue until the next engine step, so a probe often counts one of
+    turnout's there; its prompt is in the backlog already, and counted again as waiting it added
+    ``service_s / running`` to every queue until the next probe (1.7 s on the chat benchmark, with
+    the engine idle). Waiting requests that are not turnout's still count."""
+    mine = fleet.begin(Sent("vllm", None, NOW - 1.5, total_s=5.0, prefill_s=3.0))  # before the probe
+    probe = fleet.snapshots()[1]
+    fleet.observe(replace(probe, running=3, queued=2, taken_at=NOW - 1.0))
+    assert fleet.snapshots()[1].queued == 1
+    fleet.prefilled(mine)  # past its prompt since the probe: still one the probe may have caught
+    assert fleet.snapshots()[1].queued == 1
+    fleet.observe(replace(probe, running=3, queued=1, taken_at=NOW - 0.5))
+    assert fleet.snapshots()[1].queued == 1  # a newer probe: it was not waiting then
+
+
+def test_requests_ended_since_the_probe_no_longer_run(fleet: Fleet) -> None:
+    """The probe counted turnout's request running; it has ended since: one fewer runs (each
+    running request adds to the decode steps a new prompt's chunks share)."""
+    token = fleet.begin(Sent("vllm", None, NOW - 5.0, total_s=4.0))
+    probe = fleet.snapshots()[1]
+    fleet.observe(replace(probe, running=3, taken_at=NOW - 1.0))
+    assert fleet.snapshots()[1].running == 3
+    fleet.end(token)
+    assert fleet.snapshots()[1].running == 2
+    fleet.observe(replace(probe, running=2, taken_at=NOW))
+    assert fleet.snapshots()[1].running == 2  # the new probe's own count

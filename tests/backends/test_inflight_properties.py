@@ -4,6 +4,8 @@ what one look at all of them would (``naive_overlay``, the module docstring's ru
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
@@ -15,13 +17,19 @@ BACKENDS = ("llama", "vllm")
 
 
 def naive_overlay(
-    requests: list[Sent], ended: dict[tuple[str, int], float], snapshot: BackendSnapshot, now: float
+    requests: list[Sent],
+    ended: dict[tuple[str, int], float],
+    snapshot: BackendSnapshot,
+    now: float,
+    since: Since | None = None,
 ) -> BackendSnapshot:
+    """``since``: what happened since ``snapshot`` when it is the backend's latest probe."""
     mine = [r for r in requests if r.backend_id == snapshot.backend_id]
     # a slot turnout's request left shows free in a probe taken less than RELEASE_LAG_S after that end
     release = snapshot.taken_at - RELEASE_LAG_S
     gone = {s for (b, s), at in ended.items() if b == snapshot.backend_id and at > release}
-    if not mine and not gone:
+    since = since or Since()
+    if not mine and not gone and not since.ended:
         return snapshot
     busy: dict[int, float] = {}
     for slot in {r.slot for r in mine if r.slot is not None}:
@@ -35,12 +43,27 @@ def naive_overlay(
         )
         for s in snapshot.slots
     )
-    running = snapshot.running + len(newer)
+    running = max(snapshot.running - since.ended, 0) + len(newer)
     capacity = snapshot.total_slots
-    queued = snapshot.queued + max(0, running - capacity) if capacity else snapshot.queued
-    running = min(running, capacity) if capacity else running
+    if capacity:
+        queued = snapshot.queued + max(0, running - capacity)
+        running = min(running, capacity)
+    else:  # vLLM: less turnout's requests it may have caught waiting
+        waiting = [
+            r for r in mine if r.prefill_s > 0 and r.prefilled_by > now and r.started <= snapshot.taken_at
+        ]
+        queued = max(snapshot.queued - len(waiting) - since.prefilled, 0)
     backlog = sum(r.prefill_left_s(now) for r in mine)
     return replace(snapshot, running=running, queued=queued, slots=slots, prefill_backlog_s=backlog)
+
+
+@dataclass
+class Since:
+    """Of the requests sent before a backend's latest probe: how many ended since, and how many got
+    their first token since."""
+
+    ended: int = 0
+    prefilled: int = 0
 
 
 def snapshot(backend: str, taken_at: float) -> BackendSnapshot:
@@ -49,7 +72,7 @@ def snapshot(backend: str, taken_at: float) -> BackendSnapshot:
         return BackendSnapshot(
             backend, EngineKind.LLAMACPP, Health.READY, taken_at, slots=slots, total_slots=2
         )
-    return BackendSnapshot(backend, EngineKind.VLLM, Health.READY, taken_at, running=1)
+    return BackendSnapshot(backend, EngineKind.VLLM, Health.READY, taken_at, running=3, queued=2)
 
 
 Step = tuple[str, str, int | None, float, float, int]
@@ -77,11 +100,22 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
     ended: dict[tuple[str, int], float] = {}
     tokens: list[int] = []
     probed: dict[str, BackendSnapshot] = {}
+    since: dict[str, Since] = {}
     clock = 0.0
 
     def same(backend: str, at: float) -> None:
         seen = probed.get(backend) or snapshot(backend, taken_at)
-        assert inflight.overlay(seen, at) == naive_overlay(list(live.values()), ended, seen, at)
+        expected = naive_overlay(list(live.values()), ended, seen, at, since.get(backend))
+        got = inflight.overlay(seen, at)
+        assert (got.running, got.queued, got.prefill_backlog_s) == (
+            expected.running,
+            expected.queued,
+            expected.prefill_backlog_s,
+        )
+        assert got == expected
+
+    def before_probe(request: Sent) -> bool:
+        return request.backend_id in probed and request.started <= probed[request.backend_id].taken_at
 
     for kind, backend, slot, total, prefill, pick in script:
         clock += 1.0
@@ -92,6 +126,7 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
             tokens.append(token)
         elif kind == "probe":  # taken a little before now: requests sent since it count as newer
             probed[backend] = snapshot(backend, clock - total)
+            since[backend] = Since()
             inflight.seen(probed[backend])
         elif kind == "look":
             same(backend, clock)
@@ -99,9 +134,14 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
             token = tokens[pick % len(tokens)]
             if kind == "prefilled" and token in live:
                 inflight.prefilled(token)
-                live[token] = replace(live[token], prefill_s=0.0)
+                request = live[token]
+                if request.prefill_s > 0 and before_probe(request):
+                    since[request.backend_id].prefilled += 1
+                live[token] = replace(request, prefill_s=0.0)
             elif kind == "end" and inflight.end(token, clock) is not None:
                 request = live.pop(token)
+                if before_probe(request):
+                    since[request.backend_id].ended += 1
                 if request.slot is not None:
                     ended[(request.backend_id, request.slot)] = clock
     now = max(now, clock)  # the clock does not go back
