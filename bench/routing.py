@@ -21,6 +21,11 @@ lengths are the traces' own. Workloads (deterministic, seed 0 unless said):
 The fleet, except for fleet-16: a vLLM engine (hybrid, no prefix caching, 94k window) and a llama.cpp
 engine (hybrid, 2 slots of 64k, RAM prompt cache at 8 GiB), DOMAIN.md rates, probes every 2 s, the
 gateway's own time 1.6 ms a request. It prints each target as met or missed, with the reason.
+
+The generated workloads (chat, mixed, contention-N) also run on ``SEEDS`` draws with ``cost`` and the
+oracle only, and their targets say the geometric mean and the worst of ``cost`` / oracle over them:
+near saturation one draw moves by tens of percent with any change to the cost model (notes).
+``--quick`` skips them.
 """
 
 from __future__ import annotations
