@@ -89,8 +89,13 @@ need_gpus() {  # the split flag set is compose.yaml as written: --split-mode lay
   fi
 }
 
-gpus_text() {  # the --machine gpu= of a calibration
-  if [ "$1" = split ]; then echo "2x NVIDIA H200 141 GB, the model split by layer over both (--tensor-split 1,1)"
+gpus_text() {  # the --machine gpu= of a calibration: what the machine has, not what the flags ask for
+  local have
+  have=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ "$1" = split ] && [ "$have" -ge 2 ]; then
+    echo "${have}x NVIDIA H200 141 GB, the model split by layer over two (--tensor-split 1,1)"
+  elif [ "$1" = split ]; then
+    echo "${have}x NVIDIA H200 141 GB, compose's split flags as written (a dry run: one GPU, nothing to split)"
   else echo "1x NVIDIA H200 141 GB (PCIe 5 x16 host link)"; fi
 }
 
