@@ -21,7 +21,8 @@ BATCH_SLOWDOWN = 0.06
 RESTORE_TOK_S = 200_000.0
 """Without a profile: tokens a second a llama.cpp slot loads back from its RAM cache."""
 STEP_TOKENS = 2048
-"""Without a profile: prompt tokens one engine step takes (vLLM's ``max_num_batched_tokens`` default)."""
+"""Without a profile: prompt tokens one engine step takes, as the simulators take them (vLLM's
+``max_num_batched_tokens`` is 2048 or more by version, GPU and entry point; a profile's ``batch`` says)."""
 
 
 def prefill_s(deployment: Deployment, stats: DeploymentStats, new: float, cached: int = 0) -> float:
