@@ -218,9 +218,9 @@ def seeds(workload: Workload, settings_for: Callable[[str], Settings]) -> list[f
     """``cost``'s mean TTFT over the oracle's on seeds 1..SEEDS-1 of the workload (seed 0 is the
     table): near saturation one decision that goes the other way changes every queue after it, so
     one draw of a workload says little about a change to the cost model (notes)."""
+    assert workload.seeded is not None
     ratios = []
     for seed in range(1, SEEDS):
-        assert workload.seeded is not None
         requests = with_model(workload.seeded(seed), MODEL)
         runs = simulate(requests, ("cost",), settings_for, MODEL, VirtualOptions())
         means = {
@@ -378,7 +378,7 @@ NOTES = """\
      s), the backlog's steps inside the learned queue (worse everywhere), a busy llama.cpp slot's
      wait plus the prompts queued on the other slots (1.931 / 1.422 / 2.021 s), and both. Better
      predictions at each moment did not carry over to the mean.
-  5. Kept on 2026-12-04, found with `bench/predictions.py` and by giving `cost` the engines' true
+  5. Kept on 2026-12-03, found with `bench/predictions.py` and by giving `cost` the engines' true
      TTFT for one engine at a time (perfect vLLM predictions alone: chat 1.38 s, 1.03x the oracle;
      perfect llama.cpp ones: 1.88 s): (a) vLLM's TTFT counts the decode steps run with the chunks
      of the backlog and of the prompt, and the backlog works a prompt off over that longer span

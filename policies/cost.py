@@ -6,7 +6,7 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
     ttft     = queue_s * queue_factor + prefill + interleaved + decode_step
     interleaved = vLLM: ceil((backlog tokens + prompt - cached) / step tokens) * the decode step of the
                requests running there (each step that takes a chunk of those prompts decodes them
-               once; ``pricing.interleaved_decode_s``); llama.cpp: 0
+               once; ``pricing.interleaved_decode_s``); other engines: 0
     total    = ttft + (expected_output - 1) * decode_step
     decode_step = decode_step_s(requests already running on the engine): the profile's step for
                that batch over its step for one, divided by the learned decode_tok_s; without a

@@ -377,8 +377,9 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
     request would (``_eviction``): naming no slot does not spare the session its cache."""
     snapshot, stats = situation.snapshot, situation.stats
     idle = [s.id for s in snapshot.slots if not s.is_processing]
+    free = idle if snapshot.queued == 0 else []  # requests already queued take the idle slots first
     count = max(snapshot.total_slots or len(snapshot.slots) or 1, 1)
-    if idle and snapshot.queued == 0:
+    if free:
         queue = snapshot.prefill_backlog_s
     else:
         busy = [s.busy_s for s in snapshot.slots if s.busy_s is not None]
@@ -392,7 +393,7 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
     consults = best is None or consults_ram(best, features.prompt_tokens)
     got = _best_reuse(situation, best, ram if consults else None, hybrid)
     nxt = round(features.prompt_tokens * stats.ram_reuse.value)
-    lands = _lands(situation, idle if snapshot.queued == 0 else [], best)
+    lands = _lands(situation, free, best)
     lease = next((lease for lease in situation.leases if lease.slot == lands), None)
     mine = lease is not None and situation.session is not None and lease.session_key == situation.session.key
     cost = _eviction(lease, situation, shares=not consults) if lease is not None and not mine else 0.0
