@@ -23,7 +23,10 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
   recognised follow-up), at the **eviction cost**: that session's next turn re-prefills what it
   loses and restores the rest from RAM,
   ``prefill_s(tokens * max(reuse - ram_reuse, 0)) + ram_restore_s(tokens * ram_reuse)``
-  (``policies.pricing``),
+  (``policies.pricing``); but when this prompt shares at least half of itself, and more than 10%
+  of the holder's conversation (a long common system prompt), the holder coming back finds the slot reused as it is
+  (``consults_ram`` from its side) and gets back only what the slot rules give it (``_left_for``):
+  the shared prefix on a dense model, on a hybrid one a checkpoint, most often none; all of it
   weighed by the chance it comes back, ``0.5 ** (idle / (RECENCY_HALF_LIFE * lease_idle_s))``
   (0 once the lease expired). Ties go to the least recently used slot.
 
@@ -298,21 +301,38 @@ def _best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: _Ram | 
     return _Reuse(from_slot, "slot" if from_slot else "none", slot_tokens, ram.potential if ram else 0)
 
 
-def _eviction(lease: SlotLease, situation: Situation, shares: bool) -> float:
-    """What taking ``lease``'s slot costs its session's next turn (module docstring). When this
-    prompt ``shares`` most of the slot's conversation, the holder coming back finds the slot kept as
-    it is, not its own state loaded from RAM (``consults_ram``): it loses everything."""
+def _eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: int, cached: int) -> float:
+    """What taking ``lease``'s slot costs its session's next turn (module docstring): ``held`` is
+    what the slot holds of this prompt (``prompt`` tokens, ``cached`` of them reused). The holder
+    coming back finds this prompt in the slot; llama-server loads its state from the RAM cache only
+    if the slot shares little with it (``consults_ram``), else it reuses the slot as it is: what the
+    two prompts share, by the slot rules (``_left_for``), often nothing on a hybrid model."""
     stats = situation.stats
     idle = max(situation.now - lease.last_used, 0.0)
     if idle >= situation.lease_idle_s:
         return 0.0
     comes_back = float(0.5 ** (idle / (RECENCY_HALF_LIFE * situation.lease_idle_s)))
-    ram = 0.0 if shares else min(stats.ram_reuse.value, stats.reuse.value)
     deployment = situation.deployment
-    lost = prefill_s(deployment, stats, lease.tokens * (stats.reuse.value - ram)) + ram_restore_s(
-        deployment, lease.tokens * ram
-    )
+    mine = lease.tokens * stats.reuse.value
+    back = SlotMatch(held.slot, held.tokens, held=prompt)  # the holder's prompt against this one
+    if consults_ram(back, lease.tokens):
+        ram = lease.tokens * min(stats.ram_reuse.value, stats.reuse.value)
+        lost = prefill_s(deployment, stats, mine - ram) + ram_restore_s(deployment, ram)
+    else:
+        kept = min(_left_for(situation, held, prompt, cached), mine)
+        lost = prefill_s(deployment, stats, mine - kept, round(kept))
     return comes_back * lost
+
+
+def _left_for(situation: Situation, held: SlotMatch, prompt: int, cached: int) -> float:
+    """Tokens of the holder's conversation a slot still gives it back after this prompt ran there:
+    what they share (``held.tokens``); on a hybrid model only up to a checkpoint, the slot's own at
+    or below what this prompt reused (the engine keeps those) or this prompt's near its end."""
+    if situation.deployment.architecture is not Architecture.HYBRID:
+        return held.tokens
+    own = held.checkpoint if held.checkpoint <= cached else 0
+    near_end = prompt - CHECKPOINT_GAP if held.tokens >= prompt - CHECKPOINT_GAP > 0 else 0
+    return max(own, near_end)
 
 
 def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotOption]:
@@ -347,7 +367,9 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         queue += restore
         evicts, cost = None, 0.0
         if lease is not None and not mine:
-            cost = _eviction(lease, situation, shares=not consults)
+            cost = _eviction(
+                lease, situation, held, features.prompt_tokens, got.cached if got.source == "slot" else 0
+            )
             if cost > 0 and not proven(features, session):
                 continue
             evicts = lease.session_key if cost > 0 else None
@@ -396,7 +418,10 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
     lands = _lands(situation, free, best)
     lease = next((lease for lease in situation.leases if lease.slot == lands), None)
     mine = lease is not None and situation.session is not None and lease.session_key == situation.session.key
-    cost = _eviction(lease, situation, shares=not consults) if lease is not None and not mine else 0.0
+    cost = 0.0
+    if lease is not None and not mine and lands is not None:
+        reused = got.cached if got.source == "slot" else 0
+        cost = _eviction(lease, situation, situation.match.slot(lands), features.prompt_tokens, reused)
     return SlotOption(
         None, got.cached, got.source, queue, nxt,
         evicts=lease.session_key if lease is not None and cost > 0 else None,

@@ -1,0 +1,90 @@
+"""What taking a slot costs the session holding it: the holder comes back to find the evictor's
+prompt in the slot, and llama-server reuses the slot as it is, or loads from its RAM cache, by how
+much the two share from the holder's side (``policies.slots._eviction``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
+from policies.cost import estimate
+from policies.learning import LearnedState
+from policies.types import Estimate, PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState
+
+SYSTEM = 2048  # a system prompt the agents and the chat share
+AGENT = 11_000  # each agent's conversation, held in its slot
+CHAT = 3000  # the newcomer's prompt: the system prompt and a short question
+NOW = 100.0
+
+
+def deployment(architecture: Architecture) -> Deployment:
+    return Deployment("m", "llama", "up", 65536, architecture)
+
+
+def on_llama(
+    architecture: Architecture, slots: tuple[SlotMatch, ...], leases: tuple[SlotLease, ...]
+) -> Estimate:
+    """A named chat session's first turn on a llama.cpp backend whose slots all hold agents."""
+    served = deployment(architecture)
+    states = tuple(SlotState(match.slot, 65536, False) for match in slots)
+    snapshot = BackendSnapshot(
+        "llama", EngineKind.LLAMACPP, Health.READY, NOW, (served,), slots=states, total_slots=len(states)
+    )
+    return estimate(
+        RequestFeatures("m", Endpoint.CHAT, CHAT, 100, True, "chat", SessionSource.HEADER),
+        served,
+        snapshot,
+        session=SessionView("chat"),
+        leases=leases,
+        learned=LearnedState(),
+        match=PrefixMatch(slots),
+        now=NOW,
+        lease_idle_s=600.0,
+    )
+
+
+SHARING = SlotMatch(0, SYSTEM, held=AGENT)  # agent a's conversation starts with the system prompt
+APART = SlotMatch(1, 0, held=AGENT)  # agent b's has a prompt of its own
+
+
+def test_a_prompt_sharing_the_holders_system_prompt_costs_it_everything_on_a_hybrid_model() -> None:
+    """Back in its slot, agent a finds the chat's 3000 tokens, 2048 of them its own: sharing more
+    than half of what the slot holds, llama-server reuses the slot as it is, not a's state in the
+    RAM cache; a hybrid slot can give back only a checkpoint, none of which lies in the system
+    prompt, so a re-prefills all 11k tokens. Agent b, sharing nothing, gets its state back from RAM:
+    the chat takes b's slot although a's has been idle longer (before this, turnout judged it from
+    the chat's side, where 2048 of 11k is little, and priced both as a RAM restore: a mixed
+    benchmark agent then re-prefilled 11k tokens, 10.6 s, after a chat took its slot)."""
+    leases = (SlotLease(0, "a", NOW - 6, AGENT), SlotLease(1, "b", NOW - 5, AGENT))
+    both = on_llama(Architecture.HYBRID, (SHARING, APART), leases)
+    assert (both.slot, both.evicts) == (1, "b")
+    only_a = on_llama(Architecture.HYBRID, (SHARING,), leases[:1])
+    only_b = on_llama(
+        Architecture.HYBRID, (SlotMatch(0, 0, held=AGENT),), (SlotLease(0, "b", NOW - 5, AGENT),)
+    )
+    assert (only_a.evicts, only_b.evicts) == ("a", "b")
+    assert only_a.evict_cost_s > 3 * only_b.evict_cost_s
+
+
+def test_a_dense_slot_gives_the_holder_back_what_the_two_prompts_share() -> None:
+    """A dense (or MoE) model reuses any shared prefix: the holder keeps the system prompt and
+    re-prefills the rest, less than a hybrid holder loses, more than a RAM restore costs."""
+    leases = (SlotLease(0, "a", NOW - 6, AGENT),)
+    dense = on_llama(Architecture.DENSE, (SHARING,), leases)
+    hybrid = on_llama(Architecture.HYBRID, (SHARING,), leases)
+    apart = on_llama(Architecture.DENSE, (SlotMatch(0, 0, held=AGENT),), leases)
+    assert apart.evict_cost_s < dense.evict_cost_s < hybrid.evict_cost_s
+
+
+@pytest.mark.parametrize("architecture", [Architecture.HYBRID, Architecture.DENSE])
+def test_a_prompt_sharing_little_of_the_slot_leaves_the_holder_its_ram_cache(
+    architecture: Architecture,
+) -> None:
+    """The chat shares 2048 of its 3000 tokens with a 30k conversation it evicts: from the holder's
+    side that is 7%, at most the similarity threshold, so llama-server loads its state from RAM."""
+    big = 30_000
+    leases = (SlotLease(0, "a", NOW - 6, big),)
+    sharing = on_llama(architecture, (SlotMatch(0, SYSTEM, held=big),), leases)
+    apart = on_llama(architecture, (SlotMatch(0, 0, held=big),), leases)
+    assert sharing.evicts == "a"
+    assert sharing.evict_cost_s == pytest.approx(apart.evict_cost_s)
