@@ -24,10 +24,10 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
   loses and restores the rest from RAM,
   ``prefill_s(tokens * max(reuse - ram_reuse, 0)) + ram_restore_s(tokens * ram_reuse)``
   (``policies.pricing``); but when this prompt shares at least half of itself, and more than 10%
-  of the holder's conversation (a long common system prompt), the holder coming back finds the slot reused as it is
-  (``consults_ram`` from its side) and gets back only what the slot rules give it (``_left_for``):
-  the shared prefix on a dense model, on a hybrid one a checkpoint, most often none; all of it
-  weighed by the chance it comes back, ``0.5 ** (idle / (RECENCY_HALF_LIFE * lease_idle_s))``
+  of the holder's conversation (a long common system prompt), the holder coming back finds the
+  slot reused as it is (``consults_ram`` from its side) and gets back only what the slot rules give
+  it (``_left_for``): the shared prefix on a dense model, on a hybrid one a checkpoint, most often
+  none; all of it weighed by the chance it comes back, ``0.5 ** (idle / (RECENCY_HALF_LIFE * lease_idle_s))``
   (0 once the lease expired). Ties go to the least recently used slot.
 
 A restore from the RAM cache adds ``ram_restore_s(cached)`` to the queue of the request itself.
