@@ -18,16 +18,21 @@ in simulated seconds:
 * ``sessions_moved``: of those conversations, the share answered by more than one backend (for a
   model group over one backend per member: the conversations that changed model).
 
+A pooled report (:func:`pooled_report`) counts every request of several draws of one workload once:
+the same keys, over all of them.
+
 The report's ``lower-bound`` entry (``yardsticks.lower_bounds``) has the TTFT keys only: no routing
 can beat them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.replay.runner import Result
@@ -75,20 +80,28 @@ def summarize(
     results: Sequence[Result],
     groups: Sequence[Sequence[int]] = (),
     distinct: Sequence[int] | None = None,
+    draws: Sequence[range] = (),
 ) -> dict[str, Any]:
     """The report entry of one profile (keys: :data:`REPORT_KEYS`, formulas: module docstring);
-    ``groups``: the trace's conversations (indices), ``distinct``: each request's new tokens."""
+    ``groups``: the trace's conversations (indices), ``distinct``: each request's new tokens;
+    ``draws``: the request indices of each draw of a pooled report (:func:`pooled_report`), whose
+    spans and distinct tokens add up (none: one draw)."""
     done = [r for r in results if r.ok]
     ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
     long = [r.ttft_s for r in done if r.ttft_s is not None and r.prompt_tokens >= LONG_PROMPT_TOKENS]
     prompt = sum(r.prompt_tokens for r in done)
-    span = (max(r.end_s for r in done) - min(r.arrival_s for r in done)) if done else 0.0
+    parts = [[r for r in done if r.index in draw] for draw in draws] if draws else [done]
+    span = sum(max(r.end_s for r in part) - min(r.arrival_s for r in part) for part in parts if part)
     backends = Counter(r.backend or "?" for r in done)
     by_index = {r.index: r for r in results}
     finished = [g for g in groups if len(g) > 1 and all(i in by_index and by_index[i].ok for i in g)]
     sessions = [max(by_index[i].end_s for i in g) - by_index[g[0]].start_s for g in finished]
     moved = [len({by_index[i].backend for i in g}) > 1 for g in finished]
-    new = distinct_tokens([distinct[r.index] for r in done]) if distinct is not None else 0
+    new = (
+        sum(distinct_tokens([distinct[r.index] for r in part]) for part in parts)
+        if distinct is not None
+        else 0
+    )
     prefilled = sum(r.prompt_tokens - r.cached_tokens for r in done)
     return {
         "requests": len(done),
@@ -144,6 +157,50 @@ def report(
     profiles = {name: summarize(rs, groups, distinct) for name, rs in runs.items()}
     if bounds is not None and trace is not None:
         profiles[LOWER_BOUND] = bound_summary(trace, bounds)
+    return {"meta": dict(meta or {}), "profiles": profiles}
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One replay of one draw of a generated workload: its results per profile, its trace and its
+    lower bounds (``simulate``'s ``runs`` and ``bounds``)."""
+
+    runs: Mapping[str, Sequence[Result]]
+    trace: Sequence[TraceRequest]
+    bounds: Sequence[float | None]
+
+
+def pooled_report(
+    draws: Sequence[Draw], meta: Mapping[str, Any] | None = None, block: int = 512
+) -> dict[str, Any]:
+    """Several draws of one workload (the same generator, other seeds) as one :func:`report`: every
+    request of every draw counts once, so a mean is over all of them and a percentile over their
+    union; the draws' spans add up for the throughput, their distinct tokens for the amplification,
+    and each draw's conversations stay its own. Near saturation one draw of a workload says little
+    about a policy (docs/replay.md, "Draws"): pooled, the noise of one draw shrinks with their count."""
+    offsets = list(itertools.accumulate((len(d.trace) for d in draws), initial=0))[:-1]
+    ranges = [range(start, start + len(d.trace)) for start, d in zip(offsets, draws, strict=True)]
+    groups = [
+        [start + i for i in group]
+        for start, d in zip(offsets, draws, strict=True)
+        for group in conversations(d.trace)
+    ]
+    distinct = [n for d in draws for n in new_tokens(d.trace, block)]
+    profiles = {
+        name: summarize(
+            [
+                replace(r, index=start + r.index)
+                for start, d in zip(offsets, draws, strict=True)
+                for r in d.runs[name]
+            ],
+            groups,
+            distinct,
+            ranges,
+        )
+        for name in draws[0].runs
+    }
+    trace = [r for d in draws for r in d.trace]
+    profiles[LOWER_BOUND] = bound_summary(trace, [b for d in draws for b in d.bounds])
     return {"meta": dict(meta or {}), "profiles": profiles}
 
 

@@ -13,8 +13,8 @@ from backends.sim.chat import render_chat
 from gateway.cli import main
 from gateway.replay.fleets import PROBE_INTERVAL_S, default_fleet
 from gateway.replay.generate import agent_trace, contention_trace, mixed_trace
-from gateway.replay.report import report
-from gateway.replay.runner import ReplayOptions, run_replay
+from gateway.replay.report import LOWER_BOUND, Draw, pooled_report, report
+from gateway.replay.runner import ORACLE, ReplayOptions, run_replay
 from gateway.replay.simulate import simulate
 from gateway.replay.stack import StackOptions
 from gateway.replay.traces import TraceRequest, write_trace
@@ -138,3 +138,33 @@ def test_a_request_with_literal_messages_reaches_the_engine_as_they_render(tmp_p
     expected = tokenizer.count(render_chat(list(messages)))
     assert (result.error, result.prompt_tokens) == (None, expected)
     assert expected > 300
+
+
+def test_a_pooled_report_counts_every_request_of_every_draw_once() -> None:
+    """Two draws of one small workload, the same session names in both: pooled, the means are over
+    all requests, a conversation stays in its draw (merged, the second draw's agent would look like
+    one session spanning both), the spans add up; one draw pooled is its own report."""
+    traces = [
+        mixed_trace(agents=1, turns=3, requests=4, duration=6.0, seed=s, max_context=6000) for s in (5, 6)
+    ]
+    draws = []
+    for requests in traces:
+        runs = simulate(requests, ["cost"], lambda p: default_fleet(MODEL, p), MODEL, VirtualOptions())
+        draws.append(Draw(runs.runs, requests, runs.bounds))
+    alone = [report(d.runs, {}, d.trace, bounds=d.bounds)["profiles"] for d in draws]
+    assert pooled_report(draws[:1])["profiles"] == alone[0]
+    pooled = pooled_report(draws, {"draws": 2})
+    assert pooled["meta"] == {"draws": 2}
+    assert set(pooled["profiles"]) == {"cost", ORACLE, LOWER_BOUND}
+    for name, entry in pooled["profiles"].items():
+        one, two = alone[0][name], alone[1][name]
+        assert entry["requests"] == one["requests"] + two["requests"] == 14, name
+        weighted = (one["ttft_mean_s"] * 7 + two["ttft_mean_s"] * 7) / 14
+        assert entry["ttft_mean_s"] == pytest.approx(weighted, abs=1e-4), name
+    for name in ("cost", ORACLE):
+        entry, one, two = pooled["profiles"][name], alone[0][name], alone[1][name]
+        sessions = (one["session_completion_mean_s"] + two["session_completion_mean_s"]) / 2
+        assert entry["session_completion_mean_s"] == pytest.approx(sessions, abs=1e-4), name
+        tokens = [sum(r.completion_tokens for r in d.runs[name]) for d in draws]
+        spans = [t / one_or_two["throughput_tok_s"] for t, one_or_two in zip(tokens, (one, two), strict=True)]
+        assert entry["throughput_tok_s"] == pytest.approx(sum(tokens) / sum(spans), rel=1e-3), name
