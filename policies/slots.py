@@ -260,9 +260,12 @@ def consults_ram(match: SlotMatch, prompt_tokens: int) -> bool:
     shares no more than the similarity threshold with the prompt, or keeps less than half of what it
     holds (``f_keep < 0.5``). A slot holding a conversation that shares a long system prompt with
     this one is reused as it is, even when the RAM cache holds this conversation whole."""
-    if match.tokens <= SIMILARITY_THRESHOLD * prompt_tokens or not match.held:
-        return True
-    return match.tokens / match.held < 0.5
+    return _consults(match.tokens, prompt_tokens, match.held)
+
+
+def _consults(shared: int, prompt_tokens: int, held: int) -> bool:
+    """``consults_ram`` for a slot holding ``held`` tokens, ``shared`` of them a prefix of the prompt."""
+    return shared <= SIMILARITY_THRESHOLD * prompt_tokens or not held or shared < held / 2
 
 
 class _Reuse(msgspec.Struct, frozen=True):
@@ -314,21 +317,20 @@ def _eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: i
     comes_back = float(0.5 ** (idle / (RECENCY_HALF_LIFE * situation.lease_idle_s)))
     deployment = situation.deployment
     mine = lease.tokens * stats.reuse.value
-    back = SlotMatch(held.slot, held.tokens, held=prompt)  # the holder's prompt against this one
-    if consults_ram(back, lease.tokens):
+    if _consults(held.tokens, lease.tokens, prompt):  # the holder's prompt against this one
         ram = lease.tokens * min(stats.ram_reuse.value, stats.reuse.value)
         lost = prefill_s(deployment, stats, mine - ram) + ram_restore_s(deployment, ram)
     else:
-        kept = min(_left_for(situation, held, prompt, cached), mine)
+        kept = min(_left_for(deployment, held, prompt, cached), mine)
         lost = prefill_s(deployment, stats, mine - kept, round(kept))
     return comes_back * lost
 
 
-def _left_for(situation: Situation, held: SlotMatch, prompt: int, cached: int) -> float:
+def _left_for(deployment: Deployment, held: SlotMatch, prompt: int, cached: int) -> float:
     """Tokens of the holder's conversation a slot still gives it back after this prompt ran there:
     what they share (``held.tokens``); on a hybrid model only up to a checkpoint, the slot's own at
     or below what this prompt reused (the engine keeps those) or this prompt's near its end."""
-    if situation.deployment.architecture is not Architecture.HYBRID:
+    if deployment.architecture is not Architecture.HYBRID:
         return held.tokens
     own = held.checkpoint if held.checkpoint <= cached else 0
     near_end = prompt - CHECKPOINT_GAP if held.tokens >= prompt - CHECKPOINT_GAP > 0 else 0
