@@ -1,6 +1,7 @@
 """How far the cost model's predictions are from what the engines would really have given, per decision.
 
     .venv/bin/python bench/predictions.py chat|mixed|contention-N|agent [--profile cost] [--worst 10]
+                                          [--seed N]
 
 Replays a workload of bench/routing.py in virtual time (``gateway.replay.virtual``). When each request
 is routed, every engine model is asked what the request would get there at that moment
@@ -67,10 +68,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("workload", choices=[w.name for w in WORKLOADS if w.load is None])
     parser.add_argument("--profile", default="cost")
     parser.add_argument("--worst", type=int, default=10, help="decisions to show (the costliest)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the draw of a generated workload (its row pools 0-31)"
+    )
     args = parser.parse_args(argv)
     configure_logging("json", "warning")
     workload = next(w for w in WORKLOADS if w.name == args.workload)
-    requests = with_model(workload.make(False), MODEL)
+    if args.seed and workload.seeded is None:
+        parser.error(f"{workload.name} is one draw: it has no --seed")
+    trace = workload.seeded(args.seed) if workload.seeded is not None else workload.make(False)
+    requests = with_model(trace, MODEL)
     settings = (
         fleet_from_file(workload.fleet, args.profile)
         if workload.fleet
