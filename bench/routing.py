@@ -24,12 +24,13 @@ engine (hybrid, 2 slots of 64k, RAM prompt cache at 8 GiB), DOMAIN.md rates, pro
 gateway's own time 1.6 ms a request. It prints each target as met or missed, with the reason.
 
 A generated workload (chat, mixed, contention-N) is ``SEEDS`` draws of its generator (seeds 0 to
-``SEEDS - 1``), each replayed with every profile, the oracle and the lower bound, and its row pools
-them (``pooled_report``: every request of every draw counts once): near saturation one decision that
-goes the other way changes every queue after it, and one draw moves by tens of percent with any
-change to the cost model, in either direction (notes). The targets are judged on the pooled row;
-each draw's own ``cost`` / oracle ratio is printed under it. ``--quick`` runs one smaller draw. The
-draws run in ``--jobs`` processes; the report does not depend on how many.
+``SEEDS - 1``; contention-A's draw N is ``turnout trace contention --agents A --seed A+100N``), each
+replayed with every profile, the oracle and the lower bound, and its row pools them
+(``pooled_report``: every request of every draw counts once): near saturation one decision that goes
+the other way changes every queue after it, and one draw moves by tens of percent with any change to
+the cost model, in either direction (notes). The targets are judged on the pooled row; each draw's own
+``cost`` / oracle ratio is printed under it. ``--quick`` runs one smaller draw. The draws run in
+``--jobs`` processes; the report does not depend on how many.
 """
 
 from __future__ import annotations
@@ -244,7 +245,9 @@ def _draw_of(name: str, seed: int) -> tuple[Draw, dict[str, float], dict[str, fl
 
 def _pooled(workload: Workload, jobs: int) -> dict[str, Any]:
     started = time.monotonic()
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=jobs, initializer=configure_logging, initargs=("json", "warning")
+    ) as pool:
         done = list(pool.map(_draw_of, itertools.repeat(workload.name), range(SEEDS)))
     draws = [draw for draw, _, _ in done]
     simulated = sum(sum(s.values()) for _, s, _ in done)
@@ -433,18 +436,19 @@ NOTES = """\
      1.19x), contention-4-nosession 1.16x -> 1.12x, contention-8 / -nosession 0.77x / 0.90x ->
      0.85x / 0.85x, mixed 0.59x -> 0.88x (its agents' turns and the chat between them trade vLLM's
      and llama.cpp's queues differently; still the best row against the oracle).
-  6. Tried on 2026-12-03 (night), each judged by the geometric mean of `cost` / oracle over 32
-     draws of every generated workload (0.919 before): kept, the eviction cost judged from the
-     holder's side (docs/routing.md, "Admission under contention": a chat request sharing the
-     agents' system prompt no longer looks like a cheap RAM restore): mixed 0.929 -> 0.920, the
-     other rows unchanged, 0.916 overall. Reverted: re-anchoring a busy llama.cpp slot's predicted
-     rest on what its `/slots` probe says it decoded (`n_decoded`, `n_remain`): 0.953; re-anchoring
-     a request's predicted end at its first token: 0.939; the exact answer lengths as the expected
-     output: 0.912, within the noise; a busy slot's wait counting the other slots' prefill backlog
-     without turnout's own requests chained on that slot (counted twice today): 0.916, no change.
-     More accurate llama.cpp waits made `cost` queue more on the slots: its objective prices the
-     request's own wait, not what its place in the queue costs the requests after it, and the
-     model's caution about llama.cpp's queue stood in for that.
+  6. Tried on 2026-12-03 (night), each judged by `cost` / oracle over 32 draws of chat, mixed and
+     contention-4 and -8 with and without session ids, the geometric mean over those 192 draws
+     (0.919 before): kept, the eviction cost judged from the holder's side (docs/routing.md,
+     "Admission under contention": a chat request sharing the agents' system prompt no longer looks
+     like a cheap RAM restore): mixed 0.929 -> 0.920, the other rows unchanged, 0.916 in all.
+     Reverted: re-anchoring a busy llama.cpp slot's predicted rest on what its `/slots` probe says
+     it decoded (`n_decoded`, `n_remain`): 0.953; re-anchoring a request's predicted end at its
+     first token: 0.939; the exact answer lengths as the expected output: 0.912, within the noise; a
+     busy slot's wait counting the other slots' prefill backlog without turnout's own requests
+     chained on that slot (counted twice today): 0.916, no change. More accurate llama.cpp waits
+     made `cost` queue more on the slots: its objective prices the request's own wait, not what its
+     place in the queue costs the requests after it, and the model's caution about llama.cpp's queue
+     stood in for that.
 - **Draws (the lines "per draw" above).** Near saturation one decision that goes the other way
   changes every queue after it, so one draw of a workload moves by tens of percent with any change
   to the cost model, in either direction: with the model before 5., chat's seeds ranged 0.63x-1.43x
@@ -483,8 +487,13 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
         f"Generated by `bench/routing.py{' --quick' if quick else ''}` on {dt.date.today().isoformat()}, "
         f"{machine()}. Every number is in **simulated** seconds, from runs in virtual time "
         "(`turnout replay --clock virtual`, docs/replay.md): it depends on the router and the engine "
-        f"models only, not on the machine. A generated workload's row pools {SEEDS} draws of it (Notes, "
-        '"Draws"); a recorded trace, the agent row and fleet-16 are one run.',
+        "models only, not on the machine. "
+        + (
+            "Every row is one run of a smaller workload (`--quick`)."
+            if quick
+            else f"A generated workload's row pools {SEEDS} draws of it (Notes, "
+            '"Draws"); a recorded trace, the agent row and fleet-16 are one run.'
+        ),
         "",
         "Fleet per run (except fleet-16): a vLLM engine (hybrid, no prefix caching, 94k window), a "
         "llama.cpp engine (hybrid, 2 slots x 64k, RAM prompt cache on at its 8 GiB default with 64 KiB of "
@@ -497,7 +506,7 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
     for name, result in results.items():
         meta = result["meta"]
         draws = (
-            f" over {meta['draws']} draws (seeds 0-{meta['draws'] - 1}, pooled: every request of every "
+            f" over {meta['draws']} draws (0-{meta['draws'] - 1}, pooled: every request of every "
             "draw counts once)"
             if meta.get("draws")
             else ""
@@ -515,6 +524,13 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
     return "\n".join(out)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -525,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=_positive,
         default=os.cpu_count() or 1,
         help="processes replaying draws at once (default: the cores)",
     )

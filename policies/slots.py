@@ -277,6 +277,12 @@ class _Reuse(msgspec.Struct, frozen=True):
     usable: int
     potential: int
 
+    @property
+    def from_slot(self) -> int:
+        """Tokens the engine reuses of the slot's own state (its count, not the learned
+        expectation ``cached``): none when it loads a RAM entry instead."""
+        return 0 if self.source == "ram" else self.usable
+
 
 class _Ram(msgspec.Struct, frozen=True):
     """The RAM cache's best entry for this prompt, the same for every slot: what a restore would
@@ -306,10 +312,12 @@ def _best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: _Ram | 
 
 def _eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: int, cached: int) -> float:
     """What taking ``lease``'s slot costs its session's next turn (module docstring): ``held`` is
-    what the slot holds of this prompt (``prompt`` tokens, ``cached`` of them reused). The holder
-    coming back finds this prompt in the slot; llama-server loads its state from the RAM cache only
-    if the slot shares little with it (``consults_ram``), else it reuses the slot as it is: what the
-    two prompts share, by the slot rules (``_left_for``), often nothing on a hybrid model."""
+    what the slot holds of this prompt (``prompt`` tokens, ``cached`` of them reused from the slot by
+    the engine's count). The holder coming back finds this prompt in the slot; llama-server loads its
+    state from the RAM cache only if the slot shares little with it (``consults_ram``), else it
+    reuses the slot as it is: what the two prompts share, by the slot rules (``_left_for``), often
+    nothing on a hybrid model. The RAM cache holds the holder's state because llama-server saves
+    every idle slot there when a task starts (``--cache-idle-slots``, on by default)."""
     stats = situation.stats
     idle = max(situation.now - lease.last_used, 0.0)
     if idle >= situation.lease_idle_s:
@@ -369,9 +377,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         queue += restore
         evicts, cost = None, 0.0
         if lease is not None and not mine:
-            cost = _eviction(
-                lease, situation, held, features.prompt_tokens, got.cached if got.source == "slot" else 0
-            )
+            cost = _eviction(lease, situation, held, features.prompt_tokens, got.from_slot)
             if cost > 0 and not proven(features, session):
                 continue
             evicts = lease.session_key if cost > 0 else None
@@ -422,8 +428,7 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
     mine = lease is not None and situation.session is not None and lease.session_key == situation.session.key
     cost = 0.0
     if lease is not None and not mine and lands is not None:
-        reused = got.cached if got.source == "slot" else 0
-        cost = _eviction(lease, situation, situation.match.slot(lands), features.prompt_tokens, reused)
+        cost = _eviction(lease, situation, situation.match.slot(lands), features.prompt_tokens, got.from_slot)
     return SlotOption(
         None, got.cached, got.source, queue, nxt,
         evicts=lease.session_key if lease is not None and cost > 0 else None,

@@ -107,23 +107,24 @@ def test_implicit_session_without_any_header(routing: Stack) -> None:
 
 
 def test_two_sessions_two_slots_and_a_third_evicts_the_least_recent(routing: Stack) -> None:
-    """C takes the least recently used slot. A, back, finds its slot holding C, which shares the long
-    system prompt with it: llama-server keeps such a slot as it is (f_keep >= 0.5) instead of loading
-    A from its RAM cache, and reuses only a checkpoint of C's; turnout predicts what is reused."""
-    first = {
-        "role": "system",
-        "content": text(800, 9),
-    }  # a few KiB: long enough for the prefix index's chunks
-    a = chat(routing, [first, {"role": "user", "content": "a"}], **{"x-session-id": "A"})
-    b = chat(routing, [first, {"role": "user", "content": "b"}], **{"x-session-id": "B"})
+    """A and B share a system prompt too long for vLLM's window, not their first messages (longer
+    than the 516 tokens before a prompt's end where a hybrid slot keeps a checkpoint): B taking A's
+    slot would cost A its message, so each gets a slot. C takes the least recently used one. A,
+    back, finds its slot holding C, which shares the long system prompt with it: llama-server keeps
+    such a slot as it is (f_keep >= 0.5) instead of loading A from its RAM cache, and reuses only a
+    checkpoint of C's; turnout predicts what is reused."""
+    first = {"role": "system", "content": text(6000, 9)}
+    a = chat(routing, [first, {"role": "user", "content": text(400, 1)}], **{"x-session-id": "A"})
+    b = chat(routing, [first, {"role": "user", "content": text(400, 2)}], **{"x-session-id": "B"})
     assert (a.headers["x-turnout-backend"], b.headers["x-turnout-backend"]) == ("llama", "llama")
+    assert "vllm: context-too-long" in a.headers["x-turnout-route-reason"]
     assert a.headers["x-turnout-slot"] != b.headers["x-turnout-slot"]
     c = chat(routing, [first, {"role": "user", "content": "c"}], **{"x-session-id": "C"})
     assert c.headers["x-turnout-slot"] == a.headers["x-turnout-slot"]
     assert f"takes slot {a.headers['x-turnout-slot']} from session" in c.headers["x-turnout-route-reason"]
     again = [
         first,
-        {"role": "user", "content": "a"},
+        {"role": "user", "content": text(400, 1)},
         a.json()["choices"][0]["message"],
         {"role": "user", "content": "a2"},
     ]

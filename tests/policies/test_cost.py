@@ -25,7 +25,7 @@ from policies.cost import estimate
 from policies.learning import PRIMED_SAMPLES, SPREAD, Ewma, LearnedState, learn
 from policies.pricing import BATCH_SLOWDOWN, STEP_TOKENS, decode_step_s
 from policies.route import RoutingContext
-from policies.slots import keep_chance
+from policies.slots import Situation, keep_chance, llama_options
 from policies.types import (
     Decision,
     Estimate,
@@ -478,6 +478,10 @@ def test_the_worked_example_of_docs_routing() -> None:
     assert round(on_llama.objective_ttft_s, 2) == 4.25
     assert round(on_vllm.objective_ttft_s, 2) == 13.05
     assert "takes slot 0 from session" in on_llama.note
+    situation = Situation(llama, LLAMA, LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP), match,
+                          session, leases, now, 600.0)  # fmt: skip
+    b = next(option for option in llama_options(request, situation) if option.slot == 1)
+    assert (b.source, b.evicts, round(b.evict_cost_s, 2)) == ("none", "h:b", 0.09)  # B restores from RAM
 
 
 BOTH_HELD = {"llama": (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.0, 9000))}

@@ -88,3 +88,23 @@ def test_a_prompt_sharing_little_of_the_slot_leaves_the_holder_its_ram_cache(
     apart = on_llama(architecture, (SlotMatch(0, 0, held=big),), leases)
     assert sharing.evicts == "a"
     assert sharing.evict_cost_s == pytest.approx(apart.evict_cost_s)
+
+
+def test_a_hybrid_holder_gets_back_the_checkpoint_the_newcomer_restored() -> None:
+    """Slot 0 holds a checkpoint at 1713, inside the system prompt: the chat restores it (the engine
+    keeps the checkpoints at or below what it reused), and agent a, coming back, restores it too:
+    it re-prefills 1713 tokens fewer than with no checkpoint there."""
+    leases = (SlotLease(0, "a", NOW - 6, AGENT),)
+    bare = on_llama(Architecture.HYBRID, (SHARING,), leases)
+    kept = on_llama(Architecture.HYBRID, (SlotMatch(0, SYSTEM, held=AGENT, checkpoint=1713),), leases)
+    assert kept.expected_cached_tokens > 0
+    assert 0 < kept.evict_cost_s < bare.evict_cost_s
+
+
+def test_a_hybrid_holder_sharing_the_newcomers_prompt_to_its_end_gets_its_near_end_checkpoint() -> None:
+    """The chat's 3000 tokens share 2600 with agent a's conversation: the chat leaves a checkpoint at
+    3000 - 516 = 2484, inside what they share, and a restores it; sharing 2048, a gets nothing."""
+    leases = (SlotLease(0, "a", NOW - 6, AGENT),)
+    far = on_llama(Architecture.HYBRID, (SHARING,), leases)
+    near = on_llama(Architecture.HYBRID, (SlotMatch(0, 2600, held=AGENT),), leases)
+    assert 0 < near.evict_cost_s < far.evict_cost_s

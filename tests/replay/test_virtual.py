@@ -13,14 +13,14 @@ from backends.sim.chat import render_chat
 from gateway.cli import main
 from gateway.replay.fleets import PROBE_INTERVAL_S, default_fleet
 from gateway.replay.generate import agent_trace, contention_trace, mixed_trace
-from gateway.replay.report import LOWER_BOUND, Draw, pooled_report, report
+from gateway.replay.report import LOWER_BOUND, Draw, percentile, pooled_report, report
 from gateway.replay.runner import ORACLE, ReplayOptions, run_replay
 from gateway.replay.simulate import simulate
 from gateway.replay.stack import StackOptions
 from gateway.replay.traces import TraceRequest, write_trace
 from gateway.replay.virtual import OVERHEAD_S, GatewayReplay, VirtualOptions, run_now
 from gateway.replay.virtual_oracle import OracleReplay
-from gateway.replay.yardsticks import TEMPLATE_TOKENS
+from gateway.replay.yardsticks import TEMPLATE_TOKENS, distinct_tokens, new_tokens
 
 MODEL = "replay"
 
@@ -168,3 +168,8 @@ def test_a_pooled_report_counts_every_request_of_every_draw_once() -> None:
         tokens = [sum(r.completion_tokens for r in d.runs[name]) for d in draws]
         spans = [t / one_or_two["throughput_tok_s"] for t, one_or_two in zip(tokens, (one, two), strict=True)]
         assert entry["throughput_tok_s"] == pytest.approx(sum(tokens) / sum(spans), rel=1e-3), name
+        union = [r.ttft_s for d in draws for r in d.runs[name] if r.ttft_s is not None]
+        assert entry["ttft_p90_s"] == round(percentile(union, 0.9) or 0.0, 4), name
+        prefilled = sum(r.prompt_tokens - r.cached_tokens for d in draws for r in d.runs[name])
+        distinct = sum(distinct_tokens(new_tokens(d.trace)) for d in draws)  # each draw's own
+        assert entry["prefill_amplification"] == round(prefilled / distinct, 4), name
