@@ -188,10 +188,6 @@ def _settings_for(workload: Workload) -> Callable[[str], Settings]:
     return settings_for
 
 
-def _quiet(name: str, world: World) -> None:
-    """``simulate``'s ``on_done`` for a draw: nothing to say (a draw's run is short)."""
-
-
 def _progress(workload: str) -> Callable[[str, World], None]:
     def done(name: str, world: World) -> None:
         print(
@@ -237,9 +233,7 @@ def _draw_of(name: str, seed: int) -> tuple[Draw, dict[str, float], dict[str, fl
     workload = next(w for w in WORKLOADS if w.name == name)
     assert workload.seeded is not None
     requests = with_model(workload.seeded(seed), MODEL)
-    runs = simulate(
-        requests, workload.profiles, _settings_for(workload), MODEL, VirtualOptions(), on_done=_quiet
-    )
+    runs = simulate(requests, workload.profiles, _settings_for(workload), MODEL, VirtualOptions())
     return Draw(runs.runs, requests, runs.bounds), runs.simulated_s, runs.wall_s
 
 
@@ -305,7 +299,7 @@ def row_targets(name: str, profiles: dict[str, Any]) -> list[str]:
     ]
 
 
-def seed_target(name: str, ratios: Sequence[float]) -> str:
+def seed_target(ratios: Sequence[float]) -> str:
     """What the row's pooled numbers hide: ``cost`` / oracle mean TTFT on each draw alone, their
     geometric mean and the worst."""
     mean = statistics.geometric_mean(ratios)
@@ -323,7 +317,7 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
     for name, result in results.items():
         lines += row_targets(name, result["profiles"])
         if result.get("seeds"):
-            lines.append(seed_target(name, result["seeds"]))
+            lines.append(seed_target(result["seeds"]))
     if "agent" in results:
         lines.append(agent_target(results, quick))
     return lines

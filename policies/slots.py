@@ -335,14 +335,13 @@ def _eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: i
 
 
 def _left_for(deployment: Deployment, held: SlotMatch, prompt: int, cached: int) -> float:
-    """Tokens of the holder's conversation a slot still gives it back after this prompt ran there:
-    what they share (``held.tokens``); on a hybrid model only up to a checkpoint, the slot's own at
-    or below what this prompt reused (the engine keeps those) or this prompt's near its end."""
-    if deployment.architecture is not Architecture.HYBRID:
-        return held.tokens
+    """Tokens of the holder's conversation a slot still gives it back after this prompt ran there,
+    by the slot rules (``usable``): the slot holds this prompt, sharing ``held.tokens`` with the
+    holder's, and of the slot's own checkpoints those at or below what this prompt reused (the
+    engine keeps them). Never ``whole``: this prompt's answer follows it in the slot."""
     own = held.checkpoint if held.checkpoint <= cached else 0
-    near_end = prompt - CHECKPOINT_GAP if held.tokens >= prompt - CHECKPOINT_GAP > 0 else 0
-    return max(own, near_end)
+    after = SlotMatch(held.slot, held.tokens, held=prompt, checkpoint=own)
+    return usable(after, deployment.architecture is Architecture.HYBRID)
 
 
 def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotOption]:
