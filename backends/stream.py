@@ -94,8 +94,12 @@ def merge_usage(previous: Usage | None, new: Usage | None) -> Usage | None:
 class ResponseRelay:
     """Forwards one upstream response and records what routing learns from it.
 
-    ``first_byte_at`` (monotonic) marks the first body bytes (time to first token for streams),
-    ``usage`` the last usage/timings seen.
+    ``first_byte_at`` (monotonic) marks the first body bytes; ``first_token_at`` when the engine
+    produced its first token: a stream's first bytes, and for a whole body the end less the engine's
+    own decode time (llama.cpp's ``timings.predicted_ms``, counted from its first token) where it
+    reports one, else None: a body's first byte comes with its last token, and taken as a first token
+    it would make every non-streamed request's TTFT its whole duration. ``usage`` the last
+    usage/timings seen.
     """
 
     def __init__(
@@ -114,6 +118,7 @@ class ResponseRelay:
         """Told when bytes arrive; it is armed by whoever waits on this relay (``backends.watchdog``)."""
         self.usage: Usage | None = None
         self.first_byte_at: float | None = None
+        self.first_token_at: float | None = None
         self.finished = False
         self._last_events = _LAST_EVENTS.get(request.url.rsplit("/", 1)[-1], (b"",))
         """What this API's stream ends with (read on every relayed read: found once)."""
@@ -171,7 +176,7 @@ class ResponseRelay:
             async for chunk in self.response.aiter_bytes():
                 dog.last = now = clock()
                 if self.first_byte_at is None:
-                    self.first_byte_at = now
+                    self.first_byte_at = self.first_token_at = now
                     dog.stream()  # from now on only silence between bytes counts
                 buffer = buffer + chunk if buffer else chunk
                 end = _boundary(buffer)
@@ -214,7 +219,7 @@ class ResponseRelay:
             content = await self._bounded_body()
         except httpx.HTTPError as exc:
             raise broke_off(self.request.backend_id, "body", exc) from exc
-        self.first_byte_at = self.clock()
+        self.first_byte_at = end = self.clock()
         try:
             data = msgspec.json.decode(content)
         except msgspec.DecodeError:
@@ -224,6 +229,9 @@ class ResponseRelay:
             ) from None
         if isinstance(data, dict):
             self.usage = parse_usage(data)
+            decoding = self.usage.predicted_ms if self.usage is not None else None
+            if decoding is not None:
+                self.first_token_at = end - decoding / 1000
         self.finished = True
         if self.request.anthropic_from_chat is not None and isinstance(data, dict):
             return msgspec.json.encode(to_message(data, self.request.anthropic_from_chat))

@@ -78,8 +78,8 @@ class Metrics:
         labels = ["model", "backend", "endpoint", "status", "reason"]
         self.requests = Counter("turnout_requests", "Requests answered", labels, registry=self.registry)
         self.ttft = Histogram(
-            "turnout_ttft_seconds", "Time to first byte from the engine", ["backend"], buckets=SECONDS,
-            registry=self.registry,
+            "turnout_ttft_seconds", "Time to the engine's first token (streamed, or from its timings)",
+            ["backend"], buckets=SECONDS, registry=self.registry,
         )  # fmt: skip
         self.duration = Histogram(
             "turnout_request_duration_seconds", "Whole request, as the client saw it", ["backend"],
@@ -116,8 +116,8 @@ class Metrics:
             record.model or "unknown", backend, record.endpoint, str(record.status), reason
         ).inc()
         self.duration.labels(backend).observe(duration_s)
-        if record.first_byte_at is not None:
-            ttft = record.first_byte_at - record.started
+        ttft = record.ttft_s
+        if ttft is not None:
             self.ttft.labels(backend).observe(ttft)
             if record.predicted_ttft is not None:
                 self.ttft_error.labels(backend).observe(ttft - record.predicted_ttft)

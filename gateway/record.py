@@ -28,7 +28,7 @@ class RequestRecord:
     backend: str | None = None
     reason: str | None = None
     status: int = 200
-    first_byte_at: float | None = None
+    first_token_at: float | None = None  # None: not observed (a whole body without engine timings)
     usage: Usage | None = None
     retries: int = 0
     error: str | None = None
@@ -38,6 +38,16 @@ class RequestRecord:
     observer: Callable[[RequestRecord, float], None] | None = None  # the metrics, given the duration
     clock: Callable[[], float] = time.monotonic  # what ``started`` was read from
     emitted: bool = False
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds from when turnout received the request to the engine's first token, where
+        observed (``backends.stream.ResponseRelay.first_token_at``). An engine whose reported decode
+        time is longer than the whole request (a simulator reporting simulated time while it runs
+        faster) gives no first token either."""
+        if self.first_token_at is None or self.first_token_at < self.started:
+            return None
+        return self.first_token_at - self.started
 
     def emit(self) -> None:
         if self.emitted:
@@ -55,7 +65,7 @@ class RequestRecord:
             backend=self.backend,
             reason=self.reason,
             status=self.status,
-            ttft_ms=round((self.first_byte_at - self.started) * 1000, 1) if self.first_byte_at else None,
+            ttft_ms=None if self.ttft_s is None else round(self.ttft_s * 1000, 1),
             duration_ms=round((now - self.started) * 1000, 1),
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,

@@ -502,7 +502,7 @@ class Relay:
     async def _complete(self, opened: Opened, record: RequestRecord) -> None:
         """After a response: the outcome goes to learning, the session and the decision log; one log line."""
         relay = opened.relay
-        record.first_byte_at, record.usage = relay.first_byte_at, relay.usage
+        record.first_token_at, record.usage = relay.first_token_at, relay.usage
         outcome = None
         chosen = opened.decision.chosen_candidate
         inference = opened.routed.features.endpoint is not Endpoint.COUNT_TOKENS
@@ -511,7 +511,7 @@ class Relay:
                 opened.routed,
                 self.fleet.adapter(chosen.deployment.backend_id).kind,
                 relay.usage,
-                ttft_s=(relay.first_byte_at - record.started) if relay.first_byte_at else None,
+                ttft_s=record.ttft_s,
                 duration_s=self.fleet.clock.monotonic() - record.started,
                 stream=relay.request.stream,
             )
