@@ -7,7 +7,6 @@ learning, the session's new state, the decision log. Routing state changes only 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -28,6 +27,7 @@ from policies.features import MESSAGE_OVERHEAD_TOKENS
 from policies.learning import LearnedState, learn
 from policies.prefix import PromptChain
 from policies.route import RoutingContext
+from policies.sessions import session_label
 from policies.slots import DEFAULT_LEASE_IDLE_S, proven
 from policies.types import (
     EngineKind,
@@ -110,11 +110,6 @@ def moved(routed: Routed) -> dict[str, Any] | None:
     }
 
 
-def session_label(key: str) -> str:
-    """A short stable label for logs, URLs and the decision log (session keys may be user ids)."""
-    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
-
-
 NAMED_SOURCES = ("h:", "a:", "k:", "u:", "m:")
 """Session keys that carry the client's own name after their source (``policies.sessions``): the
 ``x-session-id`` header, an agent's header, ``prompt_cache_key``, ``user``, Anthropic's
@@ -127,6 +122,20 @@ def session_name(key: str | None, *, redact: bool = False) -> str | None:
     if key is None or redact or not key.startswith(NAMED_SOURCES):
         return None
     return key[2:]
+
+
+def session_shown(key: str, *, redact: bool = False) -> str:
+    """How the operator is shown a session, everywhere: the name its client gave it, else (known by
+    its content, or names redacted) its label."""
+    return session_name(key, redact=redact) or session_label(key)
+
+
+def _shown_in(text: str, evicts: str | None, redact: bool) -> str:
+    """An explanation (``policies``' notes name a session by its label: it reaches the client in
+    ``x-turnout-route-reason``) as the operator reads it: the evicted session as it is shown."""
+    if evicts is None:
+        return text
+    return text.replace(f"session {session_label(evicts)}", f"session {session_shown(evicts, redact=redact)}")
 
 
 def added_part(features: RequestFeatures, session: SessionView) -> bytes | None:
@@ -420,6 +429,8 @@ def decision_entry(
     (``status``/``error``: how the request ended, also when no outcome was measured; ``at``: when,
     epoch seconds; ``redact``: leave out the name the client gave its session)."""
     decision, features = routed.decision, routed.features
+    chosen = decision.chosen_candidate
+    evicted = chosen.estimate.evicts if chosen is not None and chosen.estimate is not None else None
     return {
         "at": at,
         "request_id": request_id,
@@ -435,7 +446,7 @@ def decision_entry(
         "chosen": decision.chosen.backend_id if decision.chosen else None,
         "chosen_model": decision.chosen.model if decision.chosen else None,
         "slot": decision.slot,
-        "reason": decision.header,
+        "reason": _shown_in(decision.header, evicted, redact),
         "candidates": [
             {
                 "backend": c.deployment.backend_id,
@@ -455,8 +466,9 @@ def decision_entry(
                         "warm": c.estimate.warm,
                         "cache_source": c.estimate.source,
                         "evicts": session_label(c.estimate.evicts) if c.estimate.evicts else None,
+                        "evicts_name": session_name(c.estimate.evicts, redact=redact),
                         "evict_cost_s": round(c.estimate.evict_cost_s, 4),
-                        "note": c.estimate.note,
+                        "note": _shown_in(c.estimate.note, c.estimate.evicts, redact),
                     }
                     if c.estimate
                     else {}

@@ -68,6 +68,7 @@ from policies.slots import (
 from policies.types import (
     BackendSnapshot,
     Deployment,
+    Endpoint,
     EngineKind,
     Estimate,
     PrefixMatch,
@@ -175,7 +176,9 @@ def estimate(
     horizon = LOOKAHEAD_TURNS * keep * chance
     factor = queue_factor(snapshot, stats)
     objective = _Objective(features, situation, horizon, factor)
-    if snapshot.kind is EngineKind.LLAMACPP:
+    if features.endpoint is Endpoint.COUNT_TOKENS:  # the engine only counts: no slot, no queue
+        option = SlotOption(None, 0, "none", 0.0, 0)
+    elif snapshot.kind is EngineKind.LLAMACPP:
         options = llama_options(features, situation)
         last_used = {lease.slot: lease.last_used for lease in leases}
         option = min(
@@ -183,6 +186,8 @@ def estimate(
             key=lambda o: (
                 round(objective(o), 6),
                 o.slot is None,
+                not o.mine,  # a tie never moves a session off its own slot...
+                o.evicts is not None,  # ...nor takes another's when a free one does as well
                 last_used.get(o.slot, -1.0) if o.slot is not None else 0.0,
             ),
         )

@@ -14,11 +14,20 @@ Priority (first match wins; ``features.session_source`` records which):
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 from policies.prefix import part_text
 from policies.types import SessionSource
+
+
+def session_label(key: str) -> str:
+    """A session's one short hash (12 hex), for logs, URLs, explanations and the decision log: session
+    keys may be user ids. Where the operator may see names, the gateway shows the client's name for
+    it instead (``gateway.routing.session_shown``)."""
+    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+
 
 AGENT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-affinity")
 MAX_KEY_LENGTH = 256

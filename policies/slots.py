@@ -9,10 +9,11 @@ and ``CHECKPOINT_TAIL`` tokens before it; a prompt that reuses less erases those
 reused), so one that an earlier, shorter prompt left (a chat's first turn, just past a shared system
 prompt) serves every later prompt sharing that much; one near the end of what the slot holds
 (``CHECKPOINT_GAP``) counts too. When ``s`` shares little with the prompt (``consults_ram``: at most
-10% of the prompt, or less than half of what ``s`` holds), llama-server saves the slot to its RAM prompt cache
-and loads the best cached state: the longest prefix turnout sent to the backend lately, by the same
-rules, times the learned ``ram_reuse``, if that entry is young enough to be there still
-(``ram_span`` within the learned ``ram_tokens``).
+10% of the prompt, or less than half of what ``s`` holds), llama-server saves the slot to its RAM
+prompt cache and loads the best cached state: the longest prefix turnout sent to the backend lately,
+by the same rules, times the learned ``ram_reuse`` (at most ``reuse``: a restored state is matched as
+a slot's is), if that entry is young enough to be there still (``ram_span`` within the learned
+``ram_tokens``).
 
 Every slot is an option (``llama_options``); the cost model picks the best objective:
 
@@ -28,7 +29,8 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
   slot reused as it is (``consults_ram`` from its side) and gets back only what the slot rules give
   it (``_left_for``): the shared prefix on a dense model, on a hybrid one a checkpoint, most often
   none; all of it weighed by the chance it comes back, ``0.5 ** (idle / (RECENCY_HALF_LIFE * lease_idle_s))``
-  (0 once the lease expired). Ties go to the least recently used slot.
+  (0 once the lease expired). Ties go to the session's own slot, then to a slot no other session
+  holds, then to the least recently used one.
 
 A restore from the RAM cache adds ``ram_restore_s(cached)`` to the queue of the request itself.
 
@@ -40,7 +42,6 @@ one, else the first to free), and pays the eviction cost of the session holding 
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
 
@@ -48,6 +49,7 @@ import msgspec
 
 from policies.learning import DeploymentStats, reusable
 from policies.pricing import prefill_s, ram_restore_s
+from policies.sessions import session_label
 from policies.types import (
     Architecture,
     BackendSnapshot,
@@ -84,11 +86,6 @@ class Situation(msgspec.Struct, frozen=True):
     leases: Sequence[SlotLease]
     now: float
     lease_idle_s: float
-
-
-def label(key: str) -> str:
-    """Session keys can be user ids: explanations show a short hash instead."""
-    return hashlib.blake2b(key.encode(), digest_size=4).hexdigest()
 
 
 def reuse(
@@ -149,13 +146,13 @@ class SlotOption(msgspec.Struct, frozen=True):
     queue_s: float
     cached_next: int
     warm: bool = False
-    evicts: str | None = None
+    evicts: str | None = None  # the session holding the slot taken (its lease is claimed from it)
     evict_cost_s: float = 0.0
     ram_potential: int = 0  # what the RAM cache would give were the entry there (for learning)
     usable: int = 0  # what the engine's rules let it reuse of the state it uses (``usable``; for learning)
     mine: bool = False  # the session's own slot
     waits: bool = False  # the slot is busy: ``queue_s`` starts with its running request's remaining time
-    expired: bool = False  # another session's lease, expired
+    expired: bool = False  # ``evicts``' lease expired (idle ``lease_idle_s``): it costs nothing
     lost: bool = False  # the session's slot no longer holds its prompt
     restore_s: float = 0.0  # loading ``cached`` back from the RAM cache (in ``queue_s``)
     lands: int | None = None  # no slot named (``slot`` None): the one llama-server is expected to give
@@ -173,11 +170,11 @@ class SlotOption(msgspec.Struct, frozen=True):
             notes.append(f"waits ~{self.queue_s - self.restore_s:.1f} s for slot {slot}")
         if self.evicts is not None:
             taken = f"slot {slot}" if slot is not None else f"slot {self.lands} (llama-server's pick)"
-            notes.append(
-                f"takes {taken} from session {label(self.evicts)} (+{self.evict_cost_s:.2f} s next turn)"
-            )
-        elif self.expired:
-            notes.append(f"slot {slot}'s lease expired")
+            holder = f"session {session_label(self.evicts)}"
+            if self.expired:
+                notes.append(f"takes {taken}: {holder}'s lease expired")
+            else:
+                notes.append(f"takes {taken} from {holder} (+{self.evict_cost_s:.2f} s next turn)")
         if self.source == "ram" and not self.mine and slot is not None:
             notes.append(f"slot {slot} restores {self.cached} tokens from the RAM cache")
         return "; ".join(notes)
@@ -286,8 +283,9 @@ class _Reuse(msgspec.Struct, frozen=True):
 
 class _Ram(msgspec.Struct, frozen=True):
     """The RAM cache's best entry for this prompt, the same for every slot: what a restore would
-    give (``potential``, by the slot rules of ``usable`` at ``ram_reuse``), its usable tokens, and
-    whether it is still there (``_in_ram``)."""
+    give (``potential``, by the slot rules of ``usable`` at ``ram_reuse``, never above ``reuse``: a
+    restored state is matched against the prompt as a slot's is, so it gives at most what the slot
+    holding that state would), its usable tokens, and whether it is still there (``_in_ram``)."""
 
     potential: int
     usable: int
@@ -296,8 +294,9 @@ class _Ram(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, situation: Situation, hybrid: bool) -> _Ram:
         tokens = usable(situation.match.best_recent, hybrid)
-        potential = reuse(tokens, situation.stats, situation.stats.ram_reuse.value, token_exact=True)
-        return cls(potential, tokens, _in_ram(situation))
+        stats = situation.stats
+        ratio = min(stats.ram_reuse.value, stats.reuse.value)
+        return cls(reuse(tokens, stats, ratio, token_exact=True), tokens, _in_ram(situation))
 
 
 def _best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: _Ram | None, hybrid: bool) -> _Reuse:
@@ -310,6 +309,12 @@ def _best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: _Ram | 
     return _Reuse(from_slot, "slot" if from_slot else "none", slot_tokens, ram.potential if ram else 0)
 
 
+def _expired(lease: SlotLease, situation: Situation) -> bool:
+    """A lease idle ``lease_idle_s`` or longer: its session is not expected back, and the slot is
+    anyone's at no cost."""
+    return situation.now - lease.last_used >= situation.lease_idle_s
+
+
 def _eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: int, cached: int) -> float:
     """What taking ``lease``'s slot costs its session's next turn (module docstring): ``held`` is
     what the slot holds of this prompt (``prompt`` tokens, ``cached`` of them reused from the slot by
@@ -319,9 +324,9 @@ def _eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: i
     nothing on a hybrid model. The RAM cache holds the holder's state because llama-server saves
     every idle slot there when a task starts (``--cache-idle-slots``, on by default)."""
     stats = situation.stats
-    idle = max(situation.now - lease.last_used, 0.0)
-    if idle >= situation.lease_idle_s:
+    if _expired(lease, situation):
         return 0.0
+    idle = max(situation.now - lease.last_used, 0.0)
     comes_back = float(0.5 ** (idle / (RECENCY_HALF_LIFE * situation.lease_idle_s)))
     deployment = situation.deployment
     mine = lease.tokens * stats.reuse.value
@@ -379,7 +384,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
             cost = _eviction(lease, situation, held, features.prompt_tokens, got.from_slot)
             if cost > 0 and not proven(features, session):
                 continue
-            evicts = lease.session_key if cost > 0 else None
+            evicts = lease.session_key  # even at no cost: the claim compares and sets against it
         options.append(
             SlotOption(
                 slot, got.cached, got.source, queue, nxt,
@@ -390,7 +395,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
                 usable=got.usable,
                 mine=mine,
                 waits=waits,
-                expired=lease is not None and not mine and cost == 0,
+                expired=lease is not None and evicts is not None and _expired(lease, situation),
                 lost=lost,
                 restore_s=restore,
             )
@@ -425,13 +430,15 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
     lands = _lands(situation, free, best)
     lease = next((lease for lease in situation.leases if lease.slot == lands), None)
     mine = lease is not None and situation.session is not None and lease.session_key == situation.session.key
-    cost = 0.0
+    cost, evicts = 0.0, None
     if lease is not None and not mine and lands is not None:
         cost = _eviction(lease, situation, situation.match.slot(lands), features.prompt_tokens, got.from_slot)
+        evicts = lease.session_key
     return SlotOption(
         None, got.cached, got.source, queue, nxt,
-        evicts=lease.session_key if lease is not None and cost > 0 else None,
+        evicts=evicts,
         evict_cost_s=cost,
+        expired=lease is not None and evicts is not None and _expired(lease, situation),
         ram_potential=got.potential,
         usable=got.usable,
         lands=lands,

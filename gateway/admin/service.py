@@ -17,10 +17,11 @@ from gateway.admin import accuracy, bought, slots, whatif
 from gateway.admin.auth import AdminAuth, Identity
 from gateway.api.service import WhatIfEdits
 from gateway.relay import Relay
-from gateway.routing import session_label, session_name
+from gateway.routing import session_name
 from gateway.settings import Settings
 from policies import BUILTIN_PROFILES
 from policies.learning import DeploymentStats
+from policies.sessions import session_label
 from policies.types import EngineKind, SessionView
 
 log = structlog.get_logger(__name__)
@@ -207,29 +208,37 @@ class AdminService:
         session = await self._session_bysession_label(label)
         if session is None:
             return None
-        turns = await self.relay.router.store.turns(session.key)
-        return {**self._session_row(session), "timeline": turns}
+        store = self.relay.router.store
+        turns = await store.turns(session.key)
+        holds = [
+            {"backend": backend.id, "slot": lease.slot}
+            for backend in self.settings.backends
+            for lease in await store.leases(backend.id)
+            if lease.session_key == session.key
+        ]
+        return {**self._session_row(session), "holds": holds, "timeline": turns}
+
+    async def _log(self) -> list[dict[str, Any]]:
+        """The decision log, newest first, as every view reads it: with names redacted when
+        ``admin.redact_session_ids`` is set (entries logged before it was set too)."""
+        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        return [_redacted(e) for e in entries] if self.settings.admin.redact_session_ids else entries
 
     async def decisions(self, limit: int, filters: Mapping[str, str]) -> list[dict[str, Any]]:
-        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        entries = await self._log()
         wanted = {k: v for k, v in filters.items() if k in DECISION_FILTERS and v}
-        if self.settings.admin.redact_session_ids:  # entries logged before names were redacted too
-            entries = [{**e, "session_name": None} for e in entries]
         out = [e for e in entries if _matches(e, wanted)]
         return out[:limit]
 
     async def decision(self, request_id: str) -> dict[str, Any] | None:
-        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
-        entry = next((e for e in entries if e["request_id"] == request_id), None)
-        if entry is not None and self.settings.admin.redact_session_ids:
-            entry = {**entry, "session_name": None}
-        return entry
+        entries = await self._log()
+        return next((e for e in entries if e["request_id"] == request_id), None)
 
     async def overview(self, with_bought: bool = False) -> dict[str, Any]:
         """The backends now; ``with_bought``: and what routing bought (:meth:`bought`), from the same
         read of the decision log (the page renders it once; its 2-second refresh leaves it out)."""
         router, fleet = self.relay.router, self.relay.fleet
-        entries = await router.store.decisions(self.settings.state.decision_log_size)
+        entries = await self._log()
         now = self.relay.router.clock.time()
         backends = []
         in_flight = fleet.load()
@@ -284,7 +293,7 @@ class AdminService:
 
     async def bought(self) -> dict[str, Any]:
         """What routing saved over the last day against each backend alone (``gateway.admin.bought``)."""
-        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        entries = await self._log()
         return self._bought(entries, self.relay.router.clock.time())
 
     def _bought(self, entries: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
@@ -299,7 +308,7 @@ class AdminService:
 
     async def series(self, minutes: int) -> dict[str, Any]:
         """Per backend: each request's predicted and actual TTFT, and the cache-hit ratio per minute."""
-        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        entries = await self._log()
         since = self.relay.router.clock.time() - minutes * 60
         out: dict[str, Any] = {}
         for entry in reversed(entries):  # oldest first
@@ -325,7 +334,7 @@ class AdminService:
         """Per backend: how far the predicted TTFTs were from the actual ones over the last
         ``minutes`` (``gateway.admin.accuracy``), beside what learning corrected of the priors."""
         router = self.relay.router
-        entries = await router.store.decisions(self.settings.state.decision_log_size)
+        entries = await self._log()
         now = router.clock.time()
         since = now - minutes * 60
         found = accuracy.pairs(entries, since)
@@ -343,7 +352,7 @@ class AdminService:
         """The slot timeline over the last ``minutes`` (``gateway.admin.slots``): per llama.cpp
         backend a lane per slot, per vLLM backend a lane of its running and waiting requests."""
         router, fleet = self.relay.router, self.relay.fleet
-        entries = await router.store.decisions(self.settings.state.decision_log_size)
+        entries = await self._log()
         now = router.clock.time()
         since = now - minutes * 60
         backends: list[dict[str, Any]] = []
@@ -468,4 +477,25 @@ def _activity(
         "ttft_p50_s": None if p50 is None else round(p50, 3),
         "ttft_p90_s": None if p90 is None else round(p90, 3),
         "cache_hit": round(cached / prompt, 3) if prompt else None,
+    }
+
+
+def _redacted(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A decision entry without the names clients gave sessions (one logged before
+    ``admin.redact_session_ids`` was set may have them): each shown as its label instead."""
+    names = {c["evicts_name"]: c["evicts"] for c in entry.get("candidates", ()) if c.get("evicts_name")}
+
+    def label(text: str) -> str:
+        for name, hashed in names.items():
+            text = text.replace(f"session {name}", f"session {hashed}")
+        return text
+
+    candidates = [
+        {**c, "evicts_name": None, "note": label(c.get("note", ""))} for c in entry.get("candidates", ())
+    ]
+    return {
+        **entry,
+        "session_name": None,
+        "reason": label(entry.get("reason") or ""),
+        "candidates": candidates,
     }

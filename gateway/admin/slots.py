@@ -68,7 +68,7 @@ def bars(entries: Iterable[Mapping[str, Any]], backend: str, since: float, now: 
                 "session": session,
                 "session_name": entry.get("session_name"),
                 "colour": colour(session),
-                "evicted": chosen.get("evicts"),
+                "evicted": chosen.get("evicts_name") or chosen.get("evicts"),
                 "restored": chosen.get("cache_source") == "ram",
                 "prompt_tokens": outcome.get("prompt_tokens"),
                 "cached_tokens": outcome.get("cached_tokens"),

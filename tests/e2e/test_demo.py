@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.routing import session_label
+from policies.sessions import session_label
 
 
 def free_port() -> int:

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.routing import session_label
 from gateway.settings import load_settings
+from policies.sessions import session_label
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.redis_server import RedisServer
 from tests.servers import ADMIN, ADMIN_TOKEN, ServerThread
@@ -131,3 +131,98 @@ def test_redaction_hides_the_names_logged_before_it(redis_server: RedisServer) -
         if redacted is not None:
             redacted.stop()
         stop_stack(running)
+
+
+def fill_the_llama_slots(stack: Stack, names: list[str]) -> str:
+    """Each named session sends a first turn to the llama.cpp backend (two slots): the third takes
+    a slot from one of the first two. Returns its request id."""
+    ids = []
+    for name in names:
+        payload = {
+            "model": "m-llama",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": f"hi from {name}"}],
+        }
+        response = httpx.post(
+            stack.url + "/v1/chat/completions", json=payload, headers={"x-session-id": name}, timeout=30
+        )
+        assert response.status_code == 200, response.text
+        ids.append(response.headers["x-request-id"])
+    return ids[-1]
+
+
+def test_an_evicted_session_is_named_the_same_everywhere(stack: Stack) -> None:
+    """One identifier for a session: the reason text, the candidate's note and ``evicts_name`` say
+    the name its client gave it; ``evicts`` is its one hash, as ``session`` is (issue #41)."""
+    request_id = fill_the_llama_slots(stack, ["names-a", "names-b", "names-c"])
+    decision = admin(stack, f"/admin/api/decisions/{request_id}")
+    chosen = next(c for c in decision["candidates"] if c["backend"] == decision["chosen"])
+    victim = chosen["evicts_name"]
+    assert victim in ("names-a", "names-b")
+    assert chosen["evicts"] == session_label(f"h:{victim}")
+    assert f"from session {victim} " in decision["reason"]
+    assert f"from session {victim} " in chosen["note"]
+    assert session_label(f"h:{victim}") not in decision["reason"]
+    page = httpx.get(f"{stack.url}/admin/decisions/{request_id}", headers=ADMIN, timeout=30).text
+    assert f"from session {victim} " in page
+
+
+def test_a_redacted_eviction_names_the_hash_only() -> None:
+    running = start_stack(admin={"token": ADMIN_TOKEN, "redact_session_ids": True})
+    try:
+        request_id = fill_the_llama_slots(running, ["red-a@example.com", "red-b@example.com", "red-c"])
+        decision = admin(running, f"/admin/api/decisions/{request_id}")
+        chosen = next(c for c in decision["candidates"] if c["backend"] == decision["chosen"])
+        assert chosen["evicts_name"] is None
+        assert f"from session {chosen['evicts']} " in decision["reason"]
+        assert "example.com" not in str(decision)
+    finally:
+        stop_stack(running)
+
+
+def test_a_count_tokens_decision_takes_no_slot(stack: Stack) -> None:
+    """Counting runs no prompt: its decision names no slot, and its reason takes none from anyone."""
+    fill_the_llama_slots(stack, ["count-a", "count-b"])
+    body = {"model": "m-llama", "messages": [{"role": "user", "content": "how many tokens?"}]}
+    response = httpx.post(stack.url + "/v1/messages/count_tokens", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    decision = admin(stack, f"/admin/api/decisions/{response.headers['x-request-id']}")
+    assert decision["slot"] is None
+    assert "slot" not in decision["reason"]
+    assert all(c.get("evicts") is None for c in decision["candidates"])
+
+
+def test_the_session_page_offers_release_only_for_a_held_slot(stack: Stack) -> None:
+    on_vllm = session_label("h:page-vllm")
+    ask(stack, headers={"x-session-id": "page-vllm"}, model="m-vllm")
+    page = httpx.get(f"{stack.url}/admin/sessions/{on_vllm}", headers=ADMIN, timeout=30).text
+    assert "holds no slot" in page
+    assert 'id="release"' not in page
+    fill_the_llama_slots(stack, ["page-llama"])
+    held = admin(stack, f"/admin/api/sessions/{session_label('h:page-llama')}")
+    assert held["holds"] == [{"backend": "llama", "slot": held["slot"]}]
+    page = httpx.get(f"{stack.url}/admin/sessions/page-llama", headers=ADMIN, timeout=30).text
+    assert 'id="release"' in page
+
+
+def test_a_turn_that_reused_nothing_is_not_called_reused(stack: Stack) -> None:
+    """A first turn has nothing cached: the timeline says so; a second turn on its warm slot says
+    how much it reused."""
+    first = [{"role": "user", "content": "a timeline of its own"}]
+    payload = {"model": "m-llama", "max_tokens": 2, "messages": first}
+    headers = {"x-session-id": "timeline-words"}
+    answer = httpx.post(stack.url + "/v1/chat/completions", json=payload, headers=headers, timeout=30).json()
+    text = answer["choices"][0]["message"]["content"] or "ok"
+    payload["messages"] = [
+        *first,
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": "more"},
+    ]
+    httpx.post(stack.url + "/v1/chat/completions", json=payload, headers=headers, timeout=30)
+    session = admin(stack, "/admin/api/sessions/timeline-words")
+    cached = [turn["cached_tokens"] for turn in session["timeline"]]
+    assert cached[0] == 0
+    assert cached[1] > 0
+    page = httpx.get(f"{stack.url}/admin/sessions/timeline-words", headers=ADMIN, timeout=30).text
+    assert page.count("nothing cached") == 1
+    assert f"reused {cached[1]} tokens" in page

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from gateway.replay.traces import read_trace
-from gateway.routing import session_label
 from gateway.traffic import TrafficRecorder
 from policies import Endpoint, RequestFeatures
 from policies.prefix import chain_of
+from policies.sessions import session_label
 from policies.types import EngineKind, Outcome, Usage
 from tests.e2e.conftest import start_stack, stop_stack
 from tests.servers import ADMIN

@@ -25,6 +25,7 @@ from policies.cost import estimate
 from policies.learning import PRIMED_SAMPLES, SPREAD, Ewma, LearnedState, learn
 from policies.pricing import BATCH_SLOWDOWN, STEP_TOKENS, decode_step_s
 from policies.route import RoutingContext
+from policies.sessions import session_label
 from policies.slots import Situation, keep_chance, llama_options
 from policies.types import (
     Decision,
@@ -156,8 +157,18 @@ class TestReuse:
         """A lease idle for lease_idle_s costs nothing to take, and the note says why."""
         leases = (SlotLease(0, "old", 0.0, 40_000), SlotLease(1, "new", 900.0, 40_000))
         result = llama(NOTHING, leases, learned=NO_RAM, now=1000.0)
-        assert (result.slot, result.evicts, result.evict_cost_s) == (0, None, 0.0)
-        assert "slot 0's lease expired" in result.note
+        # the claim compares and sets against the old holder: its lease is taken, at no cost
+        assert (result.slot, result.evicts, result.evict_cost_s) == (0, "old", 0.0)
+        assert f"takes slot 0: session {session_label('old')}'s lease expired" in result.note
+
+    def test_a_lease_that_has_not_expired_is_never_called_expired(self) -> None:
+        """A holder that loses nothing (it holds no tokens) costs nothing to evict, 4 s after its
+        last turn: it is evicted, not expired (the note used to say "expired" whenever the cost was 0)."""
+        leases = (SlotLease(0, "idle", 996.0, 0), SlotLease(1, "new", 999.0, 40_000))
+        result = llama(NOTHING, leases, learned=NO_RAM, now=1000.0)
+        assert (result.slot, result.evicts, result.evict_cost_s) == (0, "idle", 0.0)
+        assert "expired" not in result.note
+        assert f"takes slot 0 from session {session_label('idle')} (+0.00 s next turn)" in result.note
 
     def test_busy_own_slot_waits_what_its_request_still_needs(self) -> None:
         """Waiting 0.1 s beats re-prefilling 9000 tokens elsewhere (no RAM cache to restore from)."""
@@ -216,7 +227,11 @@ class TestReuse:
         assert result.evict_cost_s > 0
         assert "takes slot 1 (llama-server's pick) from session" in result.note
         expired = llama(NOTHING, leases, session=None, snapshot=busy, now=9.0 + 600.0)
-        assert (expired.slot, expired.evicts, expired.evict_cost_s) == (None, None, 0.0)
+        assert (expired.slot, expired.evicts, expired.evict_cost_s) == (None, "b", 0.0)
+        assert (
+            f"takes slot 1 (llama-server's pick): session {session_label('b')}'s lease expired"
+            in expired.note
+        )
 
     def test_a_busy_slot_also_waits_for_the_prompts_of_the_other_slots(self) -> None:
         """llama-server runs every slot's prompt chunks in the batches that decode the others: a

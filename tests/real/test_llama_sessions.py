@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.routing import session_label
 from gateway.settings import load_settings
+from policies.sessions import session_label
 from tests.real.llama_server import DEFAULT_ALIAS, LlamaServer, LlamaServerFactory
 from tests.servers import ADMIN, ServerThread
 
