@@ -21,6 +21,7 @@ from backends.clock import WALL, Clock
 from backends.errors import UpstreamStatusError, UpstreamUnavailable, parse_error_body
 from backends.parsers.openai import ServedModel, parse_models
 from backends.transport import UpstreamResponse
+from policies.features import within_window
 from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {
@@ -162,6 +163,7 @@ class Adapter(ABC):
         """The upstream request: the client's body with the model mapped and the engine's rewrites."""
         upstream = dict(body)
         upstream["model"] = deployment.upstream_name
+        upstream.update(within_window(body, endpoint, deployment.context_window))
         strip = self.rewrite_body(endpoint, upstream, deployment, slot)
         stream = bool(upstream.get("stream", False))
         return UpstreamRequest(

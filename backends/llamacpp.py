@@ -12,6 +12,7 @@ from backends.anthropic_chat import to_chat
 from backends.base import UPSTREAM_PATHS, Adapter, UpstreamRequest
 from backends.errors import UpstreamStatusError
 from backends.parsers.llamacpp import parse_metrics, parse_props, parse_slots
+from policies.features import within_window
 from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health
 
 
@@ -63,7 +64,7 @@ class LlamaCppAdapter(Adapter):
         (``backends.anthropic_chat``)."""
         if endpoint is not Endpoint.MESSAGES or slot is None:
             return super().prepare(endpoint, body, deployment, client_model, slot)
-        chat = to_chat(body)
+        chat = to_chat({**body, **within_window(body, endpoint, deployment.context_window)})
         chat["model"] = deployment.upstream_name
         chat["cache_prompt"] = body.get("cache_prompt", True)
         chat["id_slot"] = body.get("id_slot", slot)

@@ -51,8 +51,7 @@ class RateLimited(GatewayError):
         super().__init__(message)
         self.retry_after_s = max(1, math.ceil(retry_after_s))
 
-    @property
-    def headers(self) -> dict[str, str]:
+    def _headers(self) -> dict[str, str]:
         return {"retry-after": str(self.retry_after_s)}
 
 

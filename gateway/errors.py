@@ -34,10 +34,16 @@ class GatewayError(Exception):
         self.message = message
         self.param = param
         self.error_code = code or self.code
+        self.routing: dict[str, str] = {}
+        """``x-turnout-*`` headers of the decision behind an error that came after routing (an
+        engine's refusal relayed): which backend said it, and why it was chosen."""
 
     @property
     def headers(self) -> dict[str, str]:
-        """Extra response headers (``retry-after`` on a 429)."""
+        """Extra response headers (``retry-after`` on a 429), and the decision's (``routing``)."""
+        return {**self.routing, **self._headers()}
+
+    def _headers(self) -> dict[str, str]:
         return {}
 
     def openai_body(self) -> bytes:
@@ -123,8 +129,7 @@ class ShuttingDown(GatewayError):
     type = "service_unavailable_error"
     code = "shutting_down"
 
-    @property
-    def headers(self) -> dict[str, str]:
+    def _headers(self) -> dict[str, str]:
         return {"retry-after": "1", "connection": "close"}
 
 

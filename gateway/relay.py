@@ -45,7 +45,7 @@ from gateway.routing import Routed, Router, decision_entry, engine_counted
 from gateway.streaming import EventStream
 from gateway.timeline import turn_record
 from policies import Decision, Endpoint, Reason, RequestFeatures, extract
-from policies.features import with_shape
+from policies.features import OUTPUT_LIMIT_FIELDS, with_shape
 from policies.types import EngineKind, Outcome, Rejection, Usage
 
 log = structlog.get_logger(__name__)
@@ -168,13 +168,6 @@ def too_long_error(
         prompt_tokens=prompt,
         window=max(windows) if windows else None,
     )
-
-
-OUTPUT_LIMIT_FIELDS = {
-    Endpoint.CHAT: ("max_tokens", "max_completion_tokens"),
-    Endpoint.COMPLETIONS: ("max_tokens",),
-    Endpoint.RESPONSES: ("max_output_tokens",),
-}
 
 
 def cap_output(body: dict[str, Any], endpoint: Endpoint, limit: int | None) -> None:
@@ -396,6 +389,11 @@ class Relay:
         except GatewayError as exc:
             record.status, record.error = exc.status, exc.message
             await self._end(record)
+            if record.backend is not None:  # an engine's answer: say whose, and why it was chosen
+                exc.routing = {
+                    "x-turnout-backend": record.backend,
+                    "x-turnout-route-reason": record.reason or "",
+                }
             if routed is not None:  # routed, then refused or failed before any byte: log the decision too
                 entry = decision_entry(
                     routed,

@@ -100,6 +100,29 @@ def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
     return None
 
 
+OUTPUT_LIMIT_FIELDS: Mapping[Endpoint, tuple[str, ...]] = {
+    Endpoint.CHAT: ("max_tokens", "max_completion_tokens"),
+    Endpoint.COMPLETIONS: ("max_tokens",),
+    Endpoint.MESSAGES: ("max_tokens",),
+    Endpoint.RESPONSES: ("max_output_tokens",),
+}
+"""Where each endpoint's body carries the output limit (the first: where one is set when none is)."""
+
+
+def within_window(body: Mapping[str, Any], endpoint: Endpoint, window: int | None) -> dict[str, int]:
+    """The output limits of ``body`` that exceed the deployment's context ``window``, each capped to
+    it (docs/routing.md, "Output limits"): an engine can never give more, and the engines disagree on
+    more (llama.cpp stops at the window's end, vLLM refuses with a 400 naming its own fields)."""
+    capped: dict[str, int] = {}
+    if window is None:  # not known: the engine decides
+        return capped
+    for field in OUTPUT_LIMIT_FIELDS.get(endpoint, ()):
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > window:
+            capped[field] = window
+    return capped
+
+
 SHAPED = frozenset({Endpoint.CHAT, Endpoint.MESSAGES, Endpoint.RESPONSES})
 """Endpoints whose prompt is a conversation with a per-message shape (not text completions or counts)."""
 

@@ -220,3 +220,40 @@ def read_answer(conn: socket.socket) -> bytes:
     while len(body) < length and (chunk := conn.recv(4096)):
         body += chunk
     return head + b"\r\n\r\n" + body
+
+
+@pytest.mark.parametrize(
+    ("model", "path", "field"),
+    [
+        ("m-vllm", "/v1/chat/completions", "max_tokens"),
+        ("m-vllm", "/v1/chat/completions", "max_completion_tokens"),
+        ("m-llama", "/v1/chat/completions", "max_tokens"),
+        ("m-vllm", "/v1/messages", "max_tokens"),
+        ("m-llama", "/v1/messages", "max_tokens"),
+        ("m-vllm", "/v1/responses", "max_output_tokens"),
+    ],
+)
+def test_an_output_limit_beyond_the_window_is_capped_to_it(
+    stack: Stack, model: str, path: str, field: str
+) -> None:
+    """``max_tokens: 10000000`` is what every engine can give at most, its window: turnout caps it
+    there for whichever engine it chose (vLLM refused it with a 400 naming its own field, llama.cpp
+    answered; docs/routing.md, "Output limits")."""
+    prompt = {"input": "hi"} if path == "/v1/responses" else {"messages": MSG}
+    response = post(stack, {"model": model, field: 10_000_000, **prompt}, path)
+    assert response.status_code == 200, response.text
+    sent = stack.taps[response.headers["x-turnout-backend"]].requests[-1]
+    window = SimConfig().context_window  # the simulators' (probed: the config names none)
+    limits = {k: v for k, v in httpx.Response(200, content=sent).json().items() if k in (field, "max_tokens")}
+    assert limits
+    assert all(value == window for value in limits.values()), limits
+
+
+def test_an_engine_refusal_says_which_backend_refused(stack: Stack) -> None:
+    """A 400 the engine gave (here vLLM's for ``stream_options`` without ``stream``) is relayed with
+    the decision's headers, like an answer."""
+    body = {"model": "m-vllm", "messages": MSG, "stream_options": {"include_usage": True}}
+    response = post(stack, body)
+    assert_openai_error(response, 400, "invalid_request_error")
+    assert response.headers["x-turnout-backend"] == "vllm"
+    assert response.headers["x-turnout-route-reason"].startswith("only-candidate")
