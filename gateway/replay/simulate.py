@@ -18,7 +18,7 @@ from gateway.replay.traces import TraceRequest
 from gateway.replay.virtual import GatewayReplay, VirtualOptions, World
 from gateway.replay.virtual_oracle import OracleReplay
 from gateway.replay.yardsticks import lower_bounds
-from gateway.settings import Settings
+from gateway.settings import Settings, served_models
 
 
 @dataclass
@@ -52,17 +52,21 @@ def simulate(
     """Replay ``requests`` once per profile (``settings_for(profile)``: the gateway and its fleet), then
     with the oracle on the same fleet (module docstring)."""
     out = Simulated()
-    configs = sim_configs(settings_for(profiles[0] if profiles else "cost"), model, seed)
+    settings = settings_for(profiles[0] if profiles else "cost")
+    configs = sim_configs(settings, model, seed)
+    # the oracle and the bound place the model where the gateway can: on its deployments only
+    served = {d.backend for m in served_models(settings, model) for d in m.deployments}
+    serving = {name: config for name, config in configs.items() if name in served}
     worlds: list[tuple[str, Callable[[], World]]] = [
         (p, partial(GatewayReplay, requests, settings_for(p), configs, options)) for p in profiles
     ]
     if oracle:
-        worlds.append((ORACLE, partial(OracleReplay, requests, configs, options)))
+        worlds.append((ORACLE, partial(OracleReplay, requests, serving, options)))
     for name, make in worlds:
         world = make()
         out.runs[name] = world.run()
         out.simulated_s[name], out.wall_s[name] = world.simulated_s, world.wall_s
         if on_done is not None:
             on_done(name, world)
-    out.bounds = lower_bounds(requests, configs, options.overhead_s, options.block_tokens)
+    out.bounds = lower_bounds(requests, serving, options.overhead_s, options.block_tokens)
     return out

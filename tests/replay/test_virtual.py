@@ -173,3 +173,25 @@ def test_a_pooled_report_counts_every_request_of_every_draw_once() -> None:
         prefilled = sum(r.prompt_tokens - r.cached_tokens for d in draws for r in d.runs[name])
         distinct = sum(distinct_tokens(new_tokens(d.trace)) for d in draws)  # each draw's own
         assert entry["prefill_amplification"] == round(prefilled / distinct, 4), name
+
+
+def test_the_oracle_places_a_model_only_where_the_fleet_serves_it() -> None:
+    """Replayed as the 27B on the demo's fleet (vLLM and llama-27b serve it; llama-moe serves
+    Flash-Next only), the oracle uses the 27B's engines only, as every profile does:
+    with a burst that keeps them busy it used to send some requests to llama-moe too."""
+    from gateway.demo import demo_settings
+
+    base = demo_settings()
+    requests = [
+        TraceRequest(0.01 * n, None, "qwen3.8-27b", 8000, tuple(range(1000 * n, 1000 * n + 16)), 64)
+        for n in range(12)
+    ]
+    runs = simulate(
+        requests,
+        ["cost"],
+        lambda p: base.model_copy(update={"profile": p}),
+        "qwen3.8-27b",
+        VirtualOptions(),
+    )
+    for name in ("cost", ORACLE):
+        assert {r.backend for r in runs.runs[name]} <= {"vllm", "llama-27b"}, name
