@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HASH   := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-dev-$(HASH)
+RUNTIME_STAMP := $(VENV)/.installed-$(HASH)
 
 FUZZ_EXAMPLES ?= 250
 PROPERTY_EXAMPLES ?= 1000
@@ -14,13 +16,21 @@ FUZZ_SEED     ?= $(shell date +%s)
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
+# the demo needs the runtime only; tests and checks the dev extras too (their stamp implies both)
+$(RUNTIME_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ -e $(STAMP) ]; then touch $@; else \
+		$(BIN)/python -m pip install --quiet --upgrade pip && \
+		$(BIN)/python -m pip install --quiet -e . && \
+		rm -f $(VENV)/.installed-* && touch $@; fi
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@rm -f $(VENV)/.installed-* && touch $@
+	@rm -f $(VENV)/.installed-* && touch $@ $(RUNTIME_STAMP)
 
-demo: $(STAMP)  ## run the gateway on two built-in simulated engines (Ctrl-C stops everything)
+demo: $(RUNTIME_STAMP)  ## run the gateway on three built-in simulated engines: vLLM and two llama.cpp (Ctrl-C stops everything)
 	$(BIN)/turnout demo
 
 test: $(STAMP) llama-server vllm-env agents browser redis  ## install what the tests need (real engines and agents too), then run them all

@@ -8,6 +8,7 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -162,6 +163,13 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
             }
         )
     return Response(relay.metrics.exposition(fleet), media_type=METRICS_CONTENT_TYPE)
+
+
+@get("/favicon.ico", sync_to_thread=False, include_in_schema=False)
+def favicon() -> Response[bytes]:
+    """The dashboard's icon, where browsers look for it first (an SVG: every current browser takes one)."""
+    body = files("gateway.admin").joinpath("static").joinpath("favicon.svg").read_bytes()
+    return Response(body, media_type="image/svg+xml", headers={"cache-control": "max-age=86400"})
 
 
 @get("/health")
@@ -348,6 +356,7 @@ def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
             get_model,
             health,
             metrics,
+            favicon,
             *([admin_router] if settings.admin.enabled else []),
         ],
         lifespan=[lifespan],

@@ -32,7 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
-    return run_demo(traffic=args.traffic)
+    return run_demo(traffic=args.traffic, verbose=args.verbose)
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="send a little background traffic so the dashboard is alive (default: on)",
+    )
+    demo.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print every log line here (default: to ~/.cache/turnout/demo/turnout.log, warnings here too)",
     )
     demo.set_defaults(func=cmd_demo)
 

@@ -1,12 +1,15 @@
 """``turnout demo``: simulated engines for the reference workstation, and the gateway in front.
 
 Each backend of the bundled ``demo.toml`` gets a simulator process on a free loopback port; the
-gateway runs in this process on ``TURNOUT_PORT`` (8484). Ctrl-C or SIGTERM stops everything.
+gateway runs in this process on ``TURNOUT_PORT`` (8484). Ctrl-C or SIGTERM stops everything. The
+demo records its traffic (``[record]``, for the what-if page) and writes its log under
+:func:`demo_dir`.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import secrets
 import signal
@@ -88,10 +91,28 @@ TRAFFIC_EVERY_S = 4.0
 TRAFFIC_TURNS = 12
 
 
+def _ask(client: httpx.Client, body: dict[str, Any], headers: dict[str, str], *, stream: bool) -> str:
+    """One chat request, streamed or not; the answer's text."""
+    if not stream:
+        answer = client.post("/v1/chat/completions", json=body, headers=headers).json()
+        return str(answer["choices"][0]["message"]["content"] or "")
+    parts: list[str] = []
+    with client.stream(
+        "POST", "/v1/chat/completions", json={**body, "stream": True}, headers=headers
+    ) as events:
+        events.raise_for_status()
+        for line in events.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    parts.append(choice.get("delta", {}).get("content") or "")
+    return "".join(parts)
+
+
 def background_traffic(url: str, stop: threading.Event, every_s: float = TRAFFIC_EVERY_S) -> None:
     """A little traffic so the dashboard is alive on first open: two agents' conversations growing
     turn by turn on the 27B (each starts over after ``TRAFFIC_TURNS`` turns), and now and then a
-    one-shot question to the MoE. Bounded: one request every ``every_s`` seconds, until ``stop``."""
+    one-shot question to the MoE; a third of the requests streamed, the rest not (the dashboard's
+    TTFT figures hold for both). Bounded: one request every ``every_s`` seconds, until ``stop``."""
     conversations: dict[str, list[dict[str, str]]] = {"demo-agent-1": [], "demo-agent-2": []}
     paste = "def handler(request):\n    return route(request)\n" * 40
     with httpx.Client(base_url=url, timeout=60) as client:
@@ -112,22 +133,35 @@ def background_traffic(url: str, stop: threading.Event, every_s: float = TRAFFIC
                 body = {"model": "qwen3.8-27b", "max_tokens": 48, "messages": history}
                 headers = {"x-session-id": session}
             try:
-                answer = client.post("/v1/chat/completions", json=body, headers=headers).json()
-                text = answer["choices"][0]["message"]["content"] or ""
+                text = _ask(client, body, headers, stream=tick % 3 == 0)
             except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
                 continue  # the gateway is starting or stopping: try again next tick
             if headers:
                 conversations[headers["x-session-id"]].append({"role": "assistant", "content": text})
 
 
-def run_demo(traffic: bool = True) -> int:
+def demo_dir() -> Path:
+    """Where the demo keeps its log and its recorded traffic: ``$TURNOUT_CACHE/demo`` (default
+    ``~/.cache/turnout/demo``)."""
+    cache = os.environ.get("TURNOUT_CACHE") or Path.home() / ".cache" / "turnout"
+    return Path(cache) / "demo"
+
+
+def run_demo(traffic: bool = True, verbose: bool = False) -> int:
+    """``verbose``: every log line on the terminal, as ``turnout serve`` prints them; else in
+    ``demo_dir()/turnout.log``, with warnings on the terminal too, so the banner stays in sight."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so `finally` stops the simulators
     base = demo_settings()
     ports = {b.id: _free_port() for b in base.backends}
     backends = [b.model_copy(update={"url": f"http://127.0.0.1:{ports[b.id]}"}) for b in base.backends]
     token = base.admin.token.get_secret_value() if base.admin.token else secrets.token_urlsafe(12)
     admin = base.admin.model_copy(update={"token": SecretStr(token)})
-    settings = base.model_copy(update={"backends": tuple(backends), "admin": admin})
+    folder = demo_dir()
+    record = (
+        base.record if base.record.path else base.record.model_copy(update={"path": folder / "traffic.jsonl"})
+    )
+    log_file = None if verbose else folder / "turnout.log"
+    settings = base.model_copy(update={"backends": tuple(backends), "admin": admin, "record": record})
     children: list[subprocess.Popen[bytes]] = []
     stop = threading.Event()
     try:
@@ -143,15 +177,20 @@ def run_demo(traffic: bool = True) -> int:
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n"
             '    -d \'{"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "Hello!"}]}\'\n'
             f"  curl -s {url}/v1/models\n\n"
-            f"Dashboard: {url}/admin  (admin token: {token})"
-            + ("; a little background traffic keeps it alive (--no-traffic stops it)" if traffic else "")
-            + "\n\n"
-            "Ctrl-C stops the gateway and the simulators.\n",
+            f"Dashboard: {url}/admin  (admin token: {token})\n"
+            + ("A little background traffic keeps it alive (--no-traffic stops it).\n" if traffic else "")
+            + f"Traffic is recorded to {record.path} for the what-if page and `turnout replay`.\n"
+            + (
+                f"Logs: {log_file} (warnings here too; --verbose prints every line here)\n"
+                if log_file
+                else ""
+            )
+            + "\nCtrl-C stops the gateway and the simulators.\n",
             flush=True,
         )
         if traffic:
             threading.Thread(target=background_traffic, args=(url, stop), daemon=True).start()
-        run_gateway(settings)
+        run_gateway(settings, log_file)
         return 0
     finally:
         stop.set()

@@ -12,6 +12,7 @@ import gc
 import socket
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -110,12 +111,13 @@ def settle_heap() -> None:
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
-def run_gateway(settings: Settings) -> None:
-    """Serve the gateway in the foreground until SIGINT/SIGTERM (drained first: ``GracefulServer``)."""
+def run_gateway(settings: Settings, log_file: Path | None = None) -> None:
+    """Serve the gateway in the foreground until SIGINT/SIGTERM (drained first: ``GracefulServer``);
+    ``log_file``: every log line there, only warnings and worse on stderr."""
     from gateway.app import create_app
     from gateway.logging import configure_logging
 
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(settings.log_format, settings.log_level, log_file)
     app = create_app(settings)
     config = uvicorn.Config(
         app,

@@ -201,8 +201,21 @@ class AdminService:
         named = [s for s in sessions if self._name(s.key) == label]
         return named[0] if len(named) == 1 else None
 
-    async def sessions(self, limit: int) -> list[dict[str, Any]]:
-        return [self._session_row(s) for s in await self.relay.router.store.sessions(limit)]
+    async def sessions(self, limit: int, *, query: str = "", min_turns: int = 0) -> dict[str, Any]:
+        """The live sessions, most recent first, with at least ``min_turns`` turns and ``query`` in
+        their name or hash (the first ``limit`` of those), and how many others were left out."""
+        rows = [
+            self._session_row(s)
+            for s in await self.relay.router.store.sessions(self.settings.state.max_sessions)
+        ]
+        needle = query.strip().lower()
+        kept = [
+            row
+            for row in rows
+            if row["turns"] >= min_turns
+            and (not needle or needle in row["session"] or needle in (row["name"] or "").lower())
+        ]
+        return {"data": kept[:limit], "live": len(rows), "hidden": len(rows) - len(kept)}
 
     async def session(self, label: str) -> dict[str, Any] | None:
         session = await self._session_bysession_label(label)

@@ -29,7 +29,13 @@ from gateway.api.service import AdminPin, AdminProfile, WhatIfEdits
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
 SESSIONS_SHOWN = 200
-STATIC = {"admin.js": "text/javascript; charset=utf-8", "admin.css": "text/css; charset=utf-8"}
+PAGE_MIN_TURNS = 2
+"""The sessions page hides one-turn sessions (one-off questions) unless asked: agents are the rows to see."""
+STATIC = {
+    "admin.js": "text/javascript; charset=utf-8",
+    "admin.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
 SECURITY_HEADERS = {
     # no inline script can run, nothing loads from anywhere but the gateway itself
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -176,9 +182,16 @@ async def whatif_page(request: Request[Any, Any, Any], state: State) -> Response
 
 
 @get("/sessions", include_in_schema=False)
-async def sessions_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    sessions = await _service(state).sessions(SESSIONS_SHOWN)
-    return await _render(request, state, "sessions.html", "sessions", sessions=sessions)
+async def sessions_page(
+    request: Request[Any, Any, Any],
+    state: State,
+    q: Annotated[str, QueryParameter(max_length=256)] = "",
+    min_turns: Annotated[int, QueryParameter(ge=0, le=1_000_000)] = PAGE_MIN_TURNS,
+) -> Response[Any]:
+    found = await _service(state).sessions(SESSIONS_SHOWN, query=q, min_turns=min_turns)
+    return await _render(
+        request, state, "sessions.html", "sessions", sessions=found, q=q, min_turns=min_turns
+    )
 
 
 @get("/sessions/{label:str}", include_in_schema=False)
@@ -335,9 +348,14 @@ async def api_sessions(
     request: Request[Any, Any, Any],
     state: State,
     limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = SESSIONS_SHOWN,
+    q: Annotated[str, QueryParameter(max_length=256)] = "",
+    min_turns: Annotated[int, QueryParameter(ge=0, le=1_000_000)] = 0,
 ) -> Response[bytes]:
-    """Live sessions, most recent first: source, turns, backend and slot, tokens, time saved by reuse."""
-    return _json({"object": "list", "data": await _service(state).sessions(limit)})
+    """Live sessions, most recent first: source, turns, backend and slot, tokens, time saved by reuse;
+    ``q``: only those whose name or hash contains it, ``min_turns``: only those with as many turns
+    (``hidden``: how many live sessions these filters left out)."""
+    found = await _service(state).sessions(limit, query=q, min_turns=min_turns)
+    return _json({"object": "list", **found})
 
 
 @get("/sessions/{label:str}")

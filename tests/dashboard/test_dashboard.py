@@ -170,8 +170,13 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     expected_offset = edit_at // PIECE_CHARS * PIECE_CHARS
     assert f"message 1 (user) was edited at character ~{expected_offset}" in third
     assert "re-prefilled" in third
-    for turn in ("1", "2"):
-        assert page.inner_text(f'#timeline tr[data-turn="{turn}"] td.prefix') == "reused"
+    cached = [
+        t["cached_tokens"]
+        for t in httpx.get(stack.url + "/admin/api/sessions/edit-me", headers=ADMIN).json()["timeline"]
+    ]
+    assert page.inner_text('#timeline tr[data-turn="1"] td.prefix') == "nothing cached"  # a first turn
+    second = f"reused {cached[1]} tokens" if cached[1] else "nothing cached"
+    assert page.inner_text('#timeline tr[data-turn="2"] td.prefix') == second
     # the fourth extends the third: whatever the slots did meanwhile (other tests share this gateway),
     # its prompt did not break
     assert "message" not in page.inner_text('#timeline tr[data-turn="4"] td.prefix')
@@ -179,7 +184,9 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     page.goto(stack.url + "/admin")  # the overview again, with every test's traffic in its charts
     page.wait_for_selector(".chart circle.actual", state="attached")
     screenshot(page, "overview")
-    page.goto(stack.url + f"/admin/sessions/{label}")
+    ask(stack, "m-llama", **{"x-session-id": "release-me"})  # a named session's turn leases its slot
+    page.goto(stack.url + "/admin/sessions/release-me")
+    assert "holds llama slot" in page.inner_text("main")
     page.click("#release")  # a POST, then the page reloads: wait for the audit entry, not the reload
     deadline = time.monotonic() + 30
     while "release-slot" not in httpx.get(stack.url + "/admin/api/policy", headers=ADMIN, timeout=30).text:

@@ -38,21 +38,26 @@ def refused(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("demo-traffic") / "traffic.jsonl"
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("turnout-cache")
 
 
 @pytest.fixture(scope="module")
-def demo(recording: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+def recording(cache: Path) -> Path:
+    return cache / "demo" / "traffic.jsonl"  # the demo records there unless told otherwise
+
+
+@pytest.fixture(scope="module")
+def demo(cache: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
     port = free_port()
-    env = {**os.environ, "TURNOUT_PORT": str(port), "TURNOUT_LOG_FORMAT": "json"}
-    env["TURNOUT_RECORD__PATH"] = str(recording)  # what a user sets to record the demo's traffic
+    env = {**os.environ, "TURNOUT_PORT": str(port), "TURNOUT_LOG_FORMAT": "json", "TURNOUT_CACHE": str(cache)}
+    env.pop("TURNOUT_RECORD__PATH", None)
     env.pop("TURNOUT_ADMIN__TOKEN", None)  # the demo makes its own and prints it
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo"],
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=(cache / "terminal.txt").open("w"),  # what the terminal would show below the banner
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -115,6 +120,32 @@ def test_demo_prints_the_dashboard_and_its_token(demo: tuple[subprocess.Popen[st
     assert [b["id"] for b in overview.json()["backends"]] == ["vllm", "llama-moe", "llama-27b"]
 
 
+def test_demo_keeps_its_banner_in_sight_and_its_log_in_a_file(
+    demo: tuple[subprocess.Popen[str], str, list[str]], cache: Path
+) -> None:
+    """Every request's log line goes to the demo's log file, not under the banner with its token."""
+    _, url, _ = demo
+    log = cache / "demo" / "turnout.log"
+    httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "logged"}], "max_tokens": 2},
+        timeout=30,
+    )
+    deadline = time.monotonic() + 30
+    while not log.exists() or "request.completed" not in log.read_text():
+        assert time.monotonic() < deadline, "no request line in the demo's log file"
+        time.sleep(0.2)
+    assert "request.completed" not in (cache / "terminal.txt").read_text()
+
+
+def test_the_favicon_is_served(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
+    _, url, _ = demo
+    icon = httpx.get(url + "/favicon.ico", timeout=30)
+    assert icon.status_code == 200
+    assert icon.headers["content-type"].startswith("image/svg+xml")
+    assert icon.content.startswith(b"<svg")
+
+
 def test_demo_sends_background_traffic(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
     """Without anyone asking, the demo's two agents show up in the decision log (one request / 4 s)."""
     _, url, found = demo
@@ -132,7 +163,7 @@ def test_demo_sends_background_traffic(demo: tuple[subprocess.Popen[str], str, l
 def test_the_demo_traffic_recorded_replays_and_the_what_if_agrees(
     demo: tuple[subprocess.Popen[str], str, list[str]], recording: Path, tmp_path: Path
 ) -> None:
-    """Issue #29's proof: the demo's own traffic, recorded (``TURNOUT_RECORD__PATH``), replays under
+    """Issue #29's proof: the demo's own traffic, recorded by default (issue #41), replays under
     ``turnout replay``, and the what-if page's numbers for it are what the command it shows prints."""
     _, url, found = demo
     headers = {"authorization": f"Bearer {found[-1]}"}

@@ -108,45 +108,57 @@ async function refreshOverview() {
 // Charts: predicted vs actual TTFT per request, cache-hit ratio per minute; plain SVG.
 const SVG = "http://www.w3.org/2000/svg";
 
-function polyline(points, className, width, height, xRange, yMax) {
-  const line = document.createElementNS(SVG, "polyline");
-  const [x0, x1] = xRange;
-  const span = Math.max(x1 - x0, 1);
-  line.setAttribute("points", points
-    .filter(([, y]) => y !== null && y !== undefined)
-    .map(([x, y]) => `${((x - x0) / span) * width},${height - (y / yMax) * (height - 8) - 4}`).join(" "));
-  line.setAttribute("class", className);
-  return line;
+const CHART = { width: 440, height: 180, left: 46, right: 8, top: 8, bottom: 22 };
+
+function niceCeil(value) {  // 1, 2 or 5 times a power of ten, at least value
+  const power = 10 ** Math.floor(Math.log10(value));
+  return [1, 2, 5, 10].map((m) => m * power).find((v) => v >= value * (1 - 1e-9));
 }
 
-function chart(title, series, legend) {
+function svgEl(name, attrs, className, text) {
+  const node = document.createElementNS(SVG, name);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  if (className) node.setAttribute("class", className);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function clockLabel(seconds) {
+  return new Date(seconds * 1000).toTimeString().slice(0, 5);
+}
+
+// A line chart with its axes: y from 0 to yMax (given, or the data's rounded up), three labelled
+// gridlines; x from the first point to the last, their times under the axis.
+function chart(title, series, legend, options = {}) {
+  const { width, height, left, right, top, bottom } = CHART;
+  const plotW = width - left - right, plotH = height - top - bottom;
   const box = el("div", null, "chart");
   box.appendChild(el("h2", title));
-  const svg = document.createElementNS(SVG, "svg");
-  const width = 400, height = 160;
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.setAttribute("preserveAspectRatio", "none");
+  const svg = svgEl("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": title });
   const xs = series.flatMap((s) => s.points.map(([x]) => x));
   const ys = series.flatMap((s) => s.points.map(([, y]) => y)).filter((y) => y !== null && y !== undefined);
-  const yMax = Math.max(...ys, series.yMax || 0, 1e-9);
-  const axis = document.createElementNS(SVG, "line");
-  axis.setAttribute("x1", 0); axis.setAttribute("x2", width); axis.setAttribute("y1", height - 4); axis.setAttribute("y2", height - 4);
-  axis.setAttribute("class", "axis");
-  svg.appendChild(axis);
-  const xRange = [Math.min(...xs), Math.max(...xs)];
+  const yMax = options.yMax ?? niceCeil(Math.max(...ys, 1e-3));
+  const format = options.format ?? ((v) => String(+v.toPrecision(3)));
+  for (const fraction of [0, 0.5, 1]) {
+    const y = top + plotH - fraction * plotH;
+    svg.appendChild(svgEl("line", { x1: left, x2: left + plotW, y1: y, y2: y }, fraction ? "grid" : "axis"));
+    svg.appendChild(svgEl("text", { x: left - 5, y: y + 4, "text-anchor": "end" }, "tick", format(fraction * yMax)));
+  }
+  svg.appendChild(svgEl("line", { x1: left, x2: left, y1: top, y2: top + plotH }, "axis"));
+  const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
+  const span = Math.max(x1 - x0, 1);
+  svg.appendChild(svgEl("text", { x: left, y: height - 6, "text-anchor": "start" }, "tick", clockLabel(x0)));
+  svg.appendChild(svgEl("text", { x: left + plotW, y: height - 6, "text-anchor": "end" }, "tick", clockLabel(x1)));
+  const place = ([x, y]) => [left + ((x - x0) / span) * plotW, top + plotH - (Math.min(y, yMax) / yMax) * plotH];
   for (const s of series) {
-    const line = polyline(s.points, s.className, width, height, xRange, yMax);
-    svg.appendChild(line);
-    for (const point of line.getAttribute("points").split(" ").filter(Boolean)) {  // one dot per value
-      const [cx, cy] = point.split(",");
-      const dot = document.createElementNS(SVG, "circle");
-      dot.setAttribute("cx", cx); dot.setAttribute("cy", cy); dot.setAttribute("r", 2.5);
-      dot.setAttribute("class", s.className + " dot");
-      svg.appendChild(dot);
+    const points = s.points.filter(([, y]) => y !== null && y !== undefined).map(place);
+    svg.appendChild(svgEl("polyline", { points: points.map((p) => p.join(",")).join(" ") }, s.className));
+    for (const [cx, cy] of points) {  // one dot per value
+      svg.appendChild(svgEl("circle", { cx, cy, r: 2.5 }, s.className + " dot"));
     }
   }
   box.appendChild(svg);
-  box.appendChild(el("p", legend + " · max " + yMax.toFixed(3), "legend"));
+  box.appendChild(el("p", legend, "legend"));
   return box;
 }
 
@@ -158,7 +170,8 @@ async function refreshCharts() {
       { className: "predicted", points: line.ttft.map(([at, predicted]) => [at, predicted]) },
       { className: "actual", points: line.ttft.map(([at, , actual]) => [at, actual]) },
     ], "dashed: predicted, solid: actual, per request"));
-    const cache = chart(backend + ": cache-hit ratio", [{ className: "cache", points: line.cache }], "per minute");
+    const cache = chart(backend + ": cache-hit ratio", [{ className: "cache", points: line.cache }],
+      "cached / prompt tokens, per minute", { yMax: 1, format: (v) => Math.round(v * 100) + "%" });
     boxes.push(cache);
   }
   if (boxes.length) document.getElementById("charts").replaceChildren(...boxes);
