@@ -14,7 +14,9 @@ from policies.types import Health
 
 
 async def check_backends(settings: Settings) -> int:
-    """Print one line per backend; 0 when every backend is ready and serves its deployments, else 3."""
+    """Print one line per backend and a verdict; 0 when every backend is ready and serves its
+    deployments, else 3 (an engine still loading counts as not ready: run it again, or script it
+    with ``until turnout config check FILE; do sleep 10; done``)."""
     catalog = Catalog(settings.models, created=int(time.time()))
     problems = 0
     async with httpx.AsyncClient() as client:
@@ -34,4 +36,9 @@ async def check_backends(settings: Settings) -> int:
                 if missing:
                     detail += f"; NOT SERVED: {', '.join(missing)}"
             print(f"  {snapshot.backend_id:<16} {snapshot.kind.value:<9} {snapshot.health.value:<8} {detail}")
-    return 3 if problems else 0
+    count = len(settings.backends)
+    if problems:
+        print(f"{problems} of {count} backends not ready or not serving their models (exit status 3)")
+        return 3
+    print(f"all {count} backends ready, serving every deployment")
+    return 0

@@ -75,6 +75,9 @@ def test_both_engines_reserve_both_gpus_and_the_profiles_keep_a_laptop_gpu_free(
     assert all(s.get("profiles") for s in SERVICES.values())  # nothing starts unless its profile is asked for
     assert SERVICES["vllm"]["healthcheck"]["start_period"] == "900s"  # vLLM takes minutes to load
     assert SERVICES["turnout"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    # Redis only (docs/deploy.md, "Start-up order"): waiting on the engines would wait on vLLM's
+    # health through llama's dependency on it, for as long as its first start takes
+    assert set(SERVICES["turnout"]["depends_on"]) == {"redis"}
 
 
 def test_engine_options_are_separate_items() -> None:

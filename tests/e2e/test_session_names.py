@@ -226,3 +226,29 @@ def test_a_turn_that_reused_nothing_is_not_called_reused(stack: Stack) -> None:
     page = httpx.get(f"{stack.url}/admin/sessions/timeline-words", headers=ADMIN, timeout=30).text
     assert page.count("nothing cached") == 1
     assert f"reused {cached[1]} tokens" in page
+
+
+def test_sessions_filter_by_name_and_turns(stack: Stack) -> None:
+    """Two turns of a named agent among one-off requests: the page's default (two turns or more)
+    shows it and says how many others it left out; ``q`` finds a session by its name."""
+    first = [{"role": "user", "content": "filter me"}]
+    headers = {"x-session-id": "filter-agent"}
+    payload = {"model": "m-llama", "max_tokens": 2, "messages": first}
+    httpx.post(stack.url + "/v1/chat/completions", json=payload, headers=headers, timeout=30)
+    payload["messages"] = [
+        *first,
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "again"},
+    ]
+    httpx.post(stack.url + "/v1/chat/completions", json=payload, headers=headers, timeout=30)
+    ask(stack, headers={"x-session-id": "filter-one-off"})
+    found = admin(stack, "/admin/api/sessions?q=filter-&min_turns=2")
+    assert [row["name"] for row in found["data"]] == ["filter-agent"]
+    assert found["hidden"] == found["live"] - 1
+    assert [row["name"] for row in admin(stack, "/admin/api/sessions?q=FILTER-ONE")["data"]] == [
+        "filter-one-off"
+    ]
+    page = httpx.get(stack.url + "/admin/sessions", headers=ADMIN, timeout=30).text
+    assert "filter-agent" in page
+    assert "filter-one-off" not in page
+    assert "left out by the filter" in page

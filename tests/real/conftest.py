@@ -50,20 +50,28 @@ def qwen35_cache_path(
     return cache_root() / "models" / name
 
 
-def qwen35_model(context: int = QWEN35_CONTEXT) -> Path:
+def qwen35_model(context: int = QWEN35_CONTEXT, shards: int = 1) -> Path:
     """The tiny model trained (by its metadata) for ``context`` tokens: llama-server caps a slot's
-    window at the training context."""
+    window at the training context. With ``shards`` > 1, split as the big GGUFs are published
+    (``<name>-00001-of-0000N.gguf`` ..., in a folder of their own): the first shard."""
     from tests.real.gguf_qwen35 import write_qwen35_gguf
 
     path = qwen35_cache_path(context=context)
-    if path.is_file():
-        return path
+    if shards > 1:
+        path = path.parent / f"{path.stem}-split{shards}" / path.name
+        first = path.with_name(f"{path.stem}-00001-of-{shards:05d}{path.suffix}")
+    else:
+        first = path
+    if first.is_file():
+        return first
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be writing it
-        if not path.is_file():
-            write_qwen35_gguf(path, seed=QWEN35_SEED, n_layer=QWEN35_LAYERS, context_length=context)
-    return path
+        if not first.is_file():
+            write_qwen35_gguf(
+                path, seed=QWEN35_SEED, n_layer=QWEN35_LAYERS, context_length=context, shards=shards
+            )
+    return first
 
 
 @pytest.fixture(scope="session")

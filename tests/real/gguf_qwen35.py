@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import struct
 import sys
 from dataclasses import dataclass
@@ -174,6 +175,14 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path) -> int:
     return n_vocab
 
 
+def _vocab_size(vocab_path: Path | None) -> int:
+    """The vocabulary size ``copy_tokenizer`` will copy from ``vocab_path``."""
+    for key, value, _, _ in read_gguf_metadata(vocab_path or vocab_gguf_path()):
+        if key == gguf.Keys.Tokenizer.LIST:
+            return len(value)
+    raise ValueError(f"{vocab_path} has no tokenizer.ggml.tokens")
+
+
 def _is_recurrent(il: int, dims: Qwen35Dims) -> bool:
     # The loader's rule when no recurrent_layers array is given (qwen35.cpp load_arch_hparams).
     return (il + 1) % dims.full_attention_interval != 0
@@ -240,17 +249,24 @@ def write_qwen35_gguf(
     context_length: int = 4096,
     vocab_path: Path | None = None,
     dims: Qwen35Dims | None = None,
+    shards: int = 1,
 ) -> Path:
-    """Write the model to ``path`` (atomically) and return ``path``."""
+    """Write the model to ``path`` (atomically) and return ``path``; with ``shards`` > 1, as a split
+    GGUF (``<stem>-00001-of-0000N.gguf`` ... beside ``path``, as ``gguf-split`` names them) and
+    return the first shard, the file llama-server is given."""
     dims = dims or Qwen35Dims()
     dims.check()
     if n_layer < 1:
         raise ValueError("n_layer must be >= 1")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-
-    writer = gguf.GGUFWriter(tmp, ARCH)
+    staging = path.parent / f".{path.name}.tmp"  # a split's shards are named after the path given
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    tmp = staging / path.name
+    tensors = list(_tensors(np.random.default_rng(seed), dims, n_layer, _vocab_size(vocab_path)))
+    per_shard = -(-len(tensors) // shards) if shards > 1 else 0
+    writer = gguf.GGUFWriter(tmp, ARCH, split_max_tensors=per_shard)
     writer.add_name(f"turnout-tiny-qwen35-seed{seed}")
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_context_length(context_length)
@@ -272,19 +288,21 @@ def write_qwen35_gguf(
     writer.add_ssm_group_count(dims.ssm_n_group)
     writer.add_full_attention_interval(dims.full_attention_interval)
 
-    n_vocab = copy_tokenizer(writer, vocab_path or vocab_gguf_path())
+    copy_tokenizer(writer, vocab_path or vocab_gguf_path())
     writer.add_chat_template(CHAT_TEMPLATE)
 
-    rng = np.random.default_rng(seed)
-    for name, array in _tensors(rng, dims, n_layer, n_vocab):
+    for name, array in tensors:
         writer.add_tensor(name, array)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    tmp.replace(path)
-    return path
+    written = sorted(staging.iterdir())
+    for file in written:
+        file.replace(path.parent / file.name)
+    staging.rmdir()
+    return path.parent / written[0].name
 
 
 def main(argv: list[str] | None = None) -> int:

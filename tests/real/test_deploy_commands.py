@@ -165,8 +165,14 @@ def tensor_parallel_cores() -> str:
 @pytest.fixture(scope="module")
 def llama_service(llama_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeLlama]:
     service = SERVICES["llama"]
-    model = qwen35_model(context=SLOT_WINDOW)  # trained for a slot's window, so no cap applies
-    env = {"LLAMA_GGUF": model.name, "MODELS_DIR": str(model.parent), "LLAMA_THREADS": LLAMA_THREADS}
+    # trained for a slot's window, so no cap applies; split in two, as Flash-Next's 111 GB GGUF is
+    # published: .env names the first shard, in its folder under MODELS_DIR (docs/deploy.md, step 3)
+    model = qwen35_model(context=SLOT_WINDOW, shards=2)
+    env = {
+        "LLAMA_GGUF": f"{model.parent.name}/{model.name}",
+        "MODELS_DIR": str(model.parent.parent),
+        "LLAMA_THREADS": LLAMA_THREADS,
+    }
     image_entrypoint = [str(llama_binary)]  # the llama.cpp server image's ENTRYPOINT is llama-server
 
     def argv_for(port: int) -> list[str]:
@@ -174,6 +180,8 @@ def llama_service(llama_binary: Path, tmp_path_factory: pytest.TempPathFactory) 
         return substitute(mount(argv, service["volumes"], env), llama_substitutions(port))
 
     assert str(model) in argv_for(0)  # the model reached through the bind mount of MODELS_DIR
+    assert model.name.endswith("-00001-of-00002.gguf")
+    assert model.with_name(model.name.replace("-00001-", "-00002-")).is_file()  # llama-server finds the rest
     server = ComposeLlama(argv_for, log_path=tmp_path_factory.mktemp("compose-llama") / "llama.log")
     try:
         yield server.start()
@@ -186,13 +194,17 @@ def vllm_service(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) ->
     service = SERVICES["vllm"]
     model = ensure_tiny_model(vllm_python, "qwen3next", max_positions=32768)
     home = tmp_path_factory.mktemp("compose-vllm")
-    env = {"VLLM_MODEL": str(model)}
+    # downloaded beforehand into MODELS_DIR (docs/deploy.md, step 3), named by its path in the container
+    env = {"VLLM_MODEL": f"/models/{model.name}", "MODELS_DIR": str(model.parent)}
     fp8 = fp8_kv_cache_runs()
     if not fp8:
         print(f"\nvllm service: {FP8_KV.flag} {FP8_KV.used}, {FP8_KV.why}", file=sys.stderr)
 
     def argv_for(port: int) -> list[str]:
-        return substitute(command_line(service, env), vllm_substitutions(port, fp8))
+        argv = mount(command_line(service, env), service["volumes"], env)
+        return substitute(argv, vllm_substitutions(port, fp8))
+
+    assert str(model) in argv_for(0)  # through the bind mount of MODELS_DIR
 
     service_env = {k: interpolate(str(v), env) for k, v in service["environment"].items()}
     assert service_env.pop("HF_HOME") == "/root/.cache/huggingface"  # a named volume in the container
