@@ -20,8 +20,8 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
 - the session's own slot; if it is busy, the queue is what turnout predicts its running request
   still needs (``SlotState.busy_s``), else half a request;
 - a free slot, or one whose lease expired (idle ``lease_idle_s``): no cost;
-- another session's slot (only for a session that has proven to continue: an explicit key, or a
-  recognised follow-up), at the **eviction cost**: that session's next turn re-prefills what it
+- another session's slot, at the **eviction cost** (a first turn known only by its content pays it
+  too, and takes no lease: ``proven``): that session's next turn re-prefills what it
   loses and restores the rest from RAM,
   ``prefill_s(tokens * max(reuse - ram_reuse, 0)) + ram_restore_s(tokens * ram_reuse)``
   (``policies.pricing``); but when this prompt shares at least half of itself, and more than 10%
@@ -382,8 +382,6 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         evicts, cost = None, 0.0
         if lease is not None and not mine:
             cost = _eviction(lease, situation, held, features.prompt_tokens, got.from_slot)
-            if cost > 0 and not proven(features, session):
-                continue
             evicts = lease.session_key  # even at no cost: the claim compares and sets against it
         options.append(
             SlotOption(

@@ -203,14 +203,16 @@ class TestReuse:
             assert (result.slot, result.queue_s) != (0, 0.0)
             assert result.slot != 0 or "waits ~" in result.note
 
-    def test_unproven_implicit_session_names_no_slot_and_pays_for_the_one_it_lands_on(self) -> None:
-        """Not proven to continue, it is pinned to no one's slot; but llama-server gives it one all
-        the same (the least recently used idle one), and that slot's session loses its state."""
+    def test_unproven_implicit_session_pays_for_the_slot_it_takes(self) -> None:
+        """Not proven to continue, it looks no turn ahead, and every slot is held: it takes the
+        least recently used one at that session's eviction cost, pinned there (left to
+        llama-server it would land there all the same, at the same cost; issue #41: it used to be
+        kept off every held slot, however long its holder had been away)."""
         leases = (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.5, 9000))
         result = llama(NOTHING, leases, session=SessionView("s"), source=SessionSource.IMPLICIT)
-        assert (result.slot, result.evicts, result.horizon) == (None, "a", 0.0)
+        assert (result.slot, result.evicts, result.horizon) == (0, "a", 0.0)
         assert result.evict_cost_s > 0
-        assert "takes slot 0 (llama-server's pick) from session" in result.note
+        assert "takes slot 0 from session" in result.note
 
     def test_a_one_off_left_to_llama_server_pays_for_the_slot_that_frees_first(self) -> None:
         """Both slots busy with their sessions' turns: a request naming no slot waits for the first
