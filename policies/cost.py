@@ -3,7 +3,8 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
 
     prefill  = prefill_s(prompt - cached, cached)     (``policies.pricing``: the engine profile,
                scaled by the learned rate; without a profile (prompt - cached) / prefill_tok_s)
-    ttft     = queue_s * queue_factor + prefill + interleaved + decode_step
+    ttft     = queue_s * queue_factor + prefill + interleaved     (both engines sample the first
+               token from the prompt's last chunk, in the same step: no decode step of its own)
     interleaved = vLLM: ceil((backlog tokens + prompt - cached) / step tokens) * the decode step of the
                requests running there (each step that takes a chunk of those prompts decodes them
                once; ``pricing.interleaved_decode_s``); other engines: 0
@@ -207,7 +208,7 @@ def estimate(
     if snapshot.kind is EngineKind.VLLM:  # the steps of the backlog ahead and of this prompt
         ahead = snapshot.prefill_backlog_s * stats.prefill_tok_s.value
         interleaved = interleaved_decode_s(deployment, stats, snapshot.running, ahead + prompt - cached)
-    ttft = queue + prefill + interleaved + decode_step
+    ttft = queue + prefill + interleaved
     total = ttft + (expected_output(features, learned) - 1) * decode_step
     # what the engine could reuse by its rules: learning measures how much of it it really did
     shared = option.usable if snapshot.kind is EngineKind.LLAMACPP else situation.match.recent
