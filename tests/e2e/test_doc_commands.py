@@ -69,6 +69,12 @@ COMMANDS: dict[str, str | NotRun] = {
         "tests/real/test_calibrate.py runs it, as written but for the port and a shorter --budget, against"
         " the real llama-server the suite builds"
     ),
+    "curl -s 127.0.0.1:8484/v1/chat/completions -H 'content-type: application/json' -d "
+    """'{"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "Hello!"}]}'""": "test_readme_curl",
+    "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker": NotRun(
+        "no docker daemon and no GPU here (docs/deploy.md, step 2)"
+    ),
+    "docker run --rm --gpus all ubuntu nvidia-smi": NotRun("no docker daemon and no GPU here"),
     "docker compose --profile gpu up -d": DOCKER,
     "docker compose --profile gpu --profile monitoring up -d": DOCKER,
     "docker compose --profile sim up": DOCKER,
@@ -176,12 +182,15 @@ def _wait_healthy(url: str, process: subprocess.Popen[str], timeout: float = 60)
 
 
 def test_readme_curl(demo: Demo) -> None:
-    (curl,) = [c for c in doc_commands() if c.startswith("curl ")]
-    done = demo.shell.run(curl)
-    assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
-    assert answer["model"] == "qwen3.8-27b"
-    assert answer["choices"][0]["message"]["content"]
+    """The README's first request, and docs/deploy.md's first answer (the same, without ``http://``)."""
+    curls = [c for c in doc_commands() if c.startswith("curl ")]
+    assert len(curls) == 2
+    for curl in curls:
+        done = demo.shell.run(curl)
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        assert answer["model"] == "qwen3.8-27b"
+        assert answer["choices"][0]["message"]["content"]
 
 
 def test_readme_python_sdk_snippet(demo: Demo) -> None:
