@@ -25,11 +25,16 @@ def log_in(page: Any, stack: Stack) -> None:
     page.wait_for_url(stack.url + "/admin")
 
 
-def ask(stack: Stack, model: str = "m-both", **headers: str) -> str:
+def ask(stack: Stack, model: str = "m-both", stream: bool = True, **headers: str) -> str:
+    """One request, its id; streamed by default: its first token is observed, so the charts draw its
+    TTFT (a non-streamed one is settled, recorded and logged before its answer is sent)."""
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0)
     response = client.chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=4, extra_headers=headers
-    )
+        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=4, stream=stream,
+        extra_headers=headers,
+    )  # fmt: skip
+    if stream:
+        list(response.parse())
     return response.headers["x-request-id"]
 
 
@@ -239,12 +244,12 @@ def test_recording_is_switched_on_and_off_from_the_policy_page(page: Any, stack:
     page.click("#record")
     page.wait_for_selector('#record-state:text("recording to")')
     screenshot(page, "policy")
-    ask(stack)
+    ask(stack, stream=False)
     path = Path(str(stack.settings.record.path))
     assert len(path.read_text().splitlines()) == 1
     page.click("#record")
     page.wait_for_selector('#record-state:text("not recording")')
-    ask(stack)
+    ask(stack, stream=False)
     assert len(path.read_text().splitlines()) == 1
     assert "stop-recording" in page.inner_text("#audit")
     assert page.errors == []
