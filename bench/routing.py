@@ -443,6 +443,32 @@ NOTES = """\
      made `cost` queue more on the slots: its objective prices the request's own wait, not what its
      place in the queue costs the requests after it, and the model's caution about llama.cpp's queue
      stood in for that.
+  7. 2026-12-04 (issue #41, "every number the operator reads is true"), four changes that moved the
+     table. (a) A slot lease is now claimed from its holder whatever the eviction costs, expired
+     leases included: before, taking a slot whose eviction cost was 0 named no holder, the
+     compare-and-set against "no holder" failed, and an expired lease stayed with its old holder
+     for good, so on a long trace every slot ended up held by nobody who would come back and
+     eviction costs stopped counting. Alone, this cost Mooncake 14.50 -> 18.48 s of mean TTFT
+     (0.66x -> 0.84x the oracle), every other row within 0.1%. (b) Why: Mooncake's requests are 99%
+     one-offs (11,905 conversations, 96 with more than one turn, median gap between turns 475 s),
+     and a first turn known only by its content could not take a leased slot at any price; a
+     conversation between two turns kept both slots from everyone for up to `lease_idle_s`. Such a
+     turn may now take it at the holder's eviction cost (it still holds no lease): Mooncake 13.57 s
+     (0.62x), mixed 1.708 -> 1.705 s (p90 3.251 -> 3.186), contention-4-nosession 2.140 -> 2.112,
+     contention-8 2.722 -> 2.694, the others the same. (c) A restore from the RAM cache is priced at
+     `min(ram_reuse, reuse)` and ties keep a session on its own slot (a real-engine test left its
+     warm slot on another CPU): no row moved. (d) The predicted TTFT no longer adds a decode step
+     for the first token, which neither engine (nor the simulators) takes: the demo's predictions
+     for short prompts were 3x too long. Taken out of the objective too it cost chat 1.476 ->
+     1.488 s and mixed 1.705 -> 1.743 s; it stays in the objective as a margin (`margin_s`). What
+     still moved is learning's (vLLM's queue factor compares each TTFT with a prediction without
+     that step now): against (b), chat 1.476 -> 1.481 s, mixed 1.705 -> 1.719 s, Mooncake 13.57 ->
+     13.39 s, contention-8 and -nosession 0.01 s better. Against the table before this session:
+     chat 1.476 -> 1.481, mixed 1.707 -> 1.719, Mooncake 14.50 -> 13.39 (0.66x -> 0.61x the
+     oracle), contention-4-nosession 2.140 -> 2.112, contention-8 2.723 -> 2.691, -nosession 2.677 ->
+     2.660; every target as before. The other profiles share the slot rules and moved with (a) and
+     (b): on mixed, prefer-llamacpp 83.6 -> 33.0 s, least-loaded 12.8 -> 8.2 s, round-robin 12.2 ->
+     7.2 s (their one-off requests may now use a slot an agent is away from).
 - **Draws (the lines "per draw" above).** Near saturation one decision that goes the other way
   changes every queue after it, so one draw of a workload moves by tens of percent with any change
   to the cost model, in either direction: with the model before 5., chat's seeds ranged 0.63x-1.43x

@@ -14,7 +14,12 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                profile (1 + 0.06 * running) / decode_tok_s
                (an engine step prefills a chunk of prompts and decodes every running request once:
                a busy batch slows the answers, not the prompt)
-    objective = ttft + horizon * future_s + evict_cost_s        (total instead of ttft: cost-completion)
+    objective = ttft + horizon * future_s + evict_cost_s + margin   (total instead of ttft:
+               cost-completion); margin = decode_step: the predicted TTFT once counted a decode step
+               for the first token, which neither engine takes; out of the TTFT (a short prompt's
+               prediction was 3x its first token), it is kept in the objective as a margin that grows
+               with the batch running there: without it, the routing benchmark's chat rows lost 0.8%
+               and mixed 2.2% of mean TTFT (docs/benchmarks.md, 2026-12-04)
 
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
                there (both engines process earlier prompt chunks first; ``backends.inflight``);
@@ -233,4 +238,5 @@ def estimate(
         ram_span=ram_span(situation.match) if option.ram_potential else 0,
         note=option.note(),
         primed=stats.primed,
+        margin_s=decode_step,
     )

@@ -296,15 +296,17 @@ class Estimate(msgspec.Struct, frozen=True):
     ram_span: int = 0  # tokens sent to the backend since that entry began (it must fit in the cache)
     note: str = ""
     primed: bool = False  # made on the deployment's measurements, not priors (teaches queue_factor)
+    margin_s: float = 0.0  # a decode step of the batch running there: in the objective, not the TTFT
 
     @property
     def objective_ttft_s(self) -> float:
-        """This turn's TTFT, the expected TTFT of the turns still to come, and what an eviction costs."""
-        return self.ttft_s + self.horizon * self.future_s + self.evict_cost_s
+        """This turn's TTFT, the expected TTFT of the turns still to come, what an eviction costs, and
+        the margin (``policies.cost``)."""
+        return self.ttft_s + self.horizon * self.future_s + self.evict_cost_s + self.margin_s
 
     @property
     def objective_total_s(self) -> float:
-        return self.total_s + self.horizon * self.future_s + self.evict_cost_s
+        return self.total_s + self.horizon * self.future_s + self.evict_cost_s + self.margin_s
 
 
 class ScoredCandidate(msgspec.Struct, frozen=True):

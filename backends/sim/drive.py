@@ -6,8 +6,13 @@ simulated clock advances by ``step.sim_dt``, prompts progress, tokens go out, ta
 the two, ``sim_dt`` simulated seconds pass; tasks may arrive or be cancelled meanwhile. The engine
 calls its ``waker`` when there may be new work; the driver decides what that means.
 
-* :class:`WallDriver` (the HTTP simulators): an asyncio task that loops plan, sleep
-  ``sim_dt * time_scale`` wall seconds, apply; when nothing runs it waits for a wake.
+* :class:`WallDriver` (the HTTP simulators): an asyncio task that loops plan, sleep until the step's
+  end (``sim_dt * time_scale`` wall seconds after the previous step's), apply; when nothing runs it
+  waits for a wake. Ends are kept on a schedule, not slept one after the other: a busy machine's
+  late wake-ups are caught up by the next steps, so the simulated clock keeps to the wall's (at
+  ``time_scale`` 1 the times the engine reports are the wall's, as a real engine's are; slept one by
+  one, every late step added its lateness, and a non-streamed answer's first token, its end less
+  its reported decode time, came out seconds late on a loaded demo).
 * :class:`EventDriver` (the virtual-time replay): on a :class:`~backends.clock.Events` loop, no
   asyncio, no threads. A wake while idle plans at the current virtual time (as a callback, so every
   task submitted by the running callback joins that step, as on the asyncio loop); ``apply`` runs at
@@ -57,10 +62,19 @@ class WallDriver:
     """Runs ``engine`` on the running asyncio loop in wall time, ``time_scale`` wall seconds per
     simulated second (module docstring)."""
 
-    def __init__(self, engine: Stepper, time_scale: float, *, name: str = "sim") -> None:
+    def __init__(
+        self,
+        engine: Stepper,
+        time_scale: float,
+        *,
+        name: str = "sim",
+        now: Callable[[], float] | None = None,
+    ) -> None:
         self.engine = engine
         self.time_scale = time_scale
         self.name = name
+        self._now = now
+        """The clock the steps' ends are scheduled on (default: the event loop's)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -78,13 +92,17 @@ class WallDriver:
                 await self._task
 
     async def _run(self) -> None:
+        now = self._now or asyncio.get_running_loop().time
+        due: float | None = None  # when the step under way ends, on that clock
         while True:
             step = self.engine.plan()
             if step is None:
+                due = None  # idle: the next step starts when it is planned
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await asyncio.sleep(step.sim_dt * self.time_scale)
+            due = (now() if due is None else due) + step.sim_dt * self.time_scale
+            await asyncio.sleep(max(due - now(), 0.0))
             self.engine.apply(step)
 
 

@@ -492,8 +492,8 @@ def test_the_worked_example_of_docs_routing() -> None:
         0.95,
         0.33,
     )
-    assert round(on_llama.objective_ttft_s, 2) == 4.24
-    assert round(on_vllm.objective_ttft_s, 2) == 13.03
+    assert round(on_llama.objective_ttft_s, 2) == 4.25  # with the margin: a decode step, 9 ms
+    assert round(on_vllm.objective_ttft_s, 2) == 13.05  # 16 ms
     assert "takes slot 0 from session" in on_llama.note
     situation = Situation(llama, LLAMA, LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP), match,
                           session, leases, now, 600.0)  # fmt: skip

@@ -333,3 +333,42 @@ class TestDriversAgree:
         virtual, _ = run_on_events(kind)
         wall = run_on_wall(kind)
         assert wall.outcome() == virtual.outcome()
+
+
+def test_the_wall_driver_keeps_the_simulated_clock_to_the_wall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five steps of 50 ms, one of them woken 100 ms late (a busy machine): the next ones catch up,
+    and the fifth ends at 250 ms, when its simulated time says, not 100 ms later (a non-streamed
+    answer's first token is its end less the decode time the engine reports: slept step after step,
+    every late wake-up moved it later)."""
+    from backends.sim import drive
+    from backends.sim.drive import Step, WallDriver
+
+    wall = [0.0]
+    ends: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        wall[0] += seconds
+        if len(ends) == 1:
+            wall[0] += 0.1  # this wake-up comes late
+
+    class Five:
+        waker: Callable[[], None] = staticmethod(lambda: None)
+        clock = WALL
+
+        def plan(self) -> Step | None:
+            return Step((), (), 0.05) if len(ends) < 5 else None
+
+        def apply(self, step: Step) -> None:
+            ends.append(round(wall[0], 6))
+
+    monkeypatch.setattr(drive.asyncio, "sleep", sleep)
+
+    async def main() -> None:
+        driver = WallDriver(Five(), 1.0, now=lambda: wall[0])
+        run = asyncio.ensure_future(driver._run())
+        while len(ends) < 5:
+            await asyncio.wait([run], timeout=0)  # the fake sleep never yields: one pass runs it all
+        run.cancel()
+
+    asyncio.run(main())
+    assert ends == [0.05, 0.2, 0.2, 0.2, 0.25]
