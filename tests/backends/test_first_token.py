@@ -8,7 +8,6 @@ the first token), and is unknown otherwise; the end of the body is never taken f
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,6 +15,7 @@ import msgspec
 
 from backends.base import UpstreamRequest
 from backends.stream import ResponseRelay
+from tests.backends.test_stream_framing import Reads
 
 CHAT = "http://127.0.0.1:9/v1/chat/completions"
 
@@ -29,15 +29,6 @@ class Ticking:
     def __call__(self) -> float:
         self.now += 1.0
         return self.now
-
-
-class Reads(httpx.AsyncByteStream):
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self.chunks:
-            yield chunk
 
 
 def whole_body(answer: dict[str, Any]) -> ResponseRelay:

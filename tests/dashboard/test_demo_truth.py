@@ -11,12 +11,6 @@ the same figures over twenty minutes of the demo's traffic (its numbers: docs/da
 
 from __future__ import annotations
 
-import os
-import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,49 +18,15 @@ import httpx
 import pytest
 
 from tests.dashboard.conftest import screenshot
+from tests.demo_process import running_demo
 
 REQUESTS = 36
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    port = free_port()
-    cache = tmp_path_factory.mktemp("demo-cache")
-    env = {**os.environ, "TURNOUT_PORT": str(port), "TURNOUT_CACHE": str(cache)}
-    env.pop("TURNOUT_ADMIN__TOKEN", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "demo"], env=env, stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None
-    banner = ""
-    for line in process.stdout:
-        banner += line
-        if line.startswith("Ctrl-C"):
-            break
-    token = re.search(r"admin token: (\S+)\)", banner)
-    assert token is not None, banner
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the demo's gateway never answered /health"
-        time.sleep(0.1)
-    try:
-        yield url, token.group(1)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with running_demo(tmp_path_factory.mktemp("demo-cache")) as running:
+        yield running.url, running.token
 
 
 def mixed_traffic(url: str) -> None:

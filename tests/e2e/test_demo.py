@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 import shlex
 import signal
 import socket
@@ -18,6 +16,7 @@ import httpx
 import pytest
 
 from policies.sessions import session_label
+from tests.demo_process import running_demo
 
 
 def free_port() -> int:
@@ -49,46 +48,13 @@ def recording(cache: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def demo(cache: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
-    port = free_port()
-    env = {**os.environ, "TURNOUT_PORT": str(port), "TURNOUT_LOG_FORMAT": "json", "TURNOUT_CACHE": str(cache)}
-    env.pop("TURNOUT_RECORD__PATH", None)
-    env.pop("TURNOUT_ADMIN__TOKEN", None)  # the demo makes its own and prints it
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "demo"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=(cache / "terminal.txt").open("w"),  # what the terminal would show below the banner
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    banner: list[str] = []
-    assert process.stdout is not None
-    for line in process.stdout:
-        banner.append(line)
-        if line.startswith("Ctrl-C"):
-            break
-    sims = re.findall(r"simulator on (http://127\.0\.0\.1:\d+)", "".join(banner))
-    sims += re.findall(r"admin token: (\S+)\)", "".join(banner))  # last: the dashboard's token
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the demo's gateway never answered /health"
-        time.sleep(0.1)
-    try:
-        yield process, url, sims
-    finally:
-        if (
-            process.poll() is None
-        ):  # SIGTERM first: the demo stops its simulators on it, SIGKILL would orphan them
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    """The demo; its terminal below the banner goes to ``terminal.txt``; the simulators' URLs, then
+    the admin token."""
+    with (
+        (cache / "terminal.txt").open("w") as terminal,
+        running_demo(cache, stderr=terminal, TURNOUT_LOG_FORMAT="json") as running,
+    ):
+        yield running.process, running.url, [*running.simulators, running.token]
 
 
 def test_demo_serves_both_models_and_their_group(demo: tuple[subprocess.Popen[str], str, list[str]]) -> None:
