@@ -167,7 +167,8 @@ class AdminService:
             raise AdminError(f"no live session {label}")
         released = await self.relay.router.store.release_slots(session.key)
         slots = ", ".join(f"{b} slot {s}" for b, s in released) or "none held"
-        self._record(identity, "release-slot", f"session {label}: {slots}")
+        shown = self._name(session.key) or session_label(session.key)  # as every page shows it
+        self._record(identity, "release-slot", f"session {shown}: {slots}")
         return released
 
     # views

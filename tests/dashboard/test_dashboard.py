@@ -186,6 +186,7 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     # its prompt did not break
     assert "message" not in page.inner_text('#timeline tr[data-turn="4"] td.prefix')
     screenshot(page, "session")
+    ask(stack)  # a streamed request: its TTFT is charted (the agent's turns above are not streamed)
     page.goto(stack.url + "/admin")  # the overview again, with every test's traffic in its charts
     page.wait_for_selector(".chart circle.actual", state="attached")
     screenshot(page, "overview")
@@ -197,6 +198,8 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     while "release-slot" not in httpx.get(stack.url + "/admin/api/policy", headers=ADMIN, timeout=30).text:
         assert time.monotonic() < deadline, "the release never reached the policy's audit log"
         time.sleep(0.1)
+    audit = httpx.get(stack.url + "/admin/api/policy", headers=ADMIN, timeout=30).json()["audit"]
+    assert any(e["detail"].startswith("session release-me: llama slot") for e in audit)  # by its name
     assert page.errors == []
 
 
