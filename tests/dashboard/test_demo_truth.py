@@ -66,9 +66,11 @@ def test_the_predictions_page_and_bought_are_within_2x_of_the_truth(page: Any, d
     predictions = httpx.get(url + "/admin/api/predictions?minutes=15", headers=admin, timeout=30).json()
     bought = httpx.get(url + "/admin/api/bought", headers=admin, timeout=30).json()
     measured = {b["id"]: b for b in predictions["backends"] if b["requests"]}
-    assert set(measured) >= {"vllm", "llama-moe"}  # non-streamed requests to vLLM count nowhere...
+    # the 27B's requests go where the router sends them (llama-27b or vLLM); Flash-Next's to llama-moe
+    assert "llama-moe" in measured
+    assert len(measured) >= 2
     for backend in measured.values():
-        assert 0.5 <= backend["median"] <= 2.0, backend  # ...and none counts its duration as its TTFT
+        assert 0.5 <= backend["median"] <= 2.0, backend  # none counts its duration as its TTFT
     assert bought["corrections"]
     for backend, correction in bought["corrections"].items():
         assert 0.5 <= correction <= 2.0, (backend, correction)
