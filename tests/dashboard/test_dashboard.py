@@ -166,6 +166,7 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     log_in(page, stack)
     page.goto(stack.url + "/admin/sessions")
     assert page.inner_text(f'tr[data-session="{label}"] a') == "edit-me"  # by its own name
+    screenshot(page, "sessions")
     page.click(f'tr[data-session="{label}"] a')
     page.wait_for_url(f"**/admin/sessions/{label}")
     assert page.inner_text("h1").startswith("Session edit-me")
