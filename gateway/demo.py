@@ -114,7 +114,12 @@ def background_traffic(url: str, stop: threading.Event, every_s: float = TRAFFIC
     one-shot question to the MoE; a third of the requests streamed, the rest not (the dashboard's
     TTFT figures hold for both). Bounded: one request every ``every_s`` seconds, until ``stop``."""
     conversations: dict[str, list[dict[str, str]]] = {"demo-agent-1": [], "demo-agent-2": []}
-    paste = "def handler(request):\n    return route(request)\n" * 40
+    started = dict.fromkeys(conversations, 1)
+    pastes = {  # each agent works on code of its own: two agents sending the same conversation
+        # would share one slot's state, and every other turn would be an exact repeat
+        "demo-agent-1": "def handler(request):\n    return route(request)\n" * 40,
+        "demo-agent-2": "class Router:\n    def pick(self, backends):\n        return min(backends)\n" * 28,
+    }
     with httpx.Client(base_url=url, timeout=60) as client:
         for tick in itertools.count():
             if stop.wait(every_s):
@@ -128,8 +133,10 @@ def background_traffic(url: str, stop: threading.Event, every_s: float = TRAFFIC
                 history = conversations[session]
                 if len(history) >= 2 * TRAFFIC_TURNS:
                     history.clear()
+                    started[session] += 1  # a new task: its first message is not the last one's
                 turn = len(history) // 2 + 1
-                history.append({"role": "user", "content": f"Turn {turn}: review this.\n{paste}"})
+                task = f"Task {started[session]}, turn {turn}: review this."
+                history.append({"role": "user", "content": f"{task}\n{pastes[session]}"})
                 body = {"model": "qwen3.8-27b", "max_tokens": 48, "messages": history}
                 headers = {"x-session-id": session}
             try:
