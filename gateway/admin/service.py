@@ -17,7 +17,7 @@ from gateway.admin import accuracy, bought, slots, whatif
 from gateway.admin.auth import AdminAuth, Identity
 from gateway.api.service import WhatIfEdits
 from gateway.relay import Relay
-from gateway.routing import session_name
+from gateway.routing import session_name, session_shown
 from gateway.settings import Settings
 from policies import BUILTIN_PROFILES
 from policies.learning import DeploymentStats
@@ -167,7 +167,7 @@ class AdminService:
             raise AdminError(f"no live session {label}")
         released = await self.relay.router.store.release_slots(session.key)
         slots = ", ".join(f"{b} slot {s}" for b, s in released) or "none held"
-        shown = self._name(session.key) or session_label(session.key)  # as every page shows it
+        shown = session_shown(session.key, redact=self.settings.admin.redact_session_ids)
         self._record(identity, "release-slot", f"session {shown}: {slots}")
         return released
 
