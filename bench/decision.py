@@ -36,6 +36,7 @@ from backends.inflight import Sent
 from gateway.requests import parse_body
 from gateway.routing import Router
 from gateway.state.memory import MemoryStore
+from gateway.state.prefix_index import SentPrompt
 from policies import BUILTIN_PROFILES, Architecture, Deployment, Endpoint, EngineKind, Health, extract
 from policies.types import BackendSnapshot, SessionView, SlotState
 
@@ -85,7 +86,7 @@ async def decisions(requests: int, sessions: int, backends: int, in_flight: int 
     for n in range(sessions):  # each session's last prompt is where its last turn went
         features = extract(conversation(n, turns=2), Endpoint.CHAT, model=MODEL)
         backend, slot = llama[n % len(llama)], (n // len(llama)) % 4
-        await store.record_prompt(backend, slot, features.chain, features.prompt_tokens, f"s{n}")
+        await store.record_prompt(SentPrompt(backend, slot, features.chain, features.prompt_tokens, f"s{n}"))
         await store.save_session(
             SessionView(
                 f"s{n}", backend, slot, features.prompt_tokens, turns=2, last_seen=now, first_seen=now

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis.asyncio as redis
 
-from gateway.state import MemoryStore, StateStore
+from gateway.state import MemoryStore, SentPrompt, StateStore
 from gateway.state.redis_store import RedisStore
 from policies.prefix import chain_of, render
 from policies.shape import shape_of
@@ -56,7 +56,7 @@ async def one_turn(store: StateStore, key: str, view: SessionView, entry: dict[s
     await store.leases("llama")
     await store.match_prefix(CHAIN, ["llama", "vllm"])
     await store.claim_slot("llama", 0, key, time.time(), key, 40_000)
-    await store.record_prompt("llama", 0, CHAIN, 40_000, key)
+    await store.record_prompt(SentPrompt("llama", 0, CHAIN, 40_000, key))
     await store.finish_turn(
         view, {"at": time.time(), "prompt_tokens": 40_000, "cached_tokens": 39_000}, entry
     )

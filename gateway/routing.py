@@ -20,7 +20,7 @@ from backends.clock import Clock
 from backends.errors import UpstreamStatusError
 from backends.fleet import Fleet
 from gateway.live import FollowUps, LiveSessions
-from gateway.state import StateStore
+from gateway.state import SentPrompt, StateStore
 from gateway.traffic import TrafficRecorder
 from policies import Decision, Endpoint, Profile, RequestFeatures, route
 from policies.features import MESSAGE_OVERHEAD_TOKENS
@@ -388,9 +388,10 @@ class Router:
         if chosen is not None and chain.length:
             key = session.key if session is not None else None
             usage = outcome.usage
-            await self.store.record_prompt(
+            sent = SentPrompt(
                 outcome.backend_id, decision.slot, chain, usage.prompt_tokens, key, usage.cached_tokens
             )
+            await self.store.record_prompt(sent)
         updated = None
         if session is not None and chosen is not None:
             now, cached = self.clock.time(), outcome.usage.cached_tokens or 0

@@ -6,5 +6,6 @@ gateway replicas. One contract test suite runs against both.
 
 from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStore
+from gateway.state.prefix_index import SentPrompt
 
-__all__ = ["MemoryStore", "StateStore"]
+__all__ = ["MemoryStore", "SentPrompt", "StateStore"]

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.state.prefix_index import SentPrompt
 from policies.prefix import PromptChain
 from policies.types import PrefixMatch, SessionView, SlotLease
 
@@ -26,18 +27,9 @@ class StateStore(ABC):
         """Store ``session``."""
 
     @abstractmethod
-    async def record_prompt(
-        self,
-        backend_id: str,
-        slot: int | None,
-        chain: PromptChain,
-        tokens: int,
-        session_key: str | None,
-        cached: int | None = None,
-    ) -> None:
-        """``chain`` (``tokens`` long, ``cached`` of them reused by the engine's count; None: it did not
-        say) was just processed on ``backend_id`` (pinned to ``slot``), for ``session_key``: the prefix
-        index learns what the backend, the slot (its checkpoints too) and the session hold."""
+    async def record_prompt(self, sent: SentPrompt) -> None:
+        """``sent`` was just processed by its engine: the prefix index learns what the backend, the
+        slot (its checkpoints too) and the session hold."""
 
     @abstractmethod
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.state.base import StateStore
-from gateway.state.prefix_index import PrefixIndex
+from gateway.state.prefix_index import PrefixIndex, SentPrompt
 from policies.prefix import PromptChain
 from policies.types import PrefixMatch, SessionView, SlotLease
 
@@ -68,16 +68,8 @@ class MemoryStore(StateStore):
             dropped, _ = self._sessions.popitem(last=False)
             self._drop_turns(dropped)
 
-    async def record_prompt(
-        self,
-        backend_id: str,
-        slot: int | None,
-        chain: PromptChain,
-        tokens: int,
-        session_key: str | None,
-        cached: int | None = None,
-    ) -> None:
-        self.index.record(backend_id, slot, chain, tokens, session_key, cached)
+    async def record_prompt(self, sent: SentPrompt) -> None:
+        self.index.record(sent)
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return {backend: self.index.match(chain, backend) for backend in backend_ids}

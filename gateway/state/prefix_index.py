@@ -27,6 +27,7 @@ backend it was sent to (``tests/gateway/test_prefix_index.py`` measures it); ``m
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import msgspec
 
@@ -37,6 +38,20 @@ from policies.types import PrefixMatch, SlotMatch
 ROOT = -1  # the tip key of prompts shorter than one chunk
 LONGER = 1 << 40  # the held size of a match that ends inside some longer prompt
 TIPS_PER_KEY = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SentPrompt:
+    """A prompt an engine just processed: on ``backend_id`` (pinned to ``slot`` on llama.cpp), its
+    ``chain``, ``tokens`` long by the engine's count, for ``session_key``, ``cached`` of its tokens
+    reused (None: the engine did not say)."""
+
+    backend_id: str
+    slot: int | None
+    chain: PromptChain
+    tokens: int
+    session_key: str | None = None
+    cached: int | None = None
 
 
 class Held(msgspec.Struct, frozen=True):
@@ -153,17 +168,11 @@ class PrefixIndex:
         self._slots: dict[str, dict[int, Held]] = {}
         self._tips: OrderedDict[int, list[tuple[PromptMark, str]]] = OrderedDict()
 
-    def record(
-        self,
-        backend_id: str,
-        slot: int | None,
-        chain: PromptChain,
-        tokens: int,
-        session: str | None,
-        cached: int | None = None,
-    ) -> None:
-        """``chain`` (``tokens`` long by the engine's count, ``cached`` of them reused) now sits on
-        ``backend_id`` (and ``slot``, with the checkpoints the engine's rules leave it)."""
+    def record(self, sent: SentPrompt) -> None:
+        """The sent prompt's chain now sits on its backend (and slot, with the checkpoints the
+        engine's rules leave it), and continues its session."""
+        backend_id, slot, chain, tokens = sent.backend_id, sent.slot, sent.chain, sent.tokens
+        session, cached = sent.session_key, sent.cached
         held = Held(chain.hashes, chain.mark, tokens)
         self._recent.setdefault(backend_id, _Recent(self.max_tokens)).add(held, chain)
         if slot is not None:

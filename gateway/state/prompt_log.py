@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from gateway.state.prefix_index import SentPrompt
 from policies.prefix import PromptChain
 
 LOG_ENTRIES = 20_000
@@ -35,13 +36,10 @@ BLOCK_MS = 1000
 
 @dataclass(frozen=True, slots=True)
 class PromptRecord:
+    """What ``replica`` sent where."""
+
     replica: str
-    backend_id: str
-    slot: int | None
-    chain: PromptChain
-    tokens: int
-    session_key: str | None
-    cached: int | None = None  # tokens the engine reused (None: it did not say)
+    sent: SentPrompt
 
 
 class Packed(msgspec.Struct, array_like=True, frozen=True):
@@ -59,11 +57,12 @@ class Packed(msgspec.Struct, array_like=True, frozen=True):
 
 
 def pack(record: PromptRecord) -> bytes:
-    chain = record.chain
+    sent = record.sent
+    chain = sent.chain
     hashes = _ordered(array("Q", chain.hashes)).tobytes()
     packed = Packed(
-        record.replica, record.backend_id, record.slot, hashes, chain.length, chain.whole, record.tokens,
-        record.session_key, record.cached,
+        record.replica, sent.backend_id, sent.slot, hashes, chain.length, chain.whole, sent.tokens,
+        sent.session_key, sent.cached,
     )  # fmt: skip
     return msgspec.msgpack.encode(packed)
 
@@ -71,7 +70,7 @@ def pack(record: PromptRecord) -> bytes:
 def unpack(raw: bytes) -> PromptRecord:
     p = msgspec.msgpack.decode(raw, type=Packed)
     chain = PromptChain(tuple(_ordered(array("Q", p.hashes))), p.length, p.whole)
-    return PromptRecord(p.replica, p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached)
+    return PromptRecord(p.replica, SentPrompt(p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached))
 
 
 def _ordered(values: array[int]) -> array[int]:

@@ -43,7 +43,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from gateway.state import prompt_log
 from gateway.state.base import StateStore
-from gateway.state.prefix_index import PrefixIndex
+from gateway.state.prefix_index import PrefixIndex, SentPrompt
 from gateway.state.prompt_log import PromptRecord
 from policies.prefix import PromptChain
 from policies.shape import MessageMark, PromptShape
@@ -175,31 +175,15 @@ class RedisStore(StateStore):
             names = [self._key(kind, _text(item[0])) for item in dropped for kind in ("session", "turns")]
             await self._redis.delete(*names)
 
-    async def record_prompt(
-        self,
-        backend_id: str,
-        slot: int | None,
-        chain: PromptChain,
-        tokens: int,
-        session_key: str | None,
-        cached: int | None = None,
-    ) -> None:
-        self._index.record(backend_id, slot, chain, tokens, session_key, cached)
-        self.queue_prompt(backend_id, slot, chain, tokens, session_key, cached)
+    async def record_prompt(self, sent: SentPrompt) -> None:
+        self._index.record(sent)
+        self.queue_prompt(sent)
 
-    def queue_prompt(
-        self,
-        backend_id: str,
-        slot: int | None,
-        chain: PromptChain,
-        tokens: int,
-        session_key: str | None,
-        cached: int | None = None,
-    ) -> None:
+    def queue_prompt(self, sent: SentPrompt) -> None:
         """Tell the other replicas what was sent where (``prompt_log``), with the next batch of
         writes (``finish_turn``: no round trip of its own). While Redis is away the newest
         ``prompt_log.UNSENT`` wait."""
-        record = PromptRecord(self.replica, backend_id, slot, chain, tokens, session_key, cached)
+        record = PromptRecord(self.replica, sent)
         self._unsent.append(prompt_log.pack(record))
         del self._unsent[: -prompt_log.UNSENT]
 
@@ -329,7 +313,7 @@ async def follow_prompts(store: RedisStore, index: PrefixIndex) -> None:
         read: tuple[str, list[PromptRecord]] = await reading(store.read_prompts, after)
         after, records = read
         for r in records:
-            index.record(r.backend_id, r.slot, r.chain, r.tokens, r.session_key, r.cached)
+            index.record(r.sent)
 
 
 def _text(value: Any) -> str:

@@ -22,6 +22,7 @@ import structlog
 
 from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStore
+from gateway.state.prefix_index import SentPrompt
 from gateway.state.redis_store import FAILURES, RedisStore, follow_prompts
 from policies.prefix import PromptChain
 from policies.types import PrefixMatch, SessionView, SlotLease
@@ -114,17 +115,9 @@ class ResilientStore(StateStore):
 
         await self._shared(lambda: self.redis.save_session(session), remember)
 
-    async def record_prompt(
-        self,
-        backend_id: str,
-        slot: int | None,
-        chain: PromptChain,
-        tokens: int,
-        session_key: str | None,
-        cached: int | None = None,
-    ) -> None:
-        await self.local.record_prompt(backend_id, slot, chain, tokens, session_key, cached)
-        self.redis.queue_prompt(backend_id, slot, chain, tokens, session_key, cached)  # sent with finish_turn
+    async def record_prompt(self, sent: SentPrompt) -> None:
+        await self.local.record_prompt(sent)
+        self.redis.queue_prompt(sent)  # sent with finish_turn
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return await self.local.match_prefix(chain, backend_ids)

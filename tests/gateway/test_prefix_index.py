@@ -8,7 +8,7 @@ import random
 import tracemalloc
 
 from backends.sim.prefix_cache import MAX_CHECKPOINTS, SlotReuse, add_checkpoints, llama_reuse
-from gateway.state.prefix_index import PrefixIndex
+from gateway.state.prefix_index import PrefixIndex, SentPrompt
 from policies.prefix import CHUNK_BYTES, chain_of
 from policies.types import SlotMatch
 
@@ -26,7 +26,9 @@ def test_a_tracked_token_costs_well_under_a_byte() -> None:
         before = tracemalloc.take_snapshot()
         for number, prompt in enumerate(prompts):
             index.record(
-                "llama", number % 2, chain_of(prompt), round(len(prompt) / CHARS_PER_TOKEN), f"s{number}"
+                SentPrompt(
+                    "llama", number % 2, chain_of(prompt), round(len(prompt) / CHARS_PER_TOKEN), f"s{number}"
+                )
             )
         gc.collect()
         grown = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename"))
@@ -73,7 +75,7 @@ class Engine:
         reuse = llama_reuse(self.tokens, self.checkpoints, prompt, hybrid=True)
         self.checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past)
         self.tokens = prompt + answer[:-1]
-        self.index.record("llama", 0, chain_of(encode(prompt)), len(prompt), "s", reuse.n_past)
+        self.index.record(SentPrompt("llama", 0, chain_of(encode(prompt)), len(prompt), "s", reuse.n_past))
         return reuse
 
     def match(self, prompt: list[int]) -> SlotMatch:
@@ -146,8 +148,8 @@ class TestCheckpoints:
         """An engine that did not say what it reused: the older checkpoints may be gone."""
         fresh, index = Tokens(), PrefixIndex()
         system = fresh.take(SYSTEM_TOKENS)
-        index.record("llama", 0, chain_of(encode(system + fresh.take(181))), 2229, "a", 0)
-        index.record("llama", 0, chain_of(encode(system + fresh.take(1000))), 3048, "b")
+        index.record(SentPrompt("llama", 0, chain_of(encode(system + fresh.take(181))), 2229, "a", 0))
+        index.record(SentPrompt("llama", 0, chain_of(encode(system + fresh.take(1000))), 3048, "b"))
         assert checkpoints(index) == (3048 - 516, 3048 - 4)
 
     def test_a_state_loaded_from_the_ram_cache_keeps_none_of_the_old_ones(self) -> None:
@@ -155,16 +157,18 @@ class TestCheckpoints:
         (llama-server loaded it from its RAM cache), with checkpoints turnout does not know."""
         fresh, index = Tokens(), PrefixIndex()
         system, mine = fresh.take(SYSTEM_TOKENS), fresh.take(6000)
-        index.record("llama", 0, chain_of(encode(system + mine)), 8048, "a", 0)
-        index.record("llama", 0, chain_of(encode(system + fresh.take(181))), 2229, "b", 0)
-        index.record("llama", 0, chain_of(encode(system + mine + fresh.take(300))), 8348, "a", 7532)
+        index.record(SentPrompt("llama", 0, chain_of(encode(system + mine)), 8048, "a", 0))
+        index.record(SentPrompt("llama", 0, chain_of(encode(system + fresh.take(181))), 2229, "b", 0))
+        index.record(
+            SentPrompt("llama", 0, chain_of(encode(system + mine + fresh.take(300))), 8348, "a", 7532)
+        )
         assert checkpoints(index) == (8348 - 516, 8348 - 4)
 
     def test_only_slots_hold_checkpoints(self) -> None:
         """A recent prompt (a RAM cache entry) offers none: its checkpoints are not tracked."""
         fresh, index = Tokens(), PrefixIndex()
         system = fresh.take(SYSTEM_TOKENS)
-        index.record("vllm", None, chain_of(encode(system + fresh.take(181))), 2229, None, 0)
+        index.record(SentPrompt("vllm", None, chain_of(encode(system + fresh.take(181))), 2229, None, 0))
         match = index.match(chain_of(encode(system + fresh.take(900))), "vllm")
         assert match.slots == ()
         assert match.best_recent.checkpoint == 0

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from gateway.state import MemoryStore, StateStore, prompt_log
+from gateway.state import MemoryStore, SentPrompt, StateStore, prompt_log
 from gateway.state.memory import MAX_TURNS
 from gateway.state.prompt_log import PromptRecord
 from gateway.state.redis_store import RedisStore, pack, unpack
@@ -70,7 +70,7 @@ def test_sessions_are_found_by_key_and_by_their_last_prompt(store_factory: Calla
     store = store_factory()
     session = SessionView("s", turns=1, last_seen=1e12)
     run(store.save_session(session))
-    run(store.record_prompt("llama", 0, chain_of(TURN), 1500, "s"))
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(TURN), 1500, "s")))
     assert run(store.get_session("s")) == session
     assert run(store.find_session(chain_of(TURN + b" and the next turn"))) == "s"  # continues the prompt
     assert (
@@ -83,8 +83,8 @@ def test_the_prefix_index_knows_slots_and_recent_prompts(store_factory: Callable
     """Per slot what was last pinned there; per backend the longest prefix of anything sent lately."""
     store = store_factory()
     a, b = TURN, SYSTEM + b"agent b: other work " * 100
-    run(store.record_prompt("llama", 0, chain_of(a), 1500, "a"))
-    run(store.record_prompt("llama", 0, chain_of(b), 1200, "b"))  # b took slot 0
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(a), 1500, "a")))
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(b), 1200, "b")))  # b took slot 0
     matches = run(store.match_prefix(chain_of(a + b" next"), ["llama", "vllm"]))
     llama = matches["llama"]
     assert llama.recent == 1500  # a's whole prompt, in the RAM cache's view
@@ -101,7 +101,7 @@ def test_the_prefix_index_is_bounded(store_factory: Callable[..., StateStore]) -
     store = store_factory(prefix_tokens_per_backend=3000)
     prompts = [bytes([65 + i]) * 4096 for i in range(4)]
     for prompt in prompts:
-        run(store.record_prompt("vllm", None, chain_of(prompt), 1000, None))
+        run(store.record_prompt(SentPrompt("vllm", None, chain_of(prompt), 1000, None)))
     recent = [run(store.match_prefix(chain_of(p), ["vllm"]))["vllm"].recent for p in prompts]
     assert recent == [0, 1000, 1000, 1000]
 
@@ -117,11 +117,11 @@ def test_a_slot_keeps_the_checkpoints_its_earlier_prompts_left(
     """A short chat left a checkpoint just past the shared system prompt; the next chat on the slot
     restored it (the engine's cached count says so) and kept it: a third one is offered it."""
     store = store_factory()
-    run(store.record_prompt("llama", 0, chain_of(CHAT_A), 2229, "a", 0))
-    run(store.record_prompt("llama", 0, chain_of(CHAT_B), 3000, "b", 1713))
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(CHAT_A), 2229, "a", 0)))
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(CHAT_B), 3000, "b", 1713)))
     slot = run(store.match_prefix(chain_of(CHAT_C), ["llama"]))["llama"].slot(0)
     assert (slot.whole, slot.held, slot.checkpoint) == (False, 3000, 1713)
-    run(store.record_prompt("llama", 0, chain_of(CHAT_B), 3000, "b"))  # the engine did not say
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(CHAT_B), 3000, "b")))  # the engine did not say
     assert run(store.match_prefix(chain_of(CHAT_C), ["llama"]))["llama"].slot(0).checkpoint == 0
 
 
@@ -313,7 +313,7 @@ def test_replicas_share_the_prefix_index_and_a_new_one_reads_it_all(redis_server
         return bool(match.slots) and match.slots[0].whole and await store.find_session(nxt) == "s"
 
     async def scenario() -> None:
-        await a.record_prompt("llama", 0, chain_of(TURN), 1500, "s")
+        await a.record_prompt(SentPrompt("llama", 0, chain_of(TURN), 1500, "s"))
         await a.finish_turn(SessionView("s", turns=1, last_seen=time.time()), None, {"request_id": "r"})
         assert await _until(b_knows)  # the record went with the request's last batch of writes
         match = (await b.match_prefix(nxt, ["llama"]))["llama"]
@@ -351,8 +351,8 @@ def test_replicas_rebuild_the_same_slot_checkpoints(redis_server: RedisServer) -
         return (await store.match_prefix(third, ["llama"]))["llama"].slot(0).checkpoint
 
     async def scenario() -> None:
-        await a.record_prompt("llama", 0, chain_of(CHAT_A), 2229, "a", 0)
-        await a.record_prompt("llama", 0, chain_of(CHAT_B), 3000, "b", 1713)
+        await a.record_prompt(SentPrompt("llama", 0, chain_of(CHAT_A), 2229, "a", 0))
+        await a.record_prompt(SentPrompt("llama", 0, chain_of(CHAT_B), 3000, "b", 1713))
         await a.finish_turn(None, None, {"request_id": "r"})
         assert await checkpoint(a) == 1713
         assert await _until(lambda: _is(checkpoint(b), 1713))
@@ -371,11 +371,13 @@ async def _is(value: Coroutine[Any, Any, int], expected: int) -> bool:
 
 def test_a_prompt_record_carries_the_cached_count_and_older_ones_read_back() -> None:
     """Records of a turnout from before ``cached`` have eight fields: they read back with None."""
-    record = PromptRecord("r1", "llama", 0, chain_of(CHAT_A), 2229, "a", 1713)
+    record = PromptRecord("r1", SentPrompt("llama", 0, chain_of(CHAT_A), 2229, "a", 1713))
     packed = prompt_log.pack(record)
     assert prompt_log.unpack(packed) == record
     older = msgspec.msgpack.encode(msgspec.msgpack.decode(packed)[:8])
-    assert prompt_log.unpack(older) == dataclasses.replace(record, cached=None)
+    assert prompt_log.unpack(older) == dataclasses.replace(
+        record, sent=dataclasses.replace(record.sent, cached=None)
+    )
 
 
 def test_replicas_see_each_others_shared_values_until_they_expire(redis_server: RedisServer) -> None:
@@ -517,8 +519,8 @@ def test_a_store_of_one_process_shares_nothing() -> None:
 def test_a_restarted_backend_is_forgotten(store_factory: Callable[..., StateStore]) -> None:
     """Its leases and what the index says it holds go; the other backends' stay."""
     store = store_factory()
-    run(store.record_prompt("llama", 0, chain_of(TURN), 1500, "s"))
-    run(store.record_prompt("vllm", None, chain_of(TURN), 1500, "s"))
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(TURN), 1500, "s")))
+    run(store.record_prompt(SentPrompt("vllm", None, chain_of(TURN), 1500, "s")))
     run(store.claim_slot("llama", 0, "s", 1.0, None, 1500))
     run(store.forget_backend("llama"))
     assert run(store.leases("llama")) == ()
