@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from routing import MODEL, WORKLOADS
+from routing_workloads import MODEL, WORKLOADS
 
 from backends.sim.llama_engine import LlamaEngine
 from backends.sim.vllm_engine import VllmEngine
