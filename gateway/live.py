@@ -44,7 +44,7 @@ FOLLOW_WINDOW = 100
 class FollowUps:
     """How often a conversation known only by its content (no session id) comes back after its
     first turn: agents do, one-off requests do not. Routing lets a first turn look ahead by this
-    chance while a llama.cpp slot is free (``policies.route.RoutingContext.follow_rate``).
+    chance while a llama.cpp slot is free (``policies.context.RoutingContext.follow_rate``).
 
     Counts decay by ``1 - 1 / window`` per first turn, so the rate follows the traffic of the last
     ``window`` or so; it starts at 1/2 (one imagined follow-up in two first turns)."""

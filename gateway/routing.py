@@ -23,10 +23,10 @@ from gateway.live import FollowUps, LiveSessions
 from gateway.state import SentPrompt, StateStore
 from gateway.traffic import TrafficRecorder
 from policies import Decision, Endpoint, Profile, RequestFeatures, route
+from policies.context import RoutingContext
 from policies.features import MESSAGE_OVERHEAD_TOKENS
 from policies.learning import LearnedState, learn
 from policies.prefix import PromptChain
-from policies.route import RoutingContext
 from policies.sessions import session_label
 from policies.slots import DEFAULT_LEASE_IDLE_S, proven
 from policies.types import (

@@ -1,15 +1,19 @@
-"""Feature extraction: the few facts about a request body that routing needs, computed once.
+"""Feature extraction: the few facts about a request that routing needs, computed once.
 
-The body arrives already parsed (the gateway validated its shape); this module only reads it.
-Token counts are estimates from character counts, using a characters-per-token ratio the caller
-passes in (a configured prior now, a learned value later).
+The body arrives already parsed (the gateway validated its shape); this module only reads it, and
+the request's headers. Token counts are estimates from character counts, using a characters-per-token
+ratio the caller passes in (a configured prior, or the learned one). ``request_features`` is the one
+entry point the gateway calls: the body's facts, the model's group, and the size the request asks
+for (``x-turnout-min-params-b``, a deep-reasoning request's floor).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from msgspec.structs import replace
 
 from policies.prefix import chain_of, message_text, render, render_completion
@@ -174,3 +178,87 @@ def extract(
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,
     )
+
+
+SIZE_FLOOR_HEADER = "x-turnout-min-params-b"
+REASONING_BUDGET_TOKENS = 16_000
+"""An Anthropic ``thinking`` budget from which a request counts as asking for deep reasoning."""
+
+
+class FeatureError(ValueError):
+    """A request names something routing cannot read (the client's error: a 400 naming ``param``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def size_floor(headers: Mapping[str, str]) -> float | None:
+    """The ``x-turnout-min-params-b`` header: billions of parameters the answering model must have."""
+    text = headers.get(SIZE_FLOOR_HEADER)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise FeatureError(
+            f"{SIZE_FLOOR_HEADER} must be a positive number of billions of parameters, not {text[:40]!r}",
+            SIZE_FLOOR_HEADER,
+        )
+    return value
+
+
+def asks_deep_reasoning(body: Mapping[str, Any]) -> bool:
+    """``reasoning_effort: "high"`` (Chat Completions), ``reasoning: {"effort": "high"}`` (Responses),
+    or ``thinking: {"type": "enabled", "budget_tokens": >= REASONING_BUDGET_TOKENS}`` (Messages)."""
+    if body.get("reasoning_effort") == "high":
+        return True
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, Mapping) and reasoning.get("effort") == "high":
+        return True
+    thinking = body.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+        budget = thinking.get("budget_tokens")
+        return isinstance(budget, int) and budget >= REASONING_BUDGET_TOKENS
+    return False
+
+
+def output_cap(body: Mapping[str, Any], endpoint: Endpoint, limit: int | None) -> dict[str, int]:
+    """The output limit to set on a request that sets none: the model's configured ``max_output_tokens``
+    (Codex never sends one; llama.cpp would otherwise generate until the window is full)."""
+    fields = OUTPUT_LIMIT_FIELDS.get(endpoint)
+    if limit is not None and fields and all(body.get(f) is None for f in fields):
+        return {fields[0]: limit}
+    return {}
+
+
+class ModelFacts(msgspec.Struct, frozen=True):
+    """What routing reads of the model a request names (the gateway's catalog entry)."""
+
+    name: str
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+    members: tuple[str, ...] = ()
+    prefer_default: float = 0.0
+    reasoning_floor_b: float | None = None
+
+
+def request_features(
+    body: Mapping[str, Any], endpoint: Endpoint, headers: Mapping[str, str], model: ModelFacts
+) -> RequestFeatures:
+    """Everything routing reads of a request (``extract``, without the per-message shape: the
+    gateway adds it once the request is on its way), with the model's group and the size it asks
+    for: the header's floor, raised to the model's ``reasoning_floor_b`` for deep reasoning.
+    Raises :class:`FeatureError` for a header routing cannot read."""
+    features = extract(
+        body, endpoint, model=model.name, headers=headers, chars_per_token=model.chars_per_token, shape=False
+    )
+    if model.members:
+        features = replace(features, members=model.members, prefer_default=model.prefer_default)
+    floor = size_floor(headers)
+    if model.reasoning_floor_b is not None and asks_deep_reasoning(body):
+        floor = max(floor or 0.0, model.reasoning_floor_b)
+    if floor is not None:
+        features = replace(features, min_params_b=floor)
+    return features

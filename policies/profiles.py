@@ -13,6 +13,7 @@ import msgspec
 
 from policies.filters import FILTERS
 from policies.scorers import SCORERS
+from policies.stages import PICKERS
 from policies.types import Reason
 
 DEFAULT_FILTERS = ("engine-supports", "healthy", "context-fits")
@@ -29,6 +30,8 @@ class Profile(msgspec.Struct, frozen=True):
     filters: tuple[str, ...]
     scorers: tuple[tuple[str, float], ...]
     reason: Reason  # the reason recorded when this profile picks among several candidates
+    picker: str = "best-score"
+    """How the winner is picked among the scored candidates (``policies.stages.PICKERS``)."""
 
 
 def build_profile(
@@ -37,8 +40,11 @@ def build_profile(
     filters: Sequence[str] = DEFAULT_FILTERS,
     scorers: Mapping[str, float],
     reason: Reason = Reason.LEAST_LOADED,
+    picker: str = "best-score",
 ) -> Profile:
     """Check names against the registries and return a :class:`Profile`."""
+    if picker not in PICKERS:
+        raise ProfileError(f"profile {name!r}: unknown picker {picker!r}; known: {sorted(PICKERS)}")
     for filter_name in filters:
         if filter_name not in FILTERS:
             raise ProfileError(f"profile {name!r}: unknown filter {filter_name!r}; known: {sorted(FILTERS)}")
@@ -51,7 +57,9 @@ def build_profile(
             raise ProfileError(
                 f"profile {name!r}: scorer {scorer_name!r} needs a positive weight, got {weight}"
             )
-    return Profile(name=name, filters=tuple(filters), scorers=tuple(scorers.items()), reason=reason)
+    return Profile(
+        name=name, filters=tuple(filters), scorers=tuple(scorers.items()), reason=reason, picker=picker
+    )
 
 
 BUILTIN_PROFILES: dict[str, Profile] = {

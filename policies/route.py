@@ -1,131 +1,33 @@
-"""The route engine: candidates -> filters -> cost estimates -> weighted scorers -> pick.
+"""The route engine: candidates -> stages -> cost estimates -> weighted scorers -> picker.
 
-``route`` is pure and deterministic: the same features, snapshots, context and profile give the
-same decision. Ties keep the snapshot order (the order backends are configured in).
+Every step is named: the stages (``policies.stages``: the built-in ones around the profile's
+filters), the scorers (``policies.scorers``) and the picker (``policies.stages.PICKERS``). ``route``
+is pure and deterministic: the same features, snapshots, context and profile give the same decision.
+Ties keep the snapshot order (the order backends are configured in).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 
-import msgspec
-
+from policies.context import RoutingContext
 from policies.cost import estimate
-from policies.filters import FILTERS, Candidate
-from policies.learning import LearnedState
+from policies.filters import Candidate
 from policies.profiles import Profile
 from policies.scorers import SCORERS, CandidateView
-from policies.slots import DEFAULT_LEASE_IDLE_S, free_slot, keep_chance
+from policies.slots import free_slot, keep_chance
+from policies.stages import PICKERS, stages
 from policies.types import (
     BackendSnapshot,
     Decision,
-    Deployment,
     EngineKind,
-    PrefixMatch,
     Reason,
     Rejection,
     RequestFeatures,
     ScoredCandidate,
-    SessionView,
-    SlotLease,
 )
 
-
-class RoutingContext(msgspec.Struct, frozen=True):
-    """What routing knows beyond the request and the snapshots: the session, slot leases, what each
-    backend holds of the prompt (the prefix index), learning."""
-
-    session: SessionView | None = None
-    leases: Mapping[str, tuple[SlotLease, ...]] = msgspec.field(default_factory=lambda: MappingProxyType({}))
-    learned: LearnedState = msgspec.field(default_factory=LearnedState)
-    sequence: int = 0  # a request counter, for round-robin
-    matches: Mapping[str, PrefixMatch] = msgspec.field(default_factory=lambda: MappingProxyType({}))
-    lease_idle_s: float = DEFAULT_LEASE_IDLE_S
-    drained: frozenset[str] = frozenset()  # backends an admin drained: no new requests
-    live_sessions: int = 0  # sessions that sent a turn within ``lease_idle_s``, this one included
-    follow_rate: float = 0.0
-    """The chance a conversation known only by its content comes back after its first turn (learned
-    by the gateway: ``gateway.live.FollowUps``); weighs a first turn's look-ahead while a slot is free."""
-    pins: Mapping[str, str] = msgspec.field(default_factory=lambda: MappingProxyType({}))
-    """Model group -> the one member an admin pinned it to (its other members get no requests)."""
-
-
-def size_floor(
-    features: RequestFeatures, candidates: list[Candidate]
-) -> tuple[list[Candidate], list[Rejection]]:
-    """Only models of at least ``features.min_params_b`` billion parameters (total); a model whose size
-    is not configured cannot show it is large enough."""
-    floor = features.min_params_b
-    if floor is None:
-        return candidates, []
-    kept = [(d, s) for d, s in candidates if d.params_total_b is not None and d.params_total_b >= floor]
-    dropped = [
-        Rejection(
-            s.backend_id, Reason.BELOW_SIZE_FLOOR, f"{d.model} has {_size(d)} parameters, {floor:g} B asked"
-        )
-        for d, s in candidates
-        if (d, s) not in kept
-    ]
-    return kept, dropped
-
-
-def _size(deployment: Deployment) -> str:
-    size = deployment.params_total_b
-    return "an unknown number of" if size is None else f"{size:g} B"
-
-
-def keep_model(
-    features: RequestFeatures, candidates: list[Candidate], session: SessionView | None
-) -> tuple[list[Candidate], list[Rejection]]:
-    """A conversation in a model group keeps the member that answered it, while that member has an
-    eligible candidate: answers from one model throughout are what an agent expects. Otherwise (its
-    window outgrown, its engines down or drained) every eligible member stays: the conversation
-    moves, and the decision log says from which model to which (``gateway.routing``)."""
-    model = session.model if session is not None else None
-    if not features.members or model is None or model not in features.members:
-        return candidates, []
-    own = [(d, s) for d, s in candidates if d.model == model]
-    if not own:
-        return candidates, []
-    others = [
-        Rejection(s.backend_id, Reason.KEEPS_MODEL, f"the conversation keeps {model} (not {d.model})")
-        for d, s in candidates
-        if d.model != model
-    ]
-    return own, others
-
-
-def pinned_member(
-    features: RequestFeatures, candidates: list[Candidate], pins: Mapping[str, str]
-) -> tuple[list[Candidate], list[Rejection]]:
-    """A group an admin pinned to one member routes to that member only, conversations included."""
-    member = pins.get(features.model) if features.members else None
-    if member is None:
-        return candidates, []
-    others = [
-        Rejection(s.backend_id, Reason.PINNED, f"{features.model} is pinned to {member} (not {d.model})")
-        for d, s in candidates
-        if d.model != member
-    ]
-    return [(d, s) for d, s in candidates if d.model == member], others
-
-
-def prefer_default(features: RequestFeatures, scored: Sequence[ScoredCandidate], best: int) -> int | None:
-    """The default member's best candidate when ``best`` is another member's that does not score
-    ``features.prefer_default`` better than it (the size concern's fallback: absent a floor, or when the
-    default member meets it, a group answers with its default member unless another is clearly
-    faster); None: ``best`` stands."""
-    if not features.members or features.prefer_default <= 0:
-        return None
-    default = features.members[0]
-    if scored[best].deployment.model == default:
-        return None
-    own = [i for i, c in enumerate(scored) if c.deployment.model == default]
-    if not own:
-        return None
-    mine = max(own, key=lambda i: (scored[i].score, -i))
-    return mine if scored[best].score < scored[mine].score * (1.0 + features.prefer_default) else None
+__all__ = ["RoutingContext", "route"]
 
 
 def _clamp(value: float) -> float:
@@ -151,28 +53,12 @@ def route(
                 candidates.append((deployment, snapshot))
     if not candidates:
         return Decision(profile=profile.name, chosen=None, reason=Reason.NOT_SERVED)
-
-    rejected: list[Rejection] = [
-        Rejection(s.backend_id, Reason.DRAINED, "drained by an admin")
-        for _, s in candidates
-        if s.backend_id in context.drained
-    ]
-    candidates = [(d, s) for d, s in candidates if s.backend_id not in context.drained]
-    for filter_name in profile.filters:
-        candidates, dropped = FILTERS[filter_name](features, candidates)
+    rejected: list[Rejection] = []
+    for _, stage in stages(profile.filters):
+        candidates, dropped = stage(features, candidates, context)
         rejected.extend(dropped)
-    if not candidates:
-        return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
-    candidates, small = size_floor(features, candidates)
-    rejected.extend(small)
-    if not candidates:
-        return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
-    candidates, not_pinned = pinned_member(features, candidates, context.pins)
-    rejected.extend(not_pinned)
-    if not candidates:
-        return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
-    candidates, kept_out = keep_model(features, candidates, context.session)
-    rejected.extend(kept_out)
+        if not candidates:
+            return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
 
     slots = sum(s.total_slots or len(s.slots) for _, s in candidates if s.kind is EngineKind.LLAMACPP)
     keep = keep_chance(context.session, context.leases, slots, context.live_sessions)
@@ -207,9 +93,6 @@ def route(
         components = tuple(zip(names, values, strict=True))
         scored.append(ScoredCandidate(view.deployment, score / total_weight, components, view.estimate))
 
-    best = max(range(len(scored)), key=lambda i: (scored[i].score, -i))
-    reason = Reason.ONLY_CANDIDATE if len(scored) == 1 else profile.reason
-    default = prefer_default(features, scored, best)
-    if default is not None:
-        best, reason = default, Reason.DEFAULT_MEMBER
+    best, picked = PICKERS[profile.picker](features, scored)
+    reason = picked or (Reason.ONLY_CANDIDATE if len(scored) == 1 else profile.reason)
     return Decision(profile.name, scored[best].deployment, reason, tuple(scored), tuple(rejected))
