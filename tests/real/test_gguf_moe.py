@@ -23,13 +23,15 @@ from tests.real.llama_server import LlamaServer
 pytestmark = [pytest.mark.real_llama, pytest.mark.timeout(300)]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "gguf_moe.py"
+LAYOUT = SCRIPT.with_name("gguf_moe_layout.py")
 N_VOCAB = 151936  # ggml-vocab-qwen2.gguf
 ALIAS = "tiny-qwen35moe"
 
 
 def generator() -> ModuleType:
-    """The script as a module (it is standalone, not in a package); the parts used here need no gguf."""
-    spec = importlib.util.spec_from_file_location("gguf_moe", SCRIPT)
+    """The script's layout (``gguf_moe_layout.py``) as a module (it is standalone, not in a package);
+    the parts used here need no gguf."""
+    spec = importlib.util.spec_from_file_location("gguf_moe_layout", LAYOUT)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
