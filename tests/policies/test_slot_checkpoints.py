@@ -10,7 +10,7 @@ from backends.sim.prefix_cache import add_checkpoints
 from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
 from policies.cost import estimate
 from policies.learning import LearnedState
-from policies.slots import checkpoints_after, usable
+from policies.slot_rules import checkpoints_after, usable
 from policies.types import PrefixMatch, SessionSource, SessionView, SlotMatch, SlotState
 
 LLAMA = Deployment("m", "llama", "up", 65536, Architecture.HYBRID)
