@@ -1,35 +1,23 @@
-"""The cost model: expected reuse per engine semantics, slot choice, and monotone predictions."""
+"""The cost model: expected reuse per engine semantics and slot choice (what it learns:
+test_cost_learning.py; its predicted times and a pin's look-ahead: test_cost_pricing.py)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from backends.engine_profiles import load_profile
 from policies import (
-    BUILTIN_PROFILES,
-    Architecture,
     BackendSnapshot,
-    Deployment,
     Endpoint,
     EngineKind,
     Health,
     RequestFeatures,
-    route,
 )
 from policies.cost import estimate
-from policies.learning import PRIMED_SAMPLES, SPREAD, Ewma, LearnedState, learn
-from policies.pricing import BATCH_SLOWDOWN, STEP_TOKENS
-from policies.route import RoutingContext
+from policies.learning import LearnedState, learn
 from policies.sessions import session_label
-from policies.slots import Situation, keep_chance, llama_options
+from policies.slots import Situation, llama_options
 from policies.types import (
-    Decision,
-    Estimate,
     Outcome,
     PrefixMatch,
     SessionSource,
@@ -39,80 +27,18 @@ from policies.types import (
     SlotState,
     Usage,
 )
-
-LLAMA = Deployment("m", "llama", "up", 65536, Architecture.HYBRID)
-VLLM = Deployment("m", "vllm", "up", 94000, Architecture.HYBRID)
-
-
-def llama_snapshot(busy: tuple[bool, ...] = (False, False), queued: int = 0) -> BackendSnapshot:
-    slots = tuple(SlotState(i, 32768, b) for i, b in enumerate(busy))
-    return BackendSnapshot(
-        "llama",
-        EngineKind.LLAMACPP,
-        Health.READY,
-        0.0,
-        (LLAMA,),
-        running=sum(busy),
-        queued=queued,
-        slots=slots,
-        total_slots=len(busy),
-    )
-
-
-def vllm_snapshot(running: int = 0, queued: int = 0) -> BackendSnapshot:
-    return BackendSnapshot(
-        "vllm", EngineKind.VLLM, Health.READY, 0.0, (VLLM,), running=running, queued=queued
-    )
-
-
-def features(prompt: int = 10_000, source: SessionSource = SessionSource.HEADER) -> RequestFeatures:
-    return RequestFeatures("m", Endpoint.CHAT, prompt, 100, True, "s", source)
-
-
-SESSION = SessionView("s", "llama", 0, prompt_tokens=9000, turns=3)
-HELD = PrefixMatch(
-    (SlotMatch(0, 9000, whole=True), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000
-)
-NOTHING = PrefixMatch((SlotMatch(0, 0), SlotMatch(1, 0)), recent=0)
-NO_RAM = learn(
-    LearnedState(),
-    Outcome(
-        "llama",
-        "m",
-        EngineKind.LLAMACPP,
-        Usage(9000, 8, 0),
-        1.0,
-        2.0,
-        30_000,
-        9000,
-        True,
-        predicted=Estimate(0, 0.0, 0.0, 0.0, source="ram", ram_tokens=8500, ram_span=9000),
-    ),  # a restore of 8500 tokens expected, none came: the server keeps nothing (--cache-ram 0)
+from tests.policies.cost_helpers import (
+    HELD,
     LLAMA,
+    NO_RAM,
+    NOTHING,
+    SESSION,
+    VLLM,
+    features,
+    llama,
+    llama_snapshot,
+    vllm_snapshot,
 )
-
-
-def llama(
-    match: PrefixMatch = HELD,
-    leases: tuple[SlotLease, ...] = (),
-    *,
-    session: SessionView | None = SESSION,
-    learned: LearnedState | None = None,
-    snapshot: BackendSnapshot | None = None,
-    source: SessionSource = SessionSource.HEADER,
-    now: float = 10.0,
-) -> Estimate:
-    return estimate(
-        features(source=source),
-        LLAMA,
-        snapshot or llama_snapshot(),
-        session=session,
-        leases=leases,
-        learned=learned or LearnedState(),
-        match=match,
-        now=now,
-        lease_idle_s=600.0,
-    )
 
 
 class TestReuse:
@@ -321,148 +247,6 @@ class TestReuse:
         assert fresh.expected_cached_tokens == 0  # a hybrid model's reuse is learned from a first hit
 
 
-def test_a_restore_that_never_came_shrinks_the_ram_cache() -> None:
-    """No reuse where 8500 tokens were expected from RAM: the cache holds less than that entry's
-    span; the slot's and the RAM's reuse ratios stay what they were."""
-    stats = NO_RAM.for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.ram_tokens.value == 9000 * 0.5
-    assert (stats.reuse.value, stats.ram_reuse.value) == (0.97, 0.95)
-
-
-def test_a_restore_that_came_grows_the_ram_cache() -> None:
-    outcome = Outcome(
-        "llama", "m", EngineKind.LLAMACPP, Usage(300_000, 8, 280_000), 1.0, 2.0, 0, 290_000, True,
-        predicted=Estimate(0, 0.0, 0.0, 0.0, source="ram", ram_tokens=270_000, ram_span=400_000),
-    )  # fmt: skip
-    stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.ram_tokens.value == 400_000
-    assert stats.ram_reuse.value > 0.9
-
-
-def test_a_queue_longer_than_predicted_teaches_the_queue_factor() -> None:
-    """Predicted 1 s of queue (of 1.5 s TTFT) on vLLM and waited 3 s: later queues count three
-    times there. A llama.cpp slot's queue is modelled whole and teaches nothing (its waits spread
-    with the unknown answers ahead; a factor learned there scaled every later wait up)."""
-    predicted = Estimate(0, queue_s=1.0, ttft_s=1.5, total_s=2.0, modelled_queue_s=1.0, primed=True)
-    outcome = Outcome(
-        "vllm", "m", EngineKind.VLLM, Usage(1000, 8, 0), 3.5, 4.0, 0, 0, True, predicted=predicted
-    )
-    learned = learn(LearnedState(), outcome, VLLM)
-    assert learned.for_deployment(VLLM, EngineKind.VLLM).queue_factor.value == pytest.approx(3.0)
-    queued = estimate(
-        features(), VLLM, vllm_snapshot(running=4, queued=2), session=None, leases=(), learned=learned
-    )
-    assert queued.queue_s == pytest.approx(3.0 * queued.modelled_queue_s)
-    on_llama = replace(outcome, backend_id="llama", kind=EngineKind.LLAMACPP)
-    stats = learn(LearnedState(), on_llama, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.queue_factor.samples == 0
-
-
-def test_a_llama_queue_is_not_scaled_by_a_factor_learned_before() -> None:
-    """A state store may still hold a llama.cpp queue factor learned by an older turnout: it is not
-    applied (the slot's queue is its requests' chain plus the prefill backlog, as predicted)."""
-    prior = LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP)
-    stale = LearnedState(deployments={"llama/m": replace(prior, queue_factor=Ewma(2.8, 1.0, 9))})
-    snapshot = replace(
-        llama_snapshot((True, True)), slots=(SlotState(0, 32768, True, 1.0), SlotState(1, 32768, True, 2.0))
-    )
-    result = llama(leases=(SlotLease(0, "s", 1.0, 9000),), snapshot=snapshot, learned=stale)
-    assert result.modelled_queue_s > 0
-    assert result.queue_s == result.modelled_queue_s
-
-
-def test_a_queue_shorter_than_the_prefill_teaches_nothing() -> None:
-    """0.08 s of backlog predicted before 0.11 s of prefill, and the first token came at 0.08 s: the
-    prefill was faster than predicted; read as a queue it would say queues are a tenth of what is
-    modelled (and it did, in the chat replay: a burst then queued on llama.cpp's slots)."""
-    outcome = Outcome(
-        "llama", "m", EngineKind.LLAMACPP, Usage(4000, 8, 0), 0.08, 0.5, 0, 0, True,
-        predicted=Estimate(0, queue_s=0.08, ttft_s=0.19, total_s=0.3, modelled_queue_s=0.08, primed=True),
-    )  # fmt: skip
-    stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.queue_factor.samples == 0
-
-
-def test_a_queue_predicted_on_priors_teaches_nothing() -> None:
-    """A burst at start-up, predicted on the priors (20x off in a replay's compressed time): the
-    queues were far shorter than predicted, which says how wrong the priors were, not how the queue
-    model errs. Scaling later queues by it sent a burst of one-off requests to a llama.cpp slot
-    predicted ~10x shorter than it was (the chat replay, 4 runs in 8)."""
-    outcome = Outcome(
-        "llama", "m", EngineKind.LLAMACPP, Usage(1000, 8, 0), 0.6, 1.0, 0, 0, True,
-        predicted=Estimate(0, queue_s=5.0, ttft_s=5.5, total_s=6.0, modelled_queue_s=5.0),
-    )  # fmt: skip
-    learned = learn(LearnedState(), outcome, LLAMA)
-    assert learned.for_deployment(LLAMA, EngineKind.LLAMACPP).queue_factor.samples == 0
-    for _ in range(PRIMED_SAMPLES - 1):
-        learned = learn(learned, outcome, LLAMA)
-    stats = learned.for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.primed
-    result = estimate(
-        features(1000), LLAMA, llama_snapshot((True, True)), session=None, leases=(), learned=learned
-    )
-    assert result.primed  # predictions from now on teach it
-
-
-def test_learning_reads_llama_timings() -> None:
-    outcome = Outcome(
-        "llama", "m", EngineKind.LLAMACPP, Usage(1000, 21, 900, 50.0, 200.0), 0.06, 0.3, 3600, 0, True
-    )
-    stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.prefill_tok_s.value == 100 / 0.05
-    assert stats.decode_tok_s.value == 20 / 0.2
-
-
-def test_learning_ignores_nonsense() -> None:
-    outcome = Outcome(
-        "llama", "m", EngineKind.LLAMACPP, Usage(1000, 21, 0, 1e-9, 200.0), 0.06, 0.3, 0, 0, True
-    )
-    stats = learn(LearnedState(), outcome, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
-    assert stats.prefill_tok_s.value <= 3000 * SPREAD  # clamped to the prior's spread
-
-
-@given(st.integers(0, 20), st.integers(0, 20), st.integers(1, 100_000))
-def test_cost_monotone_in_queue(queued: int, extra: int, prompt: int) -> None:
-    learned = LearnedState()
-    for snapshot_of in (
-        lambda q: vllm_snapshot(running=2, queued=q),
-        lambda q: llama_snapshot((True, True), q),
-    ):
-        deployment = VLLM if snapshot_of(0).kind is EngineKind.VLLM else LLAMA
-        low = estimate(
-            features(prompt), deployment, snapshot_of(queued), session=None, leases=(), learned=learned
-        )
-        high = estimate(
-            features(prompt),
-            deployment,
-            snapshot_of(queued + extra),
-            session=None,
-            leases=(),
-            learned=learned,
-        )
-        assert high.ttft_s >= low.ttft_s
-        assert high.total_s >= high.ttft_s > 0
-
-
-@given(st.integers(1, 50_000), st.integers(0, 50_000))
-def test_cost_monotone_in_uncached_tokens(prompt: int, more: int) -> None:
-    small = estimate(features(prompt), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState())
-    large = estimate(
-        features(prompt + more), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState()
-    )
-    assert large.ttft_s >= small.ttft_s
-
-
-def test_a_busy_engines_ttft_does_not_teach_its_prefill_rate() -> None:
-    """Under load a TTFT measures the queue: vLLM's prefill rate is learned only when it was idle."""
-    base = Outcome("vllm", "m", EngineKind.VLLM, Usage(6600, 10, 0), 10.0, 11.0, 20_000, 0, True)
-    idle = learn(LearnedState(), base, VLLM).for_deployment(VLLM, EngineKind.VLLM)
-    contended = replace(base, contended=True)
-    busy = learn(LearnedState(), contended, VLLM).for_deployment(VLLM, EngineKind.VLLM)
-    assert idle.prefill_tok_s.value == 660
-    assert busy.prefill_tok_s.value == 6600  # still the prior
-
-
 def test_the_worked_example_of_docs_routing() -> None:
     """docs/routing.md, "Worked example": C takes A's slot (RAM restore), not B's, not vLLM."""
     now = 1000.0
@@ -499,168 +283,3 @@ def test_the_worked_example_of_docs_routing() -> None:
                           session, leases, now, 600.0)  # fmt: skip
     b = next(option for option in llama_options(request, situation) if option.slot == 1)
     assert (b.source, b.evicts, round(b.evict_cost_s, 2)) == ("none", "h:b", 0.09)  # B restores from RAM
-
-
-BOTH_HELD = {"llama": (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.0, 9000))}
-
-
-def idle_llama(now: float) -> BackendSnapshot:
-    """llama.cpp probed at ``now``: two idle slots of 64k."""
-    slots = (SlotState(0, 65536, False), SlotState(1, 65536, False))
-    return BackendSnapshot(
-        "llama", EngineKind.LLAMACPP, Health.READY, now, (LLAMA,), slots=slots, total_slots=2
-    )
-
-
-class TestKeepChance:
-    """A new pin is worth its look-ahead only as far as it is likely to last (``keep_chance``)."""
-
-    def test_a_holder_keeps_its_slot(self) -> None:
-        assert keep_chance(SessionView("a"), BOTH_HELD, slots=2, live_sessions=8) == 1.0
-
-    def test_sessions_that_fit_in_the_slots_keep_them(self) -> None:
-        assert keep_chance(SessionView("new"), BOTH_HELD, slots=2, live_sessions=2) == 1.0
-
-    def test_a_newcomer_among_eight_live_sessions_gets_its_share(self) -> None:
-        assert keep_chance(SessionView("new"), BOTH_HELD, slots=2, live_sessions=8) == 0.25
-
-    def test_no_session_or_no_slots(self) -> None:
-        assert keep_chance(None, BOTH_HELD, slots=2, live_sessions=8) == 1.0
-        assert keep_chance(SessionView("new"), {}, slots=0, live_sessions=8) == 1.0
-
-    @staticmethod
-    def first_turn(live_sessions: int) -> str | None:
-        """A named session's first turn (16k tokens); slot 0 idle and free, slot 1 held; vLLM idle."""
-        now = 100.0
-        llama = idle_llama(now)
-        request = RequestFeatures("m", Endpoint.CHAT, 16_000, 256, True, "new", SessionSource.HEADER)
-        context = RoutingContext(
-            session=SessionView("new"),
-            leases={"llama": (SlotLease(1, "b", now - 5, 20_000),)},
-            matches={"llama": NOTHING},
-            live_sessions=live_sessions,
-        )
-        decision = route(request, [llama, vllm_snapshot()], BUILTIN_PROFILES["cost"], now, context)
-        assert decision.chosen is not None
-        return decision.chosen.backend_id
-
-    def test_a_free_slot_is_taken_while_sessions_fit_and_left_when_they_do_not(self) -> None:
-        """Two live sessions on two slots: the newcomer pins the free slot for its next turns. Eight:
-        the pin likely goes to another session before it pays off; vLLM's faster first turn wins."""
-        assert self.first_turn(live_sessions=2) == "llama"
-        assert self.first_turn(live_sessions=8) == "vllm"
-
-
-class TestFirstTurnFollowUp:
-    """A first turn known only by its content looks ahead by the learned follow-up rate, and only
-    while a llama.cpp slot is free: an agent's first turn may start where its conversation will be
-    cheap; one-off traffic, or slots all held, keep it on the faster first turn."""
-
-    @staticmethod
-    def first_turn(follow_rate: float, held: tuple[SlotLease, ...] = ()) -> Decision:
-        now = 100.0
-        llama = idle_llama(now)
-        request = RequestFeatures("m", Endpoint.CHAT, 8_000, 256, True, "i:1", SessionSource.IMPLICIT)
-        context = RoutingContext(
-            session=SessionView("i:1"),
-            leases={"llama": held},
-            matches={"llama": NOTHING},
-            live_sessions=2,
-            follow_rate=follow_rate,
-        )
-        return route(request, [llama, vllm_snapshot()], BUILTIN_PROFILES["cost"], now, context)
-
-    @staticmethod
-    def chosen(decision: Decision) -> tuple[str | None, float]:
-        best = decision.chosen_candidate
-        assert best is not None
-        assert best.estimate is not None
-        return best.deployment.backend_id, best.estimate.horizon
-
-    def test_conversations_that_come_back_start_on_a_free_slot(self) -> None:
-        assert self.chosen(self.first_turn(follow_rate=0.8)) == ("llama", pytest.approx(2.4))
-
-    def test_one_off_traffic_starts_on_the_faster_first_turn(self) -> None:
-        assert self.chosen(self.first_turn(follow_rate=0.02)) == ("vllm", pytest.approx(0.06))
-
-    def test_no_look_ahead_when_every_slot_is_held(self) -> None:
-        held = (SlotLease(0, "a", 99.0, 9000), SlotLease(1, "b", 99.0, 9000))
-        assert self.chosen(self.first_turn(follow_rate=0.8, held=held)) == ("vllm", 0.0)
-
-
-def test_a_busy_batch_slows_decoding_not_the_prompt() -> None:
-    """An engine step prefills a chunk of the prompt and decodes every running request once: the
-    requests running there make the answer slower, not the prompt's own processing (the engines'
-    step rule; a prefill priced 6% slower per running request sent chat bursts from an idle vLLM to
-    a busy llama.cpp). The first token waits for the decode steps run with the prompt's chunks."""
-    learned = LearnedState()
-    idle = estimate(features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=learned)
-    busy = estimate(features(), VLLM, vllm_snapshot(running=20), session=None, leases=(), learned=learned)
-    assert busy.prefill_s == idle.prefill_s == pytest.approx(10_000 / 6600)
-    assert busy.total_s - busy.ttft_s > idle.total_s - idle.ttft_s  # the answer is slower
-
-
-def test_vllm_prices_the_decode_steps_run_with_its_prompt_and_the_backlog() -> None:
-    """Each vLLM step that takes a chunk of the backlog ahead or of this prompt also decodes the 20
-    requests running there: ceil((backlog + prompt) / step tokens) steps of that batch, at the
-    profile's step (or the prior rate), not the learned decode rate (measured on answers whose
-    steps already carried prompt chunks). Left out, vLLM was predicted 0.4-0.7 s short under chat
-    load (bench/predictions.py)."""
-    learned = LearnedState()
-    snapshot = replace(vllm_snapshot(running=20), prefill_backlog_s=0.5)
-    busy = estimate(features(), VLLM, snapshot, session=None, leases=(), learned=learned)
-    steps = math.ceil((0.5 * 6600 + 10_000) / STEP_TOKENS)
-    assert busy.interleaved_s == pytest.approx(steps * (1 + BATCH_SLOWDOWN * 19) / 64.0)
-    # the first token comes with the prompt's last chunk: no decode step of its own
-    assert busy.ttft_s == pytest.approx(busy.queue_s + busy.prefill_s + busy.interleaved_s)
-    idle = estimate(features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=learned)
-    assert idle.interleaved_s == 0.0
-    profiled = replace(VLLM, profile=load_profile("seed-5090-vllm-27b"))
-    priced = estimate(features(), profiled, snapshot, session=None, leases=(), learned=learned)
-    profile = profiled.profile
-    assert profile is not None
-    rate = learned.for_deployment(profiled, EngineKind.VLLM).prefill_tok_s.value
-    steps = math.ceil((0.5 * rate + 10_000) / profile.prefill.batch)
-    assert priced.interleaved_s == pytest.approx(steps * profile.decode_step_seconds(20))
-    on_llama = llama(snapshot=replace(llama_snapshot((True, False)), prefill_backlog_s=0.5))
-    assert on_llama.interleaved_s == 0.0
-
-
-CPU_MOE = load_profile("workstation-llamacpp-flash-next-cpu-moe")
-MOE = replace(LLAMA, profile=CPU_MOE)
-
-
-def test_a_profile_prices_the_prefill_by_its_batches() -> None:
-    """A 500-token turn on a warm slot pays the profile's expert copy (one big micro-batch), not
-    500 tokens at the cold rate; a cold 4k prompt pays one a micro-batch."""
-    warm = estimate(
-        features(9500), MOE, llama_snapshot(), session=SESSION, leases=(), learned=LearnedState(), match=HELD
-    )
-    assert warm.expected_cached_tokens > 8000
-    new = 9500 - warm.expected_cached_tokens
-    assert warm.prefill_s == pytest.approx(CPU_MOE.prefill_seconds(new, warm.expected_cached_tokens))
-    cold = estimate(
-        features(4096), MOE, llama_snapshot(), session=None, leases=(), learned=LearnedState(), match=NOTHING
-    )
-    assert cold.prefill_s == pytest.approx(CPU_MOE.prefill_seconds(4096))
-    micro_batches = 4096 // CPU_MOE.prefill.ubatch
-    assert cold.prefill_s == pytest.approx(
-        micro_batches * CPU_MOE.prefill.batch_s + 4096 * CPU_MOE.prefill.token_s
-    )
-
-
-def test_learning_corrects_a_profiles_level_and_keeps_its_shape() -> None:
-    """An engine twice as slow as its profile, measured on a short turn, is believed twice as slow on a
-    long prompt too (a per-token rate would have learned the short turn's batch cost as a rate)."""
-    slow = CPU_MOE.prefill_seconds(500, 9000) * 2
-    outcome = Outcome(
-        "llama", "m", EngineKind.LLAMACPP, Usage(9500, 21, 9000, slow * 1000, 200.0), 0.06, 0.3, 0, 0, True
-    )
-    learned = learn(LearnedState(), outcome, MOE)
-    stats = learned.for_deployment(MOE, EngineKind.LLAMACPP)
-    assert stats.prefill_tok_s.prior == pytest.approx(CPU_MOE.prefill_tok_s())
-    assert stats.prefill_tok_s.value == pytest.approx(CPU_MOE.prefill_tok_s() / 2)
-    cold = estimate(
-        features(4096), MOE, llama_snapshot(), session=None, leases=(), learned=learned, match=NOTHING
-    )
-    assert cold.prefill_s == pytest.approx(2 * CPU_MOE.prefill_seconds(4096))

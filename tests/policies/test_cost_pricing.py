@@ -1,0 +1,224 @@
+"""The cost model's predicted times: monotone in the queue and the uncached tokens, a busy batch
+slowing the answer and the decode steps run with the prompt, a profile's prefill batches; and the
+look-ahead a new slot pin is worth (``keep_chance``, a first turn's learned follow-up rate)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from msgspec.structs import replace
+
+from backends.engine_profiles import load_profile
+from policies import (
+    BUILTIN_PROFILES,
+    BackendSnapshot,
+    Endpoint,
+    EngineKind,
+    Health,
+    RequestFeatures,
+    route,
+)
+from policies.cost import estimate
+from policies.learning import LearnedState
+from policies.pricing import BATCH_SLOWDOWN, STEP_TOKENS
+from policies.route import RoutingContext
+from policies.slots import keep_chance
+from policies.types import (
+    Decision,
+    SessionSource,
+    SessionView,
+    SlotLease,
+    SlotState,
+)
+from tests.policies.cost_helpers import (
+    CPU_MOE,
+    HELD,
+    LLAMA,
+    MOE,
+    NOTHING,
+    SESSION,
+    VLLM,
+    features,
+    llama,
+    llama_snapshot,
+    vllm_snapshot,
+)
+
+
+@given(st.integers(0, 20), st.integers(0, 20), st.integers(1, 100_000))
+def test_cost_monotone_in_queue(queued: int, extra: int, prompt: int) -> None:
+    learned = LearnedState()
+    for snapshot_of in (
+        lambda q: vllm_snapshot(running=2, queued=q),
+        lambda q: llama_snapshot((True, True), q),
+    ):
+        deployment = VLLM if snapshot_of(0).kind is EngineKind.VLLM else LLAMA
+        low = estimate(
+            features(prompt), deployment, snapshot_of(queued), session=None, leases=(), learned=learned
+        )
+        high = estimate(
+            features(prompt),
+            deployment,
+            snapshot_of(queued + extra),
+            session=None,
+            leases=(),
+            learned=learned,
+        )
+        assert high.ttft_s >= low.ttft_s
+        assert high.total_s >= high.ttft_s > 0
+
+
+@given(st.integers(1, 50_000), st.integers(0, 50_000))
+def test_cost_monotone_in_uncached_tokens(prompt: int, more: int) -> None:
+    small = estimate(features(prompt), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState())
+    large = estimate(
+        features(prompt + more), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState()
+    )
+    assert large.ttft_s >= small.ttft_s
+
+
+def test_a_busy_batch_slows_decoding_not_the_prompt() -> None:
+    """An engine step prefills a chunk of the prompt and decodes every running request once: the
+    requests running there make the answer slower, not the prompt's own processing (the engines'
+    step rule; a prefill priced 6% slower per running request sent chat bursts from an idle vLLM to
+    a busy llama.cpp). The first token waits for the decode steps run with the prompt's chunks."""
+    learned = LearnedState()
+    idle = estimate(features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=learned)
+    busy = estimate(features(), VLLM, vllm_snapshot(running=20), session=None, leases=(), learned=learned)
+    assert busy.prefill_s == idle.prefill_s == pytest.approx(10_000 / 6600)
+    assert busy.total_s - busy.ttft_s > idle.total_s - idle.ttft_s  # the answer is slower
+
+
+def test_vllm_prices_the_decode_steps_run_with_its_prompt_and_the_backlog() -> None:
+    """Each vLLM step that takes a chunk of the backlog ahead or of this prompt also decodes the 20
+    requests running there: ceil((backlog + prompt) / step tokens) steps of that batch, at the
+    profile's step (or the prior rate), not the learned decode rate (measured on answers whose
+    steps already carried prompt chunks). Left out, vLLM was predicted 0.4-0.7 s short under chat
+    load (bench/predictions.py)."""
+    learned = LearnedState()
+    snapshot = replace(vllm_snapshot(running=20), prefill_backlog_s=0.5)
+    busy = estimate(features(), VLLM, snapshot, session=None, leases=(), learned=learned)
+    steps = math.ceil((0.5 * 6600 + 10_000) / STEP_TOKENS)
+    assert busy.interleaved_s == pytest.approx(steps * (1 + BATCH_SLOWDOWN * 19) / 64.0)
+    # the first token comes with the prompt's last chunk: no decode step of its own
+    assert busy.ttft_s == pytest.approx(busy.queue_s + busy.prefill_s + busy.interleaved_s)
+    idle = estimate(features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=learned)
+    assert idle.interleaved_s == 0.0
+    profiled = replace(VLLM, profile=load_profile("seed-5090-vllm-27b"))
+    priced = estimate(features(), profiled, snapshot, session=None, leases=(), learned=learned)
+    profile = profiled.profile
+    assert profile is not None
+    rate = learned.for_deployment(profiled, EngineKind.VLLM).prefill_tok_s.value
+    steps = math.ceil((0.5 * rate + 10_000) / profile.prefill.batch)
+    assert priced.interleaved_s == pytest.approx(steps * profile.decode_step_seconds(20))
+    on_llama = llama(snapshot=replace(llama_snapshot((True, False)), prefill_backlog_s=0.5))
+    assert on_llama.interleaved_s == 0.0
+
+
+def test_a_profile_prices_the_prefill_by_its_batches() -> None:
+    """A 500-token turn on a warm slot pays the profile's expert copy (one big micro-batch), not
+    500 tokens at the cold rate; a cold 4k prompt pays one a micro-batch."""
+    warm = estimate(
+        features(9500), MOE, llama_snapshot(), session=SESSION, leases=(), learned=LearnedState(), match=HELD
+    )
+    assert warm.expected_cached_tokens > 8000
+    new = 9500 - warm.expected_cached_tokens
+    assert warm.prefill_s == pytest.approx(CPU_MOE.prefill_seconds(new, warm.expected_cached_tokens))
+    cold = estimate(
+        features(4096), MOE, llama_snapshot(), session=None, leases=(), learned=LearnedState(), match=NOTHING
+    )
+    assert cold.prefill_s == pytest.approx(CPU_MOE.prefill_seconds(4096))
+    micro_batches = 4096 // CPU_MOE.prefill.ubatch
+    assert cold.prefill_s == pytest.approx(
+        micro_batches * CPU_MOE.prefill.batch_s + 4096 * CPU_MOE.prefill.token_s
+    )
+
+
+BOTH_HELD = {"llama": (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.0, 9000))}
+
+
+def idle_llama(now: float) -> BackendSnapshot:
+    """llama.cpp probed at ``now``: two idle slots of 64k."""
+    slots = (SlotState(0, 65536, False), SlotState(1, 65536, False))
+    return BackendSnapshot(
+        "llama", EngineKind.LLAMACPP, Health.READY, now, (LLAMA,), slots=slots, total_slots=2
+    )
+
+
+class TestKeepChance:
+    """A new pin is worth its look-ahead only as far as it is likely to last (``keep_chance``)."""
+
+    def test_a_holder_keeps_its_slot(self) -> None:
+        assert keep_chance(SessionView("a"), BOTH_HELD, slots=2, live_sessions=8) == 1.0
+
+    def test_sessions_that_fit_in_the_slots_keep_them(self) -> None:
+        assert keep_chance(SessionView("new"), BOTH_HELD, slots=2, live_sessions=2) == 1.0
+
+    def test_a_newcomer_among_eight_live_sessions_gets_its_share(self) -> None:
+        assert keep_chance(SessionView("new"), BOTH_HELD, slots=2, live_sessions=8) == 0.25
+
+    def test_no_session_or_no_slots(self) -> None:
+        assert keep_chance(None, BOTH_HELD, slots=2, live_sessions=8) == 1.0
+        assert keep_chance(SessionView("new"), {}, slots=0, live_sessions=8) == 1.0
+
+    @staticmethod
+    def first_turn(live_sessions: int) -> str | None:
+        """A named session's first turn (16k tokens); slot 0 idle and free, slot 1 held; vLLM idle."""
+        now = 100.0
+        llama = idle_llama(now)
+        request = RequestFeatures("m", Endpoint.CHAT, 16_000, 256, True, "new", SessionSource.HEADER)
+        context = RoutingContext(
+            session=SessionView("new"),
+            leases={"llama": (SlotLease(1, "b", now - 5, 20_000),)},
+            matches={"llama": NOTHING},
+            live_sessions=live_sessions,
+        )
+        decision = route(request, [llama, vllm_snapshot()], BUILTIN_PROFILES["cost"], now, context)
+        assert decision.chosen is not None
+        return decision.chosen.backend_id
+
+    def test_a_free_slot_is_taken_while_sessions_fit_and_left_when_they_do_not(self) -> None:
+        """Two live sessions on two slots: the newcomer pins the free slot for its next turns. Eight:
+        the pin likely goes to another session before it pays off; vLLM's faster first turn wins."""
+        assert self.first_turn(live_sessions=2) == "llama"
+        assert self.first_turn(live_sessions=8) == "vllm"
+
+
+class TestFirstTurnFollowUp:
+    """A first turn known only by its content looks ahead by the learned follow-up rate, and only
+    while a llama.cpp slot is free: an agent's first turn may start where its conversation will be
+    cheap; one-off traffic, or slots all held, keep it on the faster first turn."""
+
+    @staticmethod
+    def first_turn(follow_rate: float, held: tuple[SlotLease, ...] = ()) -> Decision:
+        now = 100.0
+        llama = idle_llama(now)
+        request = RequestFeatures("m", Endpoint.CHAT, 8_000, 256, True, "i:1", SessionSource.IMPLICIT)
+        context = RoutingContext(
+            session=SessionView("i:1"),
+            leases={"llama": held},
+            matches={"llama": NOTHING},
+            live_sessions=2,
+            follow_rate=follow_rate,
+        )
+        return route(request, [llama, vllm_snapshot()], BUILTIN_PROFILES["cost"], now, context)
+
+    @staticmethod
+    def chosen(decision: Decision) -> tuple[str | None, float]:
+        best = decision.chosen_candidate
+        assert best is not None
+        assert best.estimate is not None
+        return best.deployment.backend_id, best.estimate.horizon
+
+    def test_conversations_that_come_back_start_on_a_free_slot(self) -> None:
+        assert self.chosen(self.first_turn(follow_rate=0.8)) == ("llama", pytest.approx(2.4))
+
+    def test_one_off_traffic_starts_on_the_faster_first_turn(self) -> None:
+        assert self.chosen(self.first_turn(follow_rate=0.02)) == ("vllm", pytest.approx(0.06))
+
+    def test_no_look_ahead_when_every_slot_is_held(self) -> None:
+        held = (SlotLease(0, "a", 99.0, 9000), SlotLease(1, "b", 99.0, 9000))
+        assert self.chosen(self.first_turn(follow_rate=0.8, held=held)) == ("vllm", 0.0)
