@@ -22,42 +22,27 @@ from backends.parsers.prometheus import parse_samples
 from backends.sim import SimConfig, create_sim_app
 from policies import Architecture
 from tests.real.llama_server import CLIENT_LIMITS
-from tests.real.shapes import (
-    chat_event_kinds,
-    collapsed,
-    differences,
-    named_events,
-    shape,
-    sse_payloads,
+from tests.real.shapes import chat_event_kinds, collapsed, named_events, sse_payloads
+from tests.real.vllm_contract_requests import (
+    AGENT_BODIES,
+    API_KEY,
+    COMMON_COUNTERS,
+    LONG,
+    MAX_MODEL_LEN,
+    MESSAGES,
+    MODEL,
+    READ_BY_TURNOUT,
+    Pair,
+    assert_same_shape,
+    both,
+    first_and_last_by_name,
+    generation_body,
 )
 from tests.real.vllm_server import VllmServer, VllmServerFactory
 from tests.servers import serve
 
 # The first run prepares the vLLM venv (minutes) inside the first test's timeout.
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1200)]
-
-MODEL = "tiny-qwen3next"
-MAX_MODEL_LEN = 2048
-API_KEY = "contract-key"
-MESSAGES = [{"role": "user", "content": "Say something about routers."}]
-# The metrics turnout's vLLM parser reads, and the counters a dashboard expects next to them.
-READ_BY_TURNOUT = {
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:cache_config_info",
-}
-COMMON_COUNTERS = {
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:prompt_tokens_cached_total",
-    "vllm:num_preemptions_total",
-    "vllm:request_success_total",
-}
-
-Pair = tuple[httpx.Client, httpx.Client]
 
 
 @pytest.fixture(scope="module")
@@ -100,22 +85,6 @@ def pair(real: VllmServer, sim_url: str) -> Iterator[Pair]:
         httpx.Client(base_url=sim_url, headers=keyed, timeout=30) as sim_client,
     ):
         yield real_client, sim_client
-
-
-def both(pair: Pair, method: str, path: str, **kwargs: Any) -> list[httpx.Response]:
-    return [client.request(method, path, **kwargs) for client in pair]
-
-
-def assert_same_shape(real: Any, sim: Any) -> None:
-    found = differences(shape(real), shape(sim))
-    assert not found, "\n".join(found)
-
-
-def generation_body(path: str, **extra: Any) -> dict[str, Any]:
-    """``ignore_eos``: the random model may otherwise stop after one token (the simulator ignores it)."""
-    body: dict[str, Any] = {"model": MODEL, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
-    body |= {"messages": MESSAGES} if "chat" in path else {"prompt": "Once upon a time"}
-    return body | extra
 
 
 def test_health_is_200_with_an_empty_body(pair: Pair) -> None:
@@ -269,22 +238,6 @@ def test_auth_error(real: VllmServer, sim_url: str) -> None:
 
 # --- Agent APIs: Anthropic Messages and OpenAI Responses -------------------------------------------
 
-MESSAGES_BODY = {
-    "model": MODEL,
-    "max_tokens": 6,
-    "messages": MESSAGES,
-    "system": "Be brief.",
-    "temperature": 0,
-}  # no ``ignore_eos``: vLLM's Anthropic conversion drops it (greedy decoding runs the 6 tokens anyway)
-RESPONSES_BODY = {
-    "model": MODEL,
-    "max_output_tokens": 6,
-    "input": "Say something about routers.",
-    "temperature": 0,
-    "ignore_eos": True,
-}
-AGENT_BODIES = [("/v1/messages", MESSAGES_BODY), ("/v1/responses", RESPONSES_BODY)]
-
 
 @pytest.mark.parametrize(("path", "body"), AGENT_BODIES, ids=["messages", "responses"])
 def test_agent_non_stream(pair: Pair, path: str, body: dict[str, Any]) -> None:
@@ -315,13 +268,6 @@ def test_agent_non_stream(pair: Pair, path: str, body: dict[str, Any]) -> None:
             for r in (real, sim)
         ]
         assert per_turn[0] == per_turn[1]
-
-
-def first_and_last_by_name(events: list[tuple[str, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-    by_name: dict[str, list[dict[str, Any]]] = {}
-    for name, data in events:
-        by_name.setdefault(name, []).append(data)
-    return {name: [found[0], found[-1]] for name, found in by_name.items()}
 
 
 @pytest.mark.parametrize(("path", "body"), AGENT_BODIES, ids=["messages", "responses"])
@@ -365,9 +311,6 @@ def test_messages_count_tokens(pair: Pair) -> None:
     assert_same_shape(real.json(), sim.json())
     for answer in (real.json(), sim.json()):
         assert answer["input_tokens"] > 0
-
-
-LONG = "route " * 3000
 
 
 @pytest.mark.parametrize(
