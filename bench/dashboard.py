@@ -20,8 +20,8 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from gateway.logging import configure_logging
-from gateway.routing import session_label
 from gateway.settings import load_settings
+from policies.sessions import session_label
 from policies.types import SessionView
 
 TOKEN = "bench-token"
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     worst_median = 0.0
     with TestClient(app) as client:
-        asyncio.run(fill(app.state.relay.router.store, args.decisions, args.sessions, args.turns))
+        asyncio.run(fill(app.state.core.router.store, args.decisions, args.sessions, args.turns))
         headers = {"authorization": f"Bearer {TOKEN}"}
         print(f"{args.decisions} decisions, {args.sessions} sessions x {args.turns} turns; {args.runs} runs")
         print(f"{'path':<44} {'median ms':>10} {'max ms':>10}")

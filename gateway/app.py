@@ -1,6 +1,7 @@
-"""The composition root: ``create_app(settings)`` builds the whole gateway; nothing else does, except
-the virtual-time replay (``gateway.replay.virtual``), which assembles the same fleet, router and
-relay without a server."""
+"""The HTTP app: ``create_app(settings)`` serves the routing core (``gateway.core.build_core``, the one
+builder every front end uses) over the OpenAI and Anthropic APIs, with ``/health``, ``/metrics`` and
+the admin dashboard. Handlers read the core (``app.state.core``); the inference endpoints go through
+the relay (``app.state.relay``, ``gateway.relay``)."""
 
 from __future__ import annotations
 
@@ -19,19 +20,14 @@ from litestar.exceptions import HTTPException
 from litestar.params import PathParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
-from backends.base import BackendSpec
 from backends.clock import WALL, Clock
-from backends.fleet import Fleet
 from backends.transport import AiohttpTransport
-from gateway.access import Access, Key
 from gateway.admin.auth import AdminAuth
 from gateway.admin.service import AdminService
 from gateway.admin.views import admin_router
 from gateway.api.document import openapi_config
-from gateway.catalog import Catalog
+from gateway.core import Core, build_core
 from gateway.errors import GatewayError, ModelNotFound, anthropic_error_body, openai_error_body
-from gateway.key_limits import Counter, MemoryCounter
-from gateway.key_limits.redis_counter import RedisCounter
 from gateway.key_limits.resilient import ResilientCounter
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.middleware import request_context
@@ -44,10 +40,7 @@ from gateway.model_api import (
 )
 from gateway.relay import Relay
 from gateway.replicas import Replicas
-from gateway.routing import Router
 from gateway.settings import Settings, is_loopback
-from gateway.state import MemoryStore, StateStore
-from gateway.state.redis_store import RedisStore
 from gateway.state.resilient import ResilientStore
 from gateway.version import turnout_version
 from policies import Endpoint
@@ -55,33 +48,16 @@ from policies import Endpoint
 JSON = "application/json"
 
 
-def backend_specs(settings: Settings, catalog: Catalog) -> list[BackendSpec]:
-    return [
-        BackendSpec(
-            id=b.id,
-            kind=b.kind,
-            base_url=b.base_url,
-            api_key=b.api_key,
-            connect_timeout=b.timeouts.connect,
-            read_timeout=b.timeouts.read,
-            first_byte_timeout=b.timeouts.first_byte,
-            stream_idle_timeout=b.timeouts.stream_idle,
-            probe_timeout=b.timeouts.probe,
-            probe_interval_s=b.probe_interval_s,
-            circuit_failures=b.circuit.failures,
-            circuit_cool_down_s=b.circuit.cool_down_s,
-            circuit_max_cool_down_s=b.circuit.max_cool_down_s,
-            deployments=catalog.deployments_on(b.id),
-        )
-        for b in settings.backends
-    ]
-
-
 def _relay(request: Request[Any, Any, Any]) -> Relay:
     """The app's relay (from the request: a handler that asks for ``state`` has litestar build a
     ``State`` per request)."""
     relay: Relay = request.app.state.relay
     return relay
+
+
+def _core(request: Request[Any, Any, Any]) -> Core:
+    core: Core = request.app.state.core
+    return core
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -113,10 +89,10 @@ async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
     """Every model, in the shape of the API the client speaks (``anthropic-version``: Anthropic's)."""
-    relay = _relay(request)
-    key = relay.access.authenticate(request.headers)
-    catalog = relay.catalog.visible(lambda name: relay.access.allows(key, name))
-    snapshots = relay.fleet.snapshots()
+    core = _core(request)
+    key = core.access.authenticate(request.headers)
+    catalog = core.catalog.visible(lambda name: core.access.allows(key, name))
+    snapshots = core.fleet.snapshots()
     if speaks_anthropic(request.headers):
         body = anthropic_listing(catalog, snapshots, request.query_params)
     else:
@@ -129,23 +105,23 @@ async def get_model(
     request: Request[Any, Any, Any], model_id: Annotated[Path, PathParameter()]
 ) -> Response[Any]:
     """One model by name or alias (names may hold slashes, as ``Qwen/Qwen3.5-27B`` does)."""
-    relay = _relay(request)
-    key = relay.access.authenticate(request.headers)
+    core = _core(request)
+    key = core.access.authenticate(request.headers)
     name = str(model_id).lstrip("/")
-    model = relay.catalog.resolve(name)
-    if not relay.access.allows(key, model.name):
+    model = core.catalog.resolve(name)
+    if not core.access.allows(key, model.name):
         raise ModelNotFound(f"The model `{name}` does not exist or this key may not use it.", param="model")
     shape = anthropic_model if speaks_anthropic(request.headers) else openai_model
-    return Response(shape(relay.catalog, model, relay.fleet.snapshots(), name), media_type=JSON)
+    return Response(shape(core.catalog, model, core.fleet.snapshots(), name), media_type=JSON)
 
 
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus metrics (docs/metrics.md): requests, TTFT, tokens, prediction error, fleet gauges."""
-    relay = _relay(request)
-    router = relay.router
+    core = _core(request)
+    router = core.router
     fleet = []
-    for snapshot in relay.fleet.snapshots():
+    for snapshot in core.fleet.snapshots():
         leases = await router.store.leases(snapshot.backend_id) if snapshot.slots else ()
         fleet.append(
             {
@@ -159,10 +135,10 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
                 "slots": len(snapshot.slots),
                 "leases": len(leases),
                 "circuit": snapshot.circuit,
-                "circuit_trips": relay.fleet.breakers[snapshot.backend_id].trips,
+                "circuit_trips": core.fleet.breakers[snapshot.backend_id].trips,
             }
         )
-    return Response(relay.metrics.exposition(fleet), media_type=METRICS_CONTENT_TYPE)
+    return Response(core.metrics.exposition(fleet), media_type=METRICS_CONTENT_TYPE)
 
 
 @get("/favicon.ico", sync_to_thread=False, include_in_schema=False)
@@ -176,19 +152,19 @@ def favicon() -> Response[bytes]:
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     """200 while at least one backend is ready (or not yet probed); 503 otherwise, and while the
     gateway drains before it exits (``draining``)."""
-    relay = _relay(request)
-    snapshots = relay.fleet.snapshots()
+    core = _core(request)
+    snapshots = core.fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
     circuits = {s.backend_id: s.circuit for s in snapshots}
     ok = any(s.health.value in ("ready", "unknown") and not s.circuit_blocks for s in snapshots)
-    store, counter = relay.router.store, relay.access.counter
+    store, counter = core.store, core.access.counter
     parts = (store, counter)  # Redis away: routing state and key limits both fall back to memory
     resilient = [part for part in parts if isinstance(part, ResilientStore | ResilientCounter)]
     for part in resilient:  # no traffic must not leave a recovered Redis reported away
         await part.retry()
     degraded = any(part.degraded for part in resilient)
     shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if degraded else "ok"
-    status = "draining" if relay.draining else "ok" if ok else "unavailable"
+    status = "draining" if _relay(request).draining else "ok" if ok else "unavailable"
     return Response(
         {"status": status, "backends": backends, "circuits": circuits, "state": shared},
         status_code=200 if status == "ok" else 503,
@@ -238,33 +214,6 @@ def admin_token(settings: Settings) -> str:
     return token
 
 
-def state_store(settings: Settings, clock: Clock = WALL) -> StateStore:
-    """Redis when ``state.url`` is set (shared by replicas), else this process's memory; sessions
-    expire, and Redis's retries are timed, on ``clock``."""
-    state = settings.state
-    common: dict[str, Any] = {
-        "clock": clock.time,
-        "max_sessions": state.max_sessions,
-        "session_ttl_s": state.session_ttl_s,
-        "max_decisions": state.decision_log_size,
-        "prefix_tokens_per_backend": state.prefix_index_tokens,
-    }
-    if state.url is not None:
-        shared = RedisStore(state.url, prefix=state.prefix, timeout_s=state.timeout_s, **common)
-        local = MemoryStore(**common, timeline_turns=state.timeline_turns)
-        return ResilientStore(shared, local, clock.monotonic)
-    return MemoryStore(**common, timeline_turns=state.timeline_turns)
-
-
-def key_counter(settings: Settings) -> Counter:
-    """Per-key limits counted in Redis when ``state.url`` is set (shared by replicas), else here."""
-    url = settings.state.url
-    if url is not None:
-        shared = RedisCounter(url, prefix=settings.state.prefix, timeout_s=settings.state.timeout_s)
-        return ResilientCounter(shared, MemoryCounter())
-    return MemoryCounter()
-
-
 UPSTREAM_HEADROOM = 64
 """Connections to the engines beyond ``limits.max_connections``: probes never wait behind requests."""
 
@@ -272,30 +221,7 @@ UPSTREAM_HEADROOM = 64
 def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
     """Build the gateway for ``settings``; engines are probed when the app starts. ``clock``: what
     everything timed reads (``backends.clock``)."""
-    catalog = Catalog(
-        settings.models,
-        created=int(clock.time()),
-        profiles=settings.engine_profiles(),
-        groups=settings.groups,
-    )
-    profile = settings.routing_profile()
-    store = state_store(settings, clock)
-
-    access = Access(
-        [
-            Key(
-                k.name,
-                k.digest,
-                frozenset(k.models) if k.models is not None else None,
-                k.requests_per_minute,
-                k.concurrent,
-                k.tokens_per_minute,
-            )
-            for k in settings.auth.all_keys()
-        ],
-        key_counter(settings),
-    )
-    if not access.enabled and not is_loopback(settings.host):
+    if not settings.auth.all_keys() and not is_loopback(settings.host):
         structlog.get_logger(__name__).warning(
             "auth.open",
             host=settings.host,
@@ -308,42 +234,25 @@ def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
         limits = httpx.Limits(max_connections=settings.limits.max_connections + UPSTREAM_HEADROOM)
         transport = AiohttpTransport(limits)  # backends.transport: httpx's API, aiohttp's pool
         async with httpx.AsyncClient(limits=limits, timeout=None, transport=transport) as client:
-            fleet = Fleet(backend_specs(settings, catalog), client, poster=transport, clock=clock)
-            router = Router(
-                fleet,
-                store,
-                profile,
-                lease_idle_s=settings.state.lease_idle_s,
-                group_profiles=settings.group_profiles(),
-                redact_session_ids=settings.admin.redact_session_ids,
-            )
-            if settings.record.path is not None and settings.record.on_start:
-                router.recorder = settings.record.recorder()
-            app.state.relay = Relay(
-                fleet,
-                catalog,
-                router,
-                retries=settings.limits.retries,
-                max_body=settings.limits.max_body_bytes,
-                body_timeout_s=settings.limits.body_timeout_s,
-                access=access,
-            )
-            app.state.admin = AdminService(app.state.relay, settings, AdminAuth(admin_token(settings)))
+            core = build_core(settings, clock, client=client, poster=transport)
+            app.state.core = core
+            app.state.relay = Relay(core)
+            app.state.admin = AdminService(core, AdminAuth(admin_token(settings)))
             background = [
                 asyncio.create_task(app.state.admin.follow_policy()),
-                asyncio.create_task(store.follow()),  # the other replicas' prefix index records
-                asyncio.create_task(Replicas(router, fleet).run()),  # learned state and load
+                asyncio.create_task(core.store.follow()),  # the other replicas' prefix index records
+                asyncio.create_task(Replicas(core.router, core.fleet).run()),  # learned state and load
             ]
-            await fleet.start()
+            await core.fleet.start()
             try:
                 yield
             finally:
                 for task in background:
                     task.cancel()
-                await fleet.stop()
-                await access.close()
-                if router.recorder is not None:
-                    router.recorder.close()
+                await core.fleet.stop()
+                await core.access.close()
+                if core.router.recorder is not None:
+                    core.router.recorder.close()
 
     return Litestar(
         route_handlers=[

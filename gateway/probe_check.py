@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 
-from backends.fleet import Fleet
-from gateway.app import backend_specs
-from gateway.catalog import Catalog
+from gateway.core import build_core, one_replica
 from gateway.settings import Settings
 from policies.types import Health
 
@@ -17,11 +13,10 @@ async def check_backends(settings: Settings) -> int:
     """Print one line per backend and a verdict; 0 when every backend is ready and serves its
     deployments, else 3 (an engine still loading counts as not ready: run it again, or script it
     with ``until turnout config check FILE; do sleep 10; done``)."""
-    catalog = Catalog(settings.models, created=int(time.time()))
     problems = 0
     async with httpx.AsyncClient() as client:
-        fleet = Fleet(backend_specs(settings, catalog), client)
-        for snapshot in await fleet.probe_all():
+        core = build_core(one_replica(settings), client=client, record=False)
+        for snapshot in await core.fleet.probe_all():
             missing = [
                 d.upstream_name for d in snapshot.deployments if d.upstream_name not in snapshot.served_names
             ]

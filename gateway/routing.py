@@ -1,8 +1,10 @@
-"""The gateway's side of routing: sessions and slot leases from the store, learning, the decision log.
+"""The gateway's side of routing: sessions and slot leases from the store, learned state.
 
-``Router.decide`` gathers what the pure ``policies.route`` needs (session, leases, learned state),
-routes, and claims the chosen llama.cpp slot; ``Router.complete`` feeds the outcome back:
-learning, the session's new state, the decision log. Routing state changes only here.
+``Router.route`` is the one call a request makes: its session (named, or found by the prefix
+index), the engine's count near a window, then ``Router.decide``, which gathers what the pure
+``policies.route`` needs (session, leases, learned state), routes, and claims the chosen llama.cpp
+slot. What a finished request teaches comes back through the completion pipeline
+(``gateway.completion``), which calls ``Router.absorb``.
 """
 
 from __future__ import annotations
@@ -12,17 +14,18 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-import msgspec
 import structlog
 from msgspec.structs import replace
 
 from backends.clock import Clock
-from backends.errors import UpstreamStatusError
 from backends.fleet import Fleet
+from gateway.decisions import moved
 from gateway.live import FollowUps, LiveSessions
-from gateway.state import SentPrompt, StateStore
+from gateway.refusals import too_long_everywhere
+from gateway.routed import Routed
+from gateway.state import StateStore
 from gateway.traffic import TrafficRecorder
-from policies import Decision, Endpoint, Profile, RequestFeatures, route
+from policies import Endpoint, Profile, RequestFeatures, route
 from policies.context import RoutingContext
 from policies.features import MESSAGE_OVERHEAD_TOKENS
 from policies.learning import LearnedState, learn
@@ -30,11 +33,11 @@ from policies.prefix import PromptChain
 from policies.sessions import session_label
 from policies.slots import DEFAULT_LEASE_IDLE_S, proven
 from policies.types import (
+    Deployment,
     EngineKind,
     Health,
     Outcome,
     PrefixMatch,
-    Reason,
     SessionSource,
     SessionView,
     SlotLease,
@@ -49,93 +52,6 @@ CLAIM_ATTEMPTS = 3
 NEAR_LIMIT = 0.5  # count exactly when the estimate is within 50% of a candidate's window ...
 NEAR_LIMIT_LEARNED = 0.1  # ... or within 10% once the model's characters per token were measured
 MIN_COUNTED_PROMPT = 512
-
-
-class Routed(msgspec.Struct, frozen=True):
-    """A decision with the session it was made for."""
-
-    decision: Decision
-    features: RequestFeatures
-    session: SessionView | None
-    overflowed: tuple[str, ...] = ()
-    """Backends whose engine refused the prompt as longer than its window (re-routed from there)."""
-
-
-def engine_counted(routed: Routed, error: UpstreamStatusError) -> Routed:
-    """``routed`` after its engine refused the prompt as too long: the engine's count replaces the
-    estimate, and that backend is noted as outgrown."""
-    counted, _ = error.context_sizes()
-    features = routed.features
-    if counted is not None:
-        features = replace(features, prompt_tokens=counted, prompt_exact=True, prompt_counted="counted")
-    return replace(routed, features=features, overflowed=(*routed.overflowed, error.backend_id))
-
-
-MOVES = {
-    Reason.CONTEXT_TOO_LONG: "it outgrew that backend's window",
-    Reason.UNHEALTHY: "that backend is down",
-    Reason.CIRCUIT_OPEN: "that backend's circuit is open",
-    Reason.DRAINED: "an admin drained that backend",
-    Reason.PINNED: "an admin pinned its model group to another member",
-}
-"""Why a conversation must leave the backend it was on (the rejection of that backend), in words."""
-
-
-def moved(routed: Routed) -> dict[str, Any] | None:
-    """A session that had to leave its backend (``MOVES``): where from, where to, why, the models when
-    it changes model (a group's member), and what the move costs (the prompt tokens re-prefilled there
-    and their seconds). A conversation the cost model sends elsewhere by choice is not a move."""
-    decision, session = routed.decision, routed.session
-    chosen = decision.chosen_candidate
-    if session is None or session.backend_id is None or chosen is None:
-        return None
-    previous = session.backend_id
-    if previous == chosen.deployment.backend_id:
-        return None
-    reasons = [r.reason for r in decision.rejected if r.backend_id == previous and r.reason in MOVES]
-    why = Reason.CONTEXT_TOO_LONG if previous in routed.overflowed else next(iter(reasons), None)
-    if why is None:
-        return None
-    estimate = chosen.estimate
-    cached = estimate.expected_cached_tokens if estimate else 0
-    moves_model = session.model is not None and session.model != chosen.deployment.model
-    return {
-        "from": previous,
-        "to": chosen.deployment.backend_id,
-        "reason": why.value,
-        **({"from_model": session.model, "to_model": chosen.deployment.model} if moves_model else {}),
-        "prompt_tokens": routed.features.prompt_tokens,
-        "reprefill_tokens": max(routed.features.prompt_tokens - cached, 0),
-        "prefill_s": round(estimate.prefill_s, 4) if estimate else None,
-    }
-
-
-NAMED_SOURCES = ("h:", "a:", "k:", "u:", "m:")
-"""Session keys that carry the client's own name after their source (``policies.sessions``): the
-``x-session-id`` header, an agent's header, ``prompt_cache_key``, ``user``, Anthropic's
-``metadata.user_id``. A conversation known only by its content has no name."""
-
-
-def session_name(key: str | None, *, redact: bool = False) -> str | None:
-    """The name the client gave its session (``agent-7`` for ``x-session-id: agent-7``); None for an
-    implicit session, or when names are redacted (``admin.redact_session_ids``)."""
-    if key is None or redact or not key.startswith(NAMED_SOURCES):
-        return None
-    return key[2:]
-
-
-def session_shown(key: str, *, redact: bool = False) -> str:
-    """How the operator is shown a session, everywhere: the name its client gave it, else (known by
-    its content, or names redacted) its label."""
-    return session_name(key, redact=redact) or session_label(key)
-
-
-def _shown_in(text: str, evicts: str | None, redact: bool) -> str:
-    """An explanation (``policies``' notes name a session by its label: it reaches the client in
-    ``x-turnout-route-reason``) as the operator reads it: the evicted session as it is shown."""
-    if evicts is None:
-        return text
-    return text.replace(f"session {session_label(evicts)}", f"session {session_shown(evicts, redact=redact)}")
 
 
 def added_part(features: RequestFeatures, session: SessionView) -> bytes | None:
@@ -207,6 +123,26 @@ class Router:
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
         self.follow_ups = FollowUps()
         """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
+
+    async def route(self, features: RequestFeatures, body: Mapping[str, Any]) -> Routed:
+        """Route a request: its session, the engine's count where the estimate is near a window, the
+        decision; refused as too long on an estimate, counted and decided again (a refusal stands on
+        the engine's count). A token count has no session, no slot and nothing to learn."""
+        if features.endpoint is Endpoint.COUNT_TOKENS:
+            return await self.decide(features, None)
+        features, session = await self.resolve_session(features)
+        features = await self.count_if_near_limit(features, body, session)
+        routed = await self.decide(features, session)
+        if too_long_everywhere(routed.decision) and not features.prompt_exact:
+            features = await self.count_if_near_limit(features, body, session, always=True)
+            routed = await self.decide(features, session)
+        return routed
+
+    def absorb(self, outcome: Outcome, deployment: Deployment) -> None:
+        """Learn from a finished request on ``deployment`` (what this replica shares with the others too)."""
+        self.learned = learn(self.learned, outcome, deployment)
+        if self.store.shared_by_replicas:
+            self.own_learned = learn(self.own_learned, outcome, deployment)
 
     async def resolve_session(self, features: RequestFeatures) -> tuple[RequestFeatures, SessionView | None]:
         """The request's session: the named one, else the known one whose last prompt this one
@@ -372,129 +308,3 @@ class Router:
                     log.info("slot.evicted", backend=chosen.deployment.backend_id, slot=chosen.estimate.slot)
                 return Routed(decision, features, session, overflowed)
         return Routed(decision, features, session, overflowed)
-
-    async def complete(
-        self, routed: Routed, outcome: Outcome, record: dict[str, Any], turn: dict[str, Any] | None = None
-    ) -> None:
-        """Learn from a finished request, move its session on (``turn``: its timeline entry), and log the
-        decision: the store's writes in one batch."""
-        decision, session = routed.decision, routed.session
-        chosen = decision.chosen_candidate
-        if chosen is not None:
-            self.learned = learn(self.learned, outcome, chosen.deployment)
-            if self.store.shared_by_replicas:
-                self.own_learned = learn(self.own_learned, outcome, chosen.deployment)
-        chain = routed.features.chain
-        if chosen is not None and chain.length:
-            key = session.key if session is not None else None
-            usage = outcome.usage
-            sent = SentPrompt(
-                outcome.backend_id, decision.slot, chain, usage.prompt_tokens, key, usage.cached_tokens
-            )
-            await self.store.record_prompt(sent)
-        updated = None
-        if session is not None and chosen is not None:
-            now, cached = self.clock.time(), outcome.usage.cached_tokens or 0
-            rate = self.learned.for_deployment(chosen.deployment, outcome.kind).prefill_tok_s.value
-            updated = SessionView(
-                key=session.key,
-                backend_id=outcome.backend_id,
-                slot=decision.slot,
-                prompt_tokens=outcome.usage.prompt_tokens,
-                cached_tokens=cached,
-                turns=session.turns + 1,
-                last_seen=now,
-                prompt=chain.mark if chain.length else None,
-                shape=routed.features.shape,
-                source=routed.features.session_source.value,
-                first_seen=session.first_seen or now,
-                total_prompt_tokens=session.total_prompt_tokens + outcome.usage.prompt_tokens,
-                total_cached_tokens=session.total_cached_tokens + cached,
-                saved_s=session.saved_s + (cached / rate if rate > 0 else 0.0),
-                model=chosen.deployment.model,
-            )
-        await self.store.finish_turn(updated, turn, record)
-
-
-def decision_entry(
-    routed: Routed,
-    request_id: str,
-    outcome: Outcome | None,
-    status: int,
-    error: str | None = None,
-    *,
-    at: float,
-    redact: bool = False,
-) -> dict[str, Any]:
-    """One decision log entry: the choice, every candidate's prediction, and what really happened
-    (``status``/``error``: how the request ended, also when no outcome was measured; ``at``: when,
-    epoch seconds; ``redact``: leave out the name the client gave its session)."""
-    decision, features = routed.decision, routed.features
-    chosen = decision.chosen_candidate
-    evicted = chosen.estimate.evicts if chosen is not None and chosen.estimate is not None else None
-    return {
-        "at": at,
-        "request_id": request_id,
-        "model": features.model,
-        "endpoint": features.endpoint.value,
-        "profile": decision.profile,
-        "session": session_label(features.session_key) if features.session_key else None,
-        "session_name": session_name(features.session_key, redact=redact),
-        "session_source": features.session_source.value,
-        "prompt_tokens_estimate": features.prompt_tokens,
-        "prompt_tokens_exact": features.prompt_exact,
-        "prompt_tokens_counted": features.prompt_counted,
-        "chosen": decision.chosen.backend_id if decision.chosen else None,
-        "chosen_model": decision.chosen.model if decision.chosen else None,
-        "slot": decision.slot,
-        "reason": _shown_in(decision.header, evicted, redact),
-        "candidates": [
-            {
-                "backend": c.deployment.backend_id,
-                "model": c.deployment.model,
-                "score": round(c.score, 4),
-                "components": dict(c.components),
-                **(
-                    {
-                        "expected_cached_tokens": c.estimate.expected_cached_tokens,
-                        "predicted_ttft_s": round(c.estimate.ttft_s, 4),
-                        "predicted_total_s": round(c.estimate.total_s, 4),
-                        "next_turn_s": round(c.estimate.future_s, 4),
-                        "look_ahead_turns": round(c.estimate.horizon, 3),
-                        "objective_s": round(c.estimate.objective_ttft_s, 4),
-                        "queue_s": round(c.estimate.queue_s, 4),
-                        "slot": c.estimate.slot,
-                        "warm": c.estimate.warm,
-                        "cache_source": c.estimate.source,
-                        "evicts": session_label(c.estimate.evicts) if c.estimate.evicts else None,
-                        "evicts_name": session_name(c.estimate.evicts, redact=redact),
-                        "evict_cost_s": round(c.estimate.evict_cost_s, 4),
-                        "note": _shown_in(c.estimate.note, c.estimate.evicts, redact),
-                    }
-                    if c.estimate
-                    else {}
-                ),
-            }
-            for c in decision.candidates
-        ],
-        "rejected": [
-            {"backend": r.backend_id, "reason": r.reason.value, "detail": r.detail} for r in decision.rejected
-        ]
-        + [
-            {"backend": b, "reason": "context-too-long", "detail": "the engine refused it as too long"}
-            for b in routed.overflowed
-        ],
-        "moved": moved(routed),
-        "status": status,
-        "error": error,
-        "outcome": None
-        if outcome is None
-        else {
-            "status": status,
-            "ttft_s": outcome.ttft_s,
-            "duration_s": round(outcome.duration_s, 4),
-            "prompt_tokens": outcome.usage.prompt_tokens,
-            "cached_tokens": outcome.usage.cached_tokens,
-            "completion_tokens": outcome.usage.completion_tokens,
-        },
-    }

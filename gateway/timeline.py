@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.routing import MOVES, Routed, moved
+from gateway.decisions import MOVES, moved
+from gateway.routed import Routed
 from policies.shape import Break, where_it_breaks
 from policies.types import EngineKind, Outcome, Reason
 

@@ -16,9 +16,8 @@ from backends.inflight import Load
 from gateway.admin import accuracy, bought, slots, whatif
 from gateway.admin.auth import AdminAuth, Identity
 from gateway.api.service import WhatIfEdits
-from gateway.relay import Relay
-from gateway.routing import session_name, session_shown
-from gateway.settings import Settings
+from gateway.core import Core
+from gateway.decisions import session_name, session_shown
 from policies import BUILTIN_PROFILES
 from policies.learning import DeploymentStats
 from policies.sessions import session_label
@@ -52,13 +51,13 @@ class UnknownGroup(AdminError):
 
 
 class AdminService:
-    def __init__(self, relay: Relay, settings: Settings, auth: AdminAuth) -> None:
-        self.relay = relay
-        self.settings = settings
+    def __init__(self, core: Core, auth: AdminAuth) -> None:
+        self.core = core
+        self.settings = core.settings
         self.auth = auth
         self.audit: deque[AuditEvent] = deque(maxlen=AUDIT_SIZE)
         self.applied_at = 0.0  # when the live policy this replica follows was set
-        path = settings.record.path
+        path = core.settings.record.path
         self.whatifs = whatif.WhatIf(path) if path is not None else None
 
     @property
@@ -66,7 +65,7 @@ class AdminService:
         return sorted({*BUILTIN_PROFILES, *(p.name for p in self.settings.profiles)})
 
     def _record(self, identity: Identity, action: str, detail: str) -> None:
-        event = AuditEvent(self.relay.router.clock.time(), identity.who, identity.client, action, detail)
+        event = AuditEvent(self.core.router.clock.time(), identity.who, identity.client, action, detail)
         self.audit.appendleft(event)
         log.info("admin.action", who=event.who, client=event.client, action=action, detail=detail)
 
@@ -75,7 +74,7 @@ class AdminService:
     async def switch_profile(self, name: str, identity: Identity) -> None:
         if name not in self.profiles:
             raise AdminError(f"unknown profile {name!r}; known: {', '.join(self.profiles)}")
-        router = self.relay.router
+        router = self.core.router
         before = router.profile.name
         router.profile = self.settings.routing_profile(name)
         self._record(identity, "switch-profile", f"{before} -> {name}")
@@ -85,7 +84,7 @@ class AdminService:
         known = [b.id for b in self.settings.backends]
         if backend_id not in known:
             raise AdminError(f"unknown backend {backend_id!r}; known: {', '.join(known)}")
-        router = self.relay.router
+        router = self.core.router
         router.drained = router.drained | {backend_id} if drained else router.drained - {backend_id}
         self._record(identity, "drain" if drained else "undrain", backend_id)
         await self._share()
@@ -100,7 +99,7 @@ class AdminService:
             raise AdminError(
                 f"{member!r} is not a member of {group}; members: {', '.join(groups[group].members)}"
             )
-        router = self.relay.router
+        router = self.core.router
         if member is None:
             router.pins.pop(group, None)
         else:
@@ -110,7 +109,7 @@ class AdminService:
 
     def record(self, on: bool, identity: Identity) -> None:
         """Start or stop writing answered requests to ``record.path`` (this replica's own file)."""
-        config, router = self.settings.record, self.relay.router
+        config, router = self.settings.record, self.core.router
         if config.path is None:
             raise AdminError("set record.path in the config to record traffic")
         if on and router.recorder is None:
@@ -122,8 +121,8 @@ class AdminService:
 
     async def _share(self) -> None:
         """Every replica applies it within ``POLICY_POLL_S`` (``follow_policy``)."""
-        router = self.relay.router
-        self.applied_at = self.relay.router.clock.time()
+        router = self.core.router
+        self.applied_at = self.core.router.clock.time()
         policy = {
             "profile": router.profile.name,
             "drained": sorted(router.drained),
@@ -137,14 +136,14 @@ class AdminService:
         while True:
             await asyncio.sleep(POLICY_POLL_S)
             try:
-                policy = await self.relay.router.store.policy()
+                policy = await self.core.router.store.policy()
             except Exception as exc:  # a store hiccup must not end the loop
                 log.warning("admin.policy_poll_failed", error=str(exc))
                 continue
             if policy is None or policy["changed_at"] <= self.applied_at:
                 continue
             self.applied_at = policy["changed_at"]
-            router = self.relay.router
+            router = self.core.router
             if policy["profile"] in self.profiles:
                 router.profile = self.settings.routing_profile(policy["profile"])
             router.drained = frozenset(
@@ -165,7 +164,7 @@ class AdminService:
         session = await self._session_bysession_label(label)
         if session is None:
             raise AdminError(f"no live session {label}")
-        released = await self.relay.router.store.release_slots(session.key)
+        released = await self.core.router.store.release_slots(session.key)
         slots = ", ".join(f"{b} slot {s}" for b, s in released) or "none held"
         shown = session_shown(session.key, redact=self.settings.admin.redact_session_ids)
         self._record(identity, "release-slot", f"session {shown}: {slots}")
@@ -195,7 +194,7 @@ class AdminService:
     async def _session_bysession_label(self, label: str) -> SessionView | None:
         """The live session with this label (the hash) or, unless redacted, this name when one live
         session alone has it (``h:bob`` and ``u:bob`` are both ``bob``: then only their hashes do)."""
-        sessions = await self.relay.router.store.sessions(self.settings.state.max_sessions)
+        sessions = await self.core.router.store.sessions(self.settings.state.max_sessions)
         for session in sessions:
             if session_label(session.key) == label:
                 return session
@@ -207,7 +206,7 @@ class AdminService:
         their name or hash (the first ``limit`` of those), and how many others were left out."""
         rows = [
             self._session_row(s)
-            for s in await self.relay.router.store.sessions(self.settings.state.max_sessions)
+            for s in await self.core.router.store.sessions(self.settings.state.max_sessions)
         ]
         needle = query.strip().lower()
         kept = [
@@ -222,7 +221,7 @@ class AdminService:
         session = await self._session_bysession_label(label)
         if session is None:
             return None
-        store = self.relay.router.store
+        store = self.core.router.store
         turns = await store.turns(session.key)
         holds = [
             {"backend": backend.id, "slot": lease.slot}
@@ -235,7 +234,7 @@ class AdminService:
     async def _log(self) -> list[dict[str, Any]]:
         """The decision log, newest first, as every view reads it: with names redacted when
         ``admin.redact_session_ids`` is set (entries logged before it was set too)."""
-        entries = await self.relay.router.store.decisions(self.settings.state.decision_log_size)
+        entries = await self.core.router.store.decisions(self.settings.state.decision_log_size)
         return [_redacted(e) for e in entries] if self.settings.admin.redact_session_ids else entries
 
     async def decisions(self, limit: int, filters: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -251,9 +250,9 @@ class AdminService:
     async def overview(self, with_bought: bool = False) -> dict[str, Any]:
         """The backends now; ``with_bought``: and what routing bought (:meth:`bought`), from the same
         read of the decision log (the page renders it once; its 2-second refresh leaves it out)."""
-        router, fleet = self.relay.router, self.relay.fleet
+        router, fleet = self.core.router, self.core.fleet
         entries = await self._log()
-        now = self.relay.router.clock.time()
+        now = self.core.router.clock.time()
         backends = []
         in_flight = fleet.load()
         for snapshot in fleet.snapshots():
@@ -308,7 +307,7 @@ class AdminService:
     async def bought(self) -> dict[str, Any]:
         """What routing saved over the last day against each backend alone (``gateway.admin.bought``)."""
         entries = await self._log()
-        return self._bought(entries, self.relay.router.clock.time())
+        return self._bought(entries, self.core.router.clock.time())
 
     def _bought(self, entries: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
         spent = bought.bought(entries, now - BOUGHT_S, now)
@@ -323,7 +322,7 @@ class AdminService:
     async def series(self, minutes: int) -> dict[str, Any]:
         """Per backend: each request's predicted and actual TTFT, and the cache-hit ratio per minute."""
         entries = await self._log()
-        since = self.relay.router.clock.time() - minutes * 60
+        since = self.core.router.clock.time() - minutes * 60
         out: dict[str, Any] = {}
         for entry in reversed(entries):  # oldest first
             outcome, backend = entry.get("outcome"), entry.get("chosen")
@@ -347,13 +346,13 @@ class AdminService:
     async def predictions(self, minutes: int, slices: int = 12) -> dict[str, Any]:
         """Per backend: how far the predicted TTFTs were from the actual ones over the last
         ``minutes`` (``gateway.admin.accuracy``), beside what learning corrected of the priors."""
-        router = self.relay.router
+        router = self.core.router
         entries = await self._log()
         now = router.clock.time()
         since = now - minutes * 60
         found = accuracy.pairs(entries, since)
         backends = []
-        for snapshot in self.relay.fleet.snapshots():
+        for snapshot in self.core.fleet.snapshots():
             learned = [_learned(d.model, router.learned.for_deployment(d, snapshot.kind), snapshot.kind)
                        for d in snapshot.deployments]  # fmt: skip
             stats = accuracy.summary(found.get(snapshot.backend_id, []), since, now, slices)
@@ -365,7 +364,7 @@ class AdminService:
     async def slots(self, minutes: int) -> dict[str, Any]:
         """The slot timeline over the last ``minutes`` (``gateway.admin.slots``): per llama.cpp
         backend a lane per slot, per vLLM backend a lane of its running and waiting requests."""
-        router, fleet = self.relay.router, self.relay.fleet
+        router, fleet = self.core.router, self.core.fleet
         entries = await self._log()
         now = router.clock.time()
         since = now - minutes * 60
@@ -394,14 +393,14 @@ class AdminService:
     def whatif_form(self) -> dict[str, Any]:
         """What the what-if page offers: the recording, the backends as the replay would simulate
         them, the profiles it replays under."""
-        config = whatif.fleet(self.settings, self.relay.fleet.snapshots(), WhatIfEdits())
+        config = whatif.fleet(self.settings, self.core.fleet.snapshots(), WhatIfEdits())
         windows: dict[str, int | None] = {}
         for model in config["models"]:
             for deployment in model["deployments"]:
                 windows.setdefault(deployment["backend"], deployment.get("context_window"))
         return {
             "recording": str(self.whatifs.recording) if self.whatifs else None,
-            "recording_now": self.relay.router.recorder is not None,
+            "recording_now": self.core.router.recorder is not None,
             "profiles": self.profiles,
             "backends": [
                 {
@@ -422,12 +421,12 @@ class AdminService:
             raise whatif.WhatIfError(
                 "no recording: set [record] path (docs/replay.md) and record some traffic"
             )
-        config = whatif.fleet(self.settings, self.relay.fleet.snapshots(), edits)
+        config = whatif.fleet(self.settings, self.core.fleet.snapshots(), edits)
         log.info("admin.whatif", minutes=edits.minutes, remove=edits.remove, copies=edits.copies)
         return await self.whatifs.run(config, edits, self.profiles)
 
     def policy(self) -> dict[str, Any]:
-        router = self.relay.router
+        router = self.core.router
         profile = router.profile
         return {
             "profile": profile.name,

@@ -84,7 +84,7 @@ async def _render(
         return Redirect("/admin/login")
     service = _service(state)
     csrf = service.auth.csrf_token(identity.nonce) if identity.nonce else ""
-    return _page(name, page=page, who=identity.who, csrf=csrf, profile=service.relay.router.profile.name,
+    return _page(name, page=page, who=identity.who, csrf=csrf, profile=service.core.router.profile.name,
                  title=page, **context)  # fmt: skip
 
 
@@ -387,7 +387,7 @@ async def api_keys(request: Request[Any, Any, Any], state: State) -> Response[by
     """Per API key: its limits, requests and tokens in the last minute, running requests, and usage
     totals (requests that ended, their prompt, cached and completion tokens; since start, or with
     ``state.url`` kept in Redis for every replica). Names only, never keys."""
-    return _json({"object": "list", "data": await _service(state).relay.access.usage()})
+    return _json({"object": "list", "data": await _service(state).core.access.usage()})
 
 
 @post("/policy/profile", status_code=200)

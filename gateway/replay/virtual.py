@@ -1,12 +1,14 @@
 """Replay in virtual time: the trace's clients, the real router and the engine models on one
 discrete-event loop (``backends.clock.Events``), with no HTTP, no threads and no wall clock.
 
-What runs is the gateway's own request path minus its sockets: ``Relay.route`` (the catalog, the
-prompt's features, the session, counting near a window, ``Router.decide`` with its policies,
-learning, prefix index, slot leases and the in-memory state store), the fleet's in-flight overlay
-(``Fleet.begin`` / ``prefilled`` / ``end``), and ``relay.settle`` (learning, the session's next
-state, the decision log). The engines are the simulators' engine models under the event driver
-(``backends.sim.drive.EventDriver``). What the gateway observes arrives as it would:
+What runs is the gateway's own core (``gateway.core.build_core``) and request lifecycle minus its
+sockets: ``Lifecycle.route`` (the catalog, the prompt's features, the session, counting near a
+window, ``Router.decide`` with its policies, learning, prefix index, slot leases and the in-memory
+state store), the fleet's in-flight overlay (``Fleet.begin`` / ``prefilled`` / ``end``), the relay's
+retry step after a refusal (``gateway.retry.after_failure``), and ``Lifecycle.settle`` (the completion
+pipeline: learning, the session's next state, the decision log). The engines are the simulators'
+engine models under the event driver (``backends.sim.drive.EventDriver``). What the gateway
+observes arrives as it would:
 
 - **probes** every ``probe_interval_s`` of each backend, through the adapters' own probe code and
   parsers, answered in process from the simulators' renderers (``backends.sim.inprocess``); stale in
@@ -36,7 +38,6 @@ import msgspec
 from backends.base import Documents
 from backends.clock import Events
 from backends.errors import UpstreamStatusError, parse_error_body
-from backends.fleet import Fleet
 from backends.sim import SimConfig, tokenizer
 from backends.sim.chat import render_chat
 from backends.sim.drive import EventDriver
@@ -47,14 +48,15 @@ from backends.sim.inprocess import EngineDocuments, final_usage
 from backends.sim.task import SimTask, Update, UpdateKind
 from backends.sim.vllm_engine import VllmEngine
 from backends.sim.vllm_errors import context_error
-from gateway.app import backend_specs, state_store
-from gateway.catalog import Catalog
+from gateway.completion import Completion, measured
+from gateway.core import build_core, one_replica
 from gateway.errors import GatewayError
-from gateway.relay import Relay, in_flight, measured, no_route_error, settle
+from gateway.lifecycle import in_flight
 from gateway.replay.runner import Result, request_body, request_headers
 from gateway.replay.synth import prompt_tokens
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
-from gateway.routing import Routed, Router, engine_counted
+from gateway.retry import after_failure, gave_up
+from gateway.routed import Routed
 from gateway.settings import Settings
 from policies import Endpoint
 from policies.types import Usage
@@ -248,15 +250,6 @@ class World:
             self.events.at(max(self.requests[following].t, self.clock.now), partial(self._send, following))
 
 
-def one_replica(settings: Settings) -> Settings:
-    """``settings`` for one gateway on its own memory: a replay shares no state with other replicas
-    (a config's ``state.url`` is ignored)."""
-    if settings.state.url is None:
-        return settings
-    replica: Settings = settings.model_copy(update={"state": settings.state.model_copy(update={"url": None})})
-    return replica
-
-
 def refused_by_vllm(engine: BatchEngine, backend: str, task: SimTask) -> UpstreamStatusError | None:
     """vLLM's own check before it queues a request (``vllm_errors.context_error``); None elsewhere."""
     if not isinstance(engine, VllmEngine):
@@ -288,28 +281,11 @@ class GatewayReplay(World):
         documents: dict[str, Documents] = {
             name: EngineDocuments(engine, self._count) for name, engine in self.engines.items()
         }
-        catalog = Catalog(
-            settings.models,
-            created=int(self.clock.time()),
-            profiles=settings.engine_profiles(),
-            groups=settings.groups,
-        )
         client = httpx.AsyncClient(transport=NoHttp())
-        self.fleet = Fleet(backend_specs(settings, catalog), client, clock=self.clock, documents=documents)
-        self.router = Router(
-            self.fleet,
-            state_store(one_replica(settings), self.clock),
-            settings.routing_profile(),
-            lease_idle_s=settings.state.lease_idle_s,
-            group_profiles=settings.group_profiles(),
+        self.core = build_core(
+            one_replica(settings), self.clock, client=client, documents=documents, record=False
         )
-        self.relay = Relay(
-            self.fleet,
-            catalog,
-            self.router,
-            retries=settings.limits.retries,
-            max_body=settings.limits.max_body_bytes,
-        )
+        self.fleet, self.router, self.lifecycle = self.core.fleet, self.core.router, self.core.lifecycle
 
     def begin(self) -> None:
         for name in self.engines:
@@ -336,7 +312,7 @@ class GatewayReplay(World):
         if content is not None:
             self._counts[content] = len(tokens)
         try:
-            routed = run_now(self.relay.route(body, Endpoint.CHAT, request_headers(request)))
+            routed = run_now(self.lifecycle.route(body, Endpoint.CHAT, request_headers(request)))
         except GatewayError as exc:
             self.fail(index, self.clock.now, exc.message)
             return
@@ -346,12 +322,13 @@ class GatewayReplay(World):
         task = SimTask(f"r{index}", tokens, answer_of(request))
         self._route(Flight(index, self.clock.now, "", task, routed=routed))
 
-    def _route(self, flight: Flight) -> None:
-        """Send along the flight's decision, noting it in flight on the fleet (``Relay.open``)."""
+    def _route(self, flight: Flight, last: UpstreamStatusError | None = None) -> None:
+        """Send along the flight's decision, noting it in flight on the fleet (``Lifecycle.open``);
+        with no backend left, the error the relay gives up with (``last``: the engine's refusal)."""
         assert flight.routed is not None
         decision = flight.routed.decision
         if decision.chosen is None:
-            self.fail(flight.index, flight.sent, no_route_error(decision, flight.routed.features).message)
+            self.fail(flight.index, flight.sent, gave_up(flight.routed, last).message)
             return
         flight.backend = decision.chosen.backend_id
         flight.first_at = None
@@ -362,19 +339,22 @@ class GatewayReplay(World):
         self.fleet.prefilled(flight.token)
 
     def refused(self, flight: Flight, error: UpstreamStatusError) -> None:
-        """As the relay does: a prompt too long for the engine goes to another backend, on the
-        engine's own count, within the retries; anything else fails."""
-        self.fleet.end(flight.token)
+        """As the relay does (``gateway.retry``): a prompt too long for the engine goes to another
+        backend, on the engine's own count, within the retries; anything else fails."""
         assert flight.routed is not None
-        if not error.context_exceeded or len(flight.excluded) >= self.relay.retries:
+        verdict = after_failure(error, flight.routed, len(flight.excluded) + 1, self.lifecycle.retries)
+        if verdict.fault is not None:
+            self.fleet.judge(flight.backend, verdict.fault)
+        self.fleet.end(flight.token)
+        if verdict.retry is None:
             self.fail(flight.index, flight.sent, error.message)
             return
-        flight.excluded = flight.excluded | {flight.backend}
-        routed = engine_counted(flight.routed, error)
+        flight.excluded = flight.excluded | {verdict.exclude}
+        routed = verdict.retry
         flight.routed = run_now(
             self.router.decide(routed.features, routed.session, flight.excluded, routed.overflowed)
         )
-        self._route(flight)
+        self._route(flight, error)
 
     def done(self, flight: Flight, usage: Usage | None) -> None:
         """The relay's ending: the engine answered, the request leaves the fleet's overlay, and its
@@ -388,4 +368,4 @@ class GatewayReplay(World):
             ttft = None if flight.first_at is None else flight.first_at - flight.sent
             duration = self.clock.now - flight.sent
             outcome = measured(flight.routed, kind, usage, ttft_s=ttft, duration_s=duration, stream=True)
-        run_now(settle(self.router, flight.routed, flight.task.id, outcome, 200, None))
+        run_now(self.lifecycle.settle(Completion(flight.routed, flight.task.id, 200, None, outcome)))

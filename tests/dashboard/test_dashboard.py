@@ -10,7 +10,7 @@ import httpx
 import openai
 
 from gateway.admin.accuracy import MAX_DRAWN
-from gateway.routing import session_label
+from policies.sessions import session_label
 from policies.shape import PIECE_CHARS
 from tests.dashboard.conftest import HOSTILE, screenshot
 from tests.e2e.conftest import Stack

@@ -16,8 +16,8 @@ import pytest
 
 from gateway.admin.slots import colour
 from gateway.app import create_app
-from gateway.routing import session_label
 from gateway.settings import load_settings
+from policies.sessions import session_label
 from policies.types import BackendSnapshot, EngineKind, Health
 from tests.dashboard.conftest import screenshot
 from tests.servers import ADMIN_TOKEN, ServerThread
@@ -77,7 +77,7 @@ def quarter_hour() -> Iterator[str]:
     server = ServerThread(app).start()
     now = time.time()
     try:
-        store = app.state.relay.router.store
+        store = app.state.core.router.store
 
         async def fill() -> None:
             for entry in agents(now):
@@ -85,7 +85,7 @@ def quarter_hour() -> Iterator[str]:
 
         with ThreadPoolExecutor(1) as pool:  # Playwright keeps an event loop running in this thread
             pool.submit(asyncio.run, fill()).result()
-        history = app.state.relay.fleet.history
+        history = app.state.core.fleet.history
         for tick in range(0, 900, 2):
             load = 3 + round(2 * abs(((tick // 90) % 4) - 2))
             history.add(BackendSnapshot("vllm", EngineKind.VLLM, Health.READY, now - 900 + tick, running=load,

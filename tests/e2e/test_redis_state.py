@@ -152,7 +152,7 @@ def test_a_conversation_without_session_ids_is_recognised_by_every_replica(stack
 
 def prefix_index(replica: ServerThread) -> PrefixIndex:
     """The replica's prefix index, in which it folds the other replicas' records."""
-    store = replica._server.config.app.state.relay.router.store
+    store = replica._server.config.app.state.core.router.store
     assert isinstance(store, ResilientStore)
     return store.local.index
 

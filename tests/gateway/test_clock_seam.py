@@ -10,8 +10,9 @@ import httpx
 from backends.base import BackendSpec
 from backends.clock import VirtualClock
 from backends.fleet import Fleet
-from gateway.relay import in_flight
-from gateway.routing import Router, decision_entry
+from gateway.completion import Completion, settle
+from gateway.lifecycle import in_flight
+from gateway.routing import Router
 from gateway.state.memory import MemoryStore
 from policies import BUILTIN_PROFILES, Architecture, Deployment, Endpoint, EngineKind, Health, extract
 from policies.types import BackendSnapshot, Outcome, SlotState, Usage
@@ -56,8 +57,7 @@ async def scenario() -> None:
 
         usage = Usage(features.prompt_tokens, 64, 0)
         outcome = Outcome("llama", "m", EngineKind.LLAMACPP, usage, 2.0, 30.0, len(str(BODY)), 0, True)
-        entry = decision_entry(routed, "r1", outcome, 200, at=clock.time())
-        await router.complete(routed, outcome, entry)
+        await settle(router, Completion(routed, "r1", 200, None, outcome))
         assert [e["at"] for e in await store.decisions(10)] == [clock.time()]
         saved = await store.get_session("h:agent-1")
         assert saved is not None

@@ -173,7 +173,7 @@ def test_the_page_says_where_a_full_log_starts() -> None:
 
         async def fill(count: int) -> None:
             for n in range(count):
-                await app.state.relay.router.store.record_decision(entry(f"r{n}", now - 300 + n * 10, 5, 0))
+                await app.state.core.router.store.record_decision(entry(f"r{n}", now - 300 + n * 10, 5, 0))
 
         asyncio.run(fill(4))
         assert client.get("/admin/api/slots", headers=ADMIN).json()["log_from"] is None  # not full

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.routing import Routed
+from gateway.routed import Routed
 from gateway.timeline import turn_record
 from policies import Deployment, EngineKind, Reason, RequestFeatures
 from policies.shape import PIECE_CHARS, shape_of

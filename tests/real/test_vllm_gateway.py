@@ -56,7 +56,7 @@ class Gateway:
         return self.server.url
 
     def learned(self) -> DeploymentStats:
-        stats: DeploymentStats = self.app.state.relay.router.learned.deployments[f"{BACKEND}/{MODEL}"]
+        stats: DeploymentStats = self.app.state.core.router.learned.deployments[f"{BACKEND}/{MODEL}"]
         return stats
 
 
@@ -126,7 +126,7 @@ def running_gateway(url: str) -> Iterator[Gateway]:
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # the first probe sets the context window from /v1/models
-            snapshots = app.state.relay.fleet.snapshots()
+            snapshots = app.state.core.fleet.snapshots()
             if snapshots and snapshots[0].health is Health.READY:
                 break
             time.sleep(0.05)
@@ -258,7 +258,7 @@ def test_learned_cache_stats_follow_the_engine(gateway: Gateway, real: VllmServe
     ]
     assert all(cached >= 2 * block for _, cached, _ in rows[2:]), rows
     assert misses == [], rows
-    assert gateway.app.state.relay.fleet.snapshots()[0].cache_block == block  # what /metrics says
+    assert gateway.app.state.core.fleet.snapshots()[0].cache_block == block  # what /metrics says
     if misses:
         # Known gap of the cost model (policies/cost.py, policies/learning.py): after one hit the
         # learned block is that hit's size (the gcd of one sample, here 2 engine blocks), and the
@@ -468,7 +468,7 @@ def test_a_group_conversation_keeps_its_member_then_moves_when_it_outgrows_vllm(
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # both probed: their windows known
-            if all(s.health is Health.READY for s in app.state.relay.fleet.snapshots()):
+            if all(s.health is Health.READY for s in app.state.core.fleet.snapshots()):
                 break
             time.sleep(0.05)
         messages: list[dict[str, str]] = []

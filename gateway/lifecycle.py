@@ -1,0 +1,162 @@
+"""One request's life, the same for every front end: ``route`` once, ``open`` (sent, re-routed after
+a failure before any byte by the shared ``gateway.retry`` step), ``settle`` once
+(``gateway.completion``'s pipeline).
+
+The HTTP relay (``gateway.relay``) wraps it in a request and a response; the virtual replay
+(``gateway.replay.virtual``) drives the same route and settle on simulated engines, and re-routes
+through the same retry step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import structlog
+from msgspec.structs import replace
+
+from backends.base import Adapter, UpstreamRequest
+from backends.errors import UpstreamError, UpstreamUnavailable
+from backends.fleet import Fleet
+from backends.inflight import Sent
+from backends.stream import ResponseRelay
+from backends.watchdog import Expired
+from gateway.catalog import Catalog
+from gateway.completion import Completion, settle
+from gateway.errors import InvalidRequest, from_upstream
+from gateway.record import RequestRecord
+from gateway.retry import after_failure, gave_up
+from gateway.routed import Routed
+from gateway.routing import Router
+from policies import Decision, Endpoint
+from policies.features import FeatureError, ModelFacts, output_cap, request_features, with_shape
+
+log = structlog.get_logger(__name__)
+
+
+def in_flight(decision: Decision, now: float) -> Sent:
+    """The fleet's note of a request sent along ``decision`` at ``now``, with what was predicted for it."""
+    chosen = decision.chosen_candidate
+    assert decision.chosen is not None
+    request = Sent(decision.chosen.backend_id, decision.slot, now)
+    if chosen is None or chosen.estimate is None:
+        return request
+    estimate = chosen.estimate
+    return replace(
+        request,
+        total_s=estimate.total_s,
+        queue_s=estimate.queue_s,
+        prefill_s=estimate.prefill_s,
+        interleaved_s=estimate.interleaved_s,
+    )
+
+
+class Opened(msgspec.Struct, frozen=True):
+    routed: Routed
+    relay: ResponseRelay
+    token: int  # the fleet's note of this in-flight request
+
+    @property
+    def decision(self) -> Decision:
+        return self.routed.decision
+
+
+class Lifecycle:
+    """Route, open and settle requests on one fleet, catalog and router (``gateway.core`` builds it)."""
+
+    def __init__(self, fleet: Fleet, catalog: Catalog, router: Router, *, retries: int) -> None:
+        self.fleet = fleet
+        self.catalog = catalog
+        self.router = router
+        self.retries = retries
+
+    async def route(self, body: dict[str, Any], endpoint: Endpoint, headers: Mapping[str, str]) -> Routed:
+        """Resolve the model (an unset output limit gets the model's), read the request's features,
+        and route it (``Router.route``: session, counting near a window, the decision)."""
+        model = self.catalog.resolve(body["model"])
+        body.update(output_cap(body, endpoint, model.max_output_tokens))
+        learned = self.router.learned.for_model(model.name, model.chars_per_token).chars_per_token.value
+        facts = ModelFacts(model.name, learned, model.members, model.prefer_default, model.reasoning_floor_b)
+        try:
+            features = request_features(body, endpoint, headers, facts)
+        except FeatureError as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from exc
+        return await self.router.route(features, body)
+
+    async def open(
+        self, endpoint: Endpoint, body: dict[str, Any], routed: Routed, record: RequestRecord
+    ) -> Opened:
+        """Send along ``routed``; on a failure before any byte, what ``gateway.retry`` says: route again
+        without that backend, or give up."""
+        excluded: set[str] = set()
+        last_error: UpstreamError | None = None
+        try:
+            for attempt in range(1, self.retries + 2):
+                if excluded:
+                    routed = await self.router.decide(
+                        routed.features, routed.session, frozenset(excluded), routed.overflowed
+                    )
+                decision = routed.decision
+                if decision.chosen is None:
+                    raise gave_up(routed, last_error)
+                record.backend, record.reason = decision.chosen.backend_id, decision.header
+                chosen = decision.chosen_candidate
+                record.predicted_ttft = chosen.estimate.ttft_s if chosen and chosen.estimate else None
+                adapter = self.fleet.adapter(decision.chosen.backend_id)
+                # a group's answer names the member that gave it; a model's, the name it was asked by
+                named = decision.chosen.model if routed.features.members else body["model"]
+                upstream = adapter.prepare(endpoint, body, decision.chosen, named, slot=decision.slot)
+                # in flight from now: a queued llama.cpp stream sends no headers until a slot takes
+                # it, and requests routed meanwhile must see it waiting there
+                token = self.fleet.begin(in_flight(decision, self.fleet.clock.time()))
+                try:
+                    relay = await self._send(adapter, upstream)
+                except UpstreamError as exc:
+                    verdict = after_failure(exc, routed, attempt, self.retries)
+                    if verdict.fault is not None:
+                        self.fleet.judge(exc.backend_id, verdict.fault)
+                    self.fleet.end(token)
+                    if verdict.unreachable:  # avoid until probed again
+                        self.fleet.report_failure(exc.backend_id, exc.message)
+                    if verdict.retry is None:
+                        raise
+                    routed, last_error = verdict.retry, exc
+                    excluded.add(verdict.exclude)
+                    record.retries = attempt
+                    log.warning("upstream.failed", backend=exc.backend_id, error=exc.message)
+                    continue
+                except BaseException:
+                    self.fleet.end(token)
+                    raise  # cancelled (the client left) or a bug: nothing to retry
+                # the prompt's per-message shape (diagnostics, kept with the session) once it is on
+                # its way: no decision reads it, and the engine prefills meanwhile
+                routed = replace(routed, features=with_shape(routed.features, body))
+                return Opened(routed, relay, token)
+        except UpstreamError as exc:
+            raise from_upstream(exc) from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    async def _send(self, adapter: Adapter, upstream: UpstreamRequest) -> ResponseRelay:
+        """Send, under the engine's watchdog (``backends.watchdog``: queued is waited for, hung is
+        not); until the engine's headers nothing has reached the client, so every failure here may
+        still go to another backend."""
+        dog = self.fleet.watchdog(upstream.backend_id)
+        try:
+            with dog:
+                relay = ResponseRelay(
+                    upstream, await adapter.send(upstream), self.fleet.clock.monotonic, watchdog=dog
+                )
+        except Expired as exc:
+            raise UpstreamUnavailable(upstream.backend_id, exc.message) from exc
+        if upstream.stream:
+            try:
+                relay.check_stream()
+            except UpstreamUnavailable:
+                await relay.aclose()
+                raise
+        return relay
+
+    async def settle(self, done: Completion) -> Completion:
+        """The request ended: its completion through the pipeline (``gateway.completion``)."""
+        return await settle(self.router, done)
