@@ -83,7 +83,6 @@ def add_replay_parser(commands: Any) -> None:
         "wall: real servers on the wall clock, compressed by --time-scale",
     )
     replay.add_argument("--model", default=None, help="served model name (default: the trace's first)")
-    replay.add_argument("--seed", type=int, default=0, help="the simulated engines' seed (recorded in meta)")
     load = replay.add_mutually_exclusive_group()
     load.add_argument("--rate", type=positive, default=None, help="multiply the arrival rate by F")
     load.add_argument(
@@ -245,7 +244,7 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
         else:
             model = args.model or requests[0].model
             first = settings_for(profiles[0])
-        configs = sim_configs(first, model, args.seed)
+        configs = sim_configs(first, model)
     except ConfigError as exc:
         return _usage(str(exc))
     requests = with_model(requests, model)
@@ -269,7 +268,6 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
         model,
         options,
         oracle=not args.no_oracle,
-        seed=args.seed,
         on_done=done,
     )
     meta = {
@@ -278,7 +276,6 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
         "requests": len(requests),
         "clock": "virtual",
         "model": model,
-        "seed": args.seed,
         "backends": str(args.backends) if args.backends is not None else None,
         "llama_slots": args.llama_slots if args.backends is None else None,
         "scale_tokens": args.scale_tokens,

@@ -46,14 +46,13 @@ def simulate(
     options: VirtualOptions,
     *,
     oracle: bool = True,
-    seed: int = 0,
     on_done: Callable[[str, World], None] | None = None,
 ) -> Simulated:
     """Replay ``requests`` once per profile (``settings_for(profile)``: the gateway and its fleet), then
     with the oracle on the same fleet (module docstring)."""
     out = Simulated()
     settings = settings_for(profiles[0] if profiles else "cost")
-    configs = sim_configs(settings, model, seed)
+    configs = sim_configs(settings, model)
     # the oracle and the bound place the model where the gateway can: on its deployments only
     served = {d.backend for m in served_models(settings, model) for d in m.deployments}
     serving = {name: config for name, config in configs.items() if name in served}
