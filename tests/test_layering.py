@@ -1,5 +1,7 @@
-"""The dependency rule, checked on the source: policies is pure, backends never imports gateway, and
-no module imports one that imports it back (at module level or inside a function)."""
+"""The dependency rule, checked on the source (at module level or inside a function): policies is pure,
+backends never imports gateway, no module imports one that imports it back, and every module sits in
+one layer of ``LAYERS`` and imports only from its own layer or those below (docs/architecture.md draws
+them). A new module must be placed: the test names it until it is."""
 
 from __future__ import annotations
 
@@ -35,6 +37,115 @@ def imports(path: Path) -> set[str]:
 
 
 MODULES = modules()
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("policies", ("policies",)),
+    ("backends", ("backends",)),
+    (
+        "foundation",
+        (
+            "gateway",
+            "gateway.errors",
+            "gateway.api",
+            "gateway.version",
+            "gateway.logging",
+            "gateway.record",
+            "gateway.gc_pauses",
+            "gateway.metrics",
+            "gateway.traffic",
+            "gateway.live",
+            "gateway.disconnect",
+            "gateway.streaming",
+            "gateway.requests",
+            "gateway.middleware",
+            "gateway.settings",
+            "gateway.settings_fleet",
+            "gateway.catalog",
+            "gateway.state",
+            "gateway.key_limits",
+            "gateway.access",
+            "gateway.agents",
+            "gateway.model_api",
+            "gateway.replay.traces",
+            "gateway.replay.synth",
+            "gateway.replay.generate",
+            "gateway.replay.results",
+            "gateway.replay.workstation",
+            "gateway.replay.client",
+        ),
+    ),
+    (
+        "routing",
+        (
+            "gateway.routed",
+            "gateway.refusals",
+            "gateway.decisions",
+            "gateway.routing",
+            "gateway.timeline",
+            "gateway.replicas",
+        ),
+    ),
+    ("lifecycle", ("gateway.retry", "gateway.completion", "gateway.lifecycle")),
+    ("core", ("gateway.core",)),
+    (
+        "front ends without HTTP",
+        (
+            "gateway.probe_check",
+            "gateway.agents.configs",
+            "gateway.replay",
+            "gateway.replay.virtual",
+            "gateway.replay.virtual_oracle",
+            "gateway.replay.oracle",
+            "gateway.replay.fleets",
+            "gateway.replay.yardsticks",
+            "gateway.replay.report",
+            "gateway.replay.simulate",
+        ),
+    ),
+    ("http", ("gateway.relay", "gateway.admin", "gateway.api.document", "gateway.app")),
+    (
+        "processes",
+        (
+            "gateway.serving",
+            "gateway.demo",
+            "gateway.replay.stack",
+            "gateway.replay.runner",
+            "gateway.replay.commands",
+            "gateway.calibrate_command",
+            "gateway.cli",
+            "gateway.__main__",
+        ),
+    ),
+)
+"""Lowest first. A name places a module, or a package and everything in it that no longer name places."""
+RANK = {name: rank for rank, (_, names) in enumerate(LAYERS) for name in names}
+
+
+def layer(module: str) -> int | None:
+    """The rank of ``module``'s layer: its own name's, else its nearest package's."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        rank = RANK.get(".".join(parts[:end]))
+        if rank is not None:
+            return rank
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(name for name in MODULES if layer(name) is None)
+    assert not unplaced, f"place these in LAYERS: {unplaced}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_import_goes_up(name: str) -> None:
+    own = layer(name)
+    assert own is not None
+    upward = sorted(
+        f"{target} ({LAYERS[rank][0]})"
+        for target in imports(MODULES[name])
+        if target in MODULES and (rank := layer(target)) is not None and rank > own
+    )
+    assert not upward, f"{name} ({LAYERS[own][0]}) imports from above: {upward}"
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("policies")))

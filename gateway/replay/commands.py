@@ -293,8 +293,8 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
 def _replay_wall(args: argparse.Namespace, requests: Any, profiles: list[str]) -> int:
     from gateway.replay.report import report
     from gateway.replay.runner import ReplayOptions, run_replay
-    from gateway.replay.stack import StackOptions
     from gateway.replay.traces import block_tokens, with_rate
+    from gateway.replay.workstation import StackOptions
 
     model = requests[0].model
     stack = StackOptions(model=model, time_scale=args.time_scale, llama_slots=args.llama_slots)

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from backends.sim import SimConfig
-from gateway.replay.stack import StackOptions, gateway_settings
+from gateway.replay.workstation import StackOptions, gateway_settings
 from gateway.settings import ConfigError, Settings, load_settings, served_models
 from policies.types import Architecture, EngineKind
 

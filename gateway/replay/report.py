@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.replay.runner import Result
+from gateway.replay.results import Result
 from gateway.replay.traces import TraceRequest, conversations
 from gateway.replay.yardsticks import distinct_tokens, new_tokens
 

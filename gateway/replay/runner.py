@@ -21,11 +21,11 @@ import httpx
 
 from gateway.replay.client import Measured, stream_chat
 from gateway.replay.oracle import Oracle
-from gateway.replay.stack import StackOptions, start_stack
-from gateway.replay.synth import request_messages
+from gateway.replay.results import ORACLE, Result, request_body, request_headers
+from gateway.replay.stack import start_stack
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
+from gateway.replay.workstation import StackOptions
 
-ORACLE = "oracle"
 START_LEAD_S = 0.05
 """Wall seconds between starting the replay clock and the first possible send."""
 
@@ -40,48 +40,6 @@ class ReplayOptions:
     time_scale: float = 0.05
     block_tokens: int = BLOCK_TOKENS
     wall_cap_s: float = 600.0
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """One replayed request, in simulated seconds (``start_s``: when it was sent)."""
-
-    index: int
-    session: str | None
-    arrival_s: float
-    start_s: float
-    backend: str | None
-    ttft_s: float | None
-    completion_s: float
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    error: str | None = None
-
-    @property
-    def end_s(self) -> float:
-        return self.start_s + self.completion_s
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.ttft_s is not None
-
-
-def request_body(request: TraceRequest, block_tokens: int = BLOCK_TOKENS) -> dict[str, Any]:
-    """The streamed chat request for ``request`` (synthesized messages, ``ignore_eos``, usage on)."""
-    return {
-        "model": request.model,
-        "messages": request_messages(request, block_tokens),
-        "max_tokens": request.max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-    }
-
-
-def request_headers(request: TraceRequest) -> dict[str, str]:
-    """``x-session-id`` when the trace names a session."""
-    return {"x-session-id": request.session} if request.session else {}
 
 
 async def replay(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from gateway.replay.fleets import sim_configs
-from gateway.replay.runner import ORACLE, Result
+from gateway.replay.results import ORACLE, Result
 from gateway.replay.traces import TraceRequest
 from gateway.replay.virtual import GatewayReplay, VirtualOptions, World
 from gateway.replay.virtual_oracle import OracleReplay

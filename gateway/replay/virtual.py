@@ -52,7 +52,7 @@ from gateway.completion import Completion, measured
 from gateway.core import build_core, one_replica
 from gateway.errors import GatewayError
 from gateway.lifecycle import in_flight
-from gateway.replay.runner import Result, request_body, request_headers
+from gateway.replay.results import Result, request_body, request_headers
 from gateway.replay.synth import prompt_tokens
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
 from gateway.retry import after_failure, gave_up

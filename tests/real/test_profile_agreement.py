@@ -31,7 +31,7 @@ from backends.clock import WALL
 from backends.engine_profiles import save_profile
 from gateway.app import create_app
 from gateway.replay.fleets import sim_configs
-from gateway.replay.runner import Result
+from gateway.replay.results import Result
 from gateway.replay.synth import prompt_tokens
 from gateway.replay.traces import TraceRequest
 from gateway.replay.virtual import GatewayReplay, VirtualOptions

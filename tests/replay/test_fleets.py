@@ -14,9 +14,9 @@ from gateway.cli import build_parser, main
 from gateway.replay.fleets import capacity, default_fleet, sim_configs
 from gateway.replay.generate import agent_trace
 from gateway.replay.report import LOWER_BOUND
-from gateway.replay.runner import ORACLE
-from gateway.replay.stack import StackOptions
+from gateway.replay.results import ORACLE
 from gateway.replay.traces import TraceRequest, rate_for_load, read_trace, with_rate, write_trace
+from gateway.replay.workstation import StackOptions
 from gateway.settings import ConfigError, load_settings
 from policies.types import Architecture
 

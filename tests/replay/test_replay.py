@@ -11,9 +11,10 @@ import pytest
 from gateway.cli import build_parser, main
 from gateway.replay.generate import mixed_trace
 from gateway.replay.report import REPORT_KEYS, median_report, percentile, report
-from gateway.replay.runner import ORACLE, ReplayOptions, run_replay
-from gateway.replay.stack import StackOptions
+from gateway.replay.results import ORACLE
+from gateway.replay.runner import ReplayOptions, run_replay
 from gateway.replay.traces import conversations, write_trace
+from gateway.replay.workstation import StackOptions
 
 SCALE = 0.02
 

@@ -14,12 +14,13 @@ from gateway.cli import main
 from gateway.replay.fleets import PROBE_INTERVAL_S, default_fleet
 from gateway.replay.generate import agent_trace, contention_trace, mixed_trace
 from gateway.replay.report import LOWER_BOUND, Draw, percentile, pooled_report, report
-from gateway.replay.runner import ORACLE, ReplayOptions, run_replay
+from gateway.replay.results import ORACLE
+from gateway.replay.runner import ReplayOptions, run_replay
 from gateway.replay.simulate import simulate
-from gateway.replay.stack import StackOptions
 from gateway.replay.traces import TraceRequest, write_trace
 from gateway.replay.virtual import OVERHEAD_S, GatewayReplay, VirtualOptions, run_now
 from gateway.replay.virtual_oracle import OracleReplay
+from gateway.replay.workstation import StackOptions
 from gateway.replay.yardsticks import TEMPLATE_TOKENS, distinct_tokens, new_tokens
 
 MODEL = "replay"

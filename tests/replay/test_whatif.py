@@ -11,7 +11,7 @@ import pytest
 from backends.sim import SimConfig, create_sim_app
 from backends.sim.vllm_engine import VllmEngine
 from backends.sim.whatif import whatif_vllm
-from gateway.replay.runner import request_body
+from gateway.replay.results import request_body
 from gateway.replay.traces import TraceRequest
 from policies import Architecture
 from tests.servers import ServerThread

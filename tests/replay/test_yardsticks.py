@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from backends.sim import SimConfig
 from gateway.replay.generate import agent_trace
 from gateway.replay.report import LOWER_BOUND, REPORT_KEYS, report
-from gateway.replay.runner import Result
+from gateway.replay.results import Result
 from gateway.replay.synth import CHAT_HEAD, CHAT_TAIL, prompt_tokens
 from gateway.replay.traces import TraceRequest
 from gateway.replay.yardsticks import TEMPLATE_TOKENS, lower_bounds, new_tokens, shared_prefixes

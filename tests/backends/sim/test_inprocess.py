@@ -22,7 +22,7 @@ from backends.sim.llama_engine import LlamaEngine
 from backends.sim.task import SimTask
 from backends.sim.vllm_engine import VllmEngine
 from backends.stream import ResponseRelay
-from gateway.replay.runner import request_body
+from gateway.replay.results import request_body
 from gateway.replay.traces import TraceRequest
 from policies.types import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Usage
 from tests.backends.sim.simhelp import WEATHER_TOOL, user, wait_until

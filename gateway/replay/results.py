@@ -1,0 +1,56 @@
+"""What a replay measures of each request (``Result``, in simulated seconds) and the request it sends
+for a trace line (``request_body``, ``request_headers``): shared by the wall replay (``runner``), the
+virtual one (``virtual``), the oracle and the reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.replay.synth import request_messages
+from gateway.replay.traces import BLOCK_TOKENS, TraceRequest
+
+ORACLE = "oracle"
+"""The name a report gives the oracle's run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One replayed request, in simulated seconds (``start_s``: when it was sent)."""
+
+    index: int
+    session: str | None
+    arrival_s: float
+    start_s: float
+    backend: str | None
+    ttft_s: float | None
+    completion_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.completion_s
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.ttft_s is not None
+
+
+def request_body(request: TraceRequest, block_tokens: int = BLOCK_TOKENS) -> dict[str, Any]:
+    """The streamed chat request for ``request`` (synthesized messages, ``ignore_eos``, usage on)."""
+    return {
+        "model": request.model,
+        "messages": request_messages(request, block_tokens),
+        "max_tokens": request.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+
+
+def request_headers(request: TraceRequest) -> dict[str, str]:
+    """``x-session-id`` when the trace names a session."""
+    return {"x-session-id": request.session} if request.session else {}
