@@ -53,7 +53,7 @@ from routing_workloads import MODEL, MOONCAKE, REPO, SEEDS, WORKLOADS, Workload
 from gateway.logging import configure_logging
 from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
 from gateway.replay.report import Draw, pooled_report, report, table
-from gateway.replay.runner import ORACLE, Result
+from gateway.replay.results import ORACLE, Result
 from gateway.replay.simulate import simulate
 from gateway.replay.traces import rate_for_load, with_model, with_rate
 from gateway.replay.virtual import VirtualOptions, World
