@@ -25,7 +25,7 @@ from policies.types import SessionSource
 def session_label(key: str) -> str:
     """A session's one short hash (12 hex), for logs, URLs, explanations and the decision log: session
     keys may be user ids. Where the operator may see names, the gateway shows the client's name for
-    it instead (``gateway.routing.session_shown``)."""
+    it instead (``gateway.decisions.session_shown``)."""
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
