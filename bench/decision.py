@@ -2,12 +2,14 @@
 
     .venv/bin/python bench/decision.py [--requests 5000] [--sessions 10000] [--backends 16]
 
-1. **A decision**: features (``policies.extract``, without the per-message shape: the relay
-   digests it once the request is on its way, as nothing routing decides reads it), the session
-   lookup and the decision itself (``Router.resolve_session`` + ``Router.decide``: prefix match, slot
-   leases, every candidate's estimate, the slot claim) against the in-memory state, no I/O, with
-   ``--backends`` backends (half llama.cpp with 4 slots, half vLLM) serving one model and
-   ``--sessions`` sessions known (each with its prompt in the prefix index; the slots leased).
+1. **A decision**: ``Lifecycle.route``, the one call that takes a request body to its route, on a
+   core from ``gateway.core.build_core`` (as the gateway's): the model, the features
+   (``policies.features.request_features``, without the per-message shape: the relay digests it once
+   the request is on its way, as nothing routing decides reads it), the session lookup and the
+   decision itself (``Router.route``: prefix match, slot leases, every candidate's estimate, the slot
+   claim) against the in-memory state, no I/O, with ``--backends`` backends (half llama.cpp with 4
+   slots, half vLLM) serving one model and ``--sessions`` sessions known (each with its prompt in the
+   prefix index; the slots leased).
    Prints p50/p99/max per request (target: p99 <= 100 us). ``--in-flight N``: with N streams
    already in flight (spread over the backends, past their prefill, as in the streaming soak): what
    laying them over the snapshots costs a decision.
@@ -30,14 +32,13 @@ import httpx
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backends.base import BackendSpec
-from backends.fleet import Fleet
 from backends.inflight import Sent
+from gateway.core import Core, build_core
+from gateway.logging import configure_logging
 from gateway.requests import parse_body
-from gateway.routing import Router
-from gateway.state.memory import MemoryStore
+from gateway.settings import load_settings
 from gateway.state.prefix_index import SentPrompt
-from policies import BUILTIN_PROFILES, Architecture, Deployment, Endpoint, EngineKind, Health, extract
+from policies import Endpoint, EngineKind, Health, extract
 from policies.types import BackendSnapshot, SessionView, SlotState
 
 MODEL = "m"
@@ -53,34 +54,53 @@ def conversation(n: int, turns: int = 3) -> dict[str, Any]:
     return {"model": MODEL, "messages": messages, "max_tokens": 256, "stream": True}
 
 
-def fleet_of(backends: int) -> Fleet:
-    specs = []
-    for i in range(backends):
-        kind = EngineKind.LLAMACPP if i % 2 == 0 else EngineKind.VLLM
-        backend = f"{kind.value}-{i}"
-        deployment = Deployment(MODEL, backend, MODEL, 65536, Architecture.HYBRID)
-        specs.append(BackendSpec(backend, kind, f"http://127.0.0.1:9/{backend}", deployments=(deployment,)))
-    fleet = Fleet(specs, httpx.AsyncClient())
+def core_of(backends: int, sessions: int) -> Core:
+    """The gateway's core over ``backends`` backends serving ``MODEL``, observed ready and idle."""
+    kinds = [EngineKind.LLAMACPP if i % 2 == 0 else EngineKind.VLLM for i in range(backends)]
+    names = [f"{kind.value}-{i}" for i, kind in enumerate(kinds)]
+    settings = load_settings(
+        None,
+        backends=[
+            {"id": name, "kind": kind.value, "url": f"http://127.0.0.1:9/{name}"}
+            for name, kind in zip(names, kinds, strict=True)
+        ],
+        models=[
+            {
+                "name": MODEL,
+                "architecture": "hybrid",
+                "deployments": [
+                    {"backend": n, "upstream_name": MODEL, "context_window": 65536} for n in names
+                ],
+            }
+        ],
+        profile="cost",
+        state={"max_sessions": 2 * sessions},
+    )
+    core = build_core(settings, client=httpx.AsyncClient())
     now = time.time()
-    for spec in specs:
-        slots = (
-            tuple(SlotState(s, 65536, False) for s in range(4)) if spec.kind is EngineKind.LLAMACPP else ()
-        )
-        fleet.observe(  # what a probe would store: ready, idle
+    for snapshot in core.fleet.snapshots():
+        llama = snapshot.kind is EngineKind.LLAMACPP
+        slots = tuple(SlotState(s, 65536, False) for s in range(4)) if llama else ()
+        core.fleet.observe(  # what a probe would store: ready, idle
             BackendSnapshot(
-                spec.id, spec.kind, Health.READY, now, spec.deployments, slots=slots, total_slots=len(slots)
+                snapshot.backend_id,
+                snapshot.kind,
+                Health.READY,
+                now,
+                snapshot.deployments,
+                slots=slots,
+                total_slots=len(slots),
             )
         )
-    return fleet
+    return core
 
 
 async def decisions(requests: int, sessions: int, backends: int, in_flight: int = 0) -> list[float]:
-    store = MemoryStore(max_sessions=2 * sessions)
-    fleet = fleet_of(backends)
+    core = core_of(backends, sessions)
+    store, fleet = core.store, core.fleet
     names = [s.backend_id for s in fleet.snapshots()]
     for n in range(in_flight):  # streaming for a minute already: seen by the probes, prefilled
         fleet.begin(Sent(names[n % len(names)], None, time.time() - 60, 90.0, 0.0, 0.0))
-    router = Router(fleet, store, BUILTIN_PROFILES["cost"])
     llama = [s.backend_id for s in fleet.snapshots() if s.kind is EngineKind.LLAMACPP]
     now = time.time()
     for n in range(sessions):  # each session's last prompt is where its last turn went
@@ -100,9 +120,7 @@ async def decisions(requests: int, sessions: int, backends: int, in_flight: int 
         n = (i * 7919) % len(bodies)
         headers = {"x-session-id": f"s{n}"}
         started = time.perf_counter()
-        features = extract(bodies[n], Endpoint.CHAT, model=MODEL, headers=headers, shape=False)
-        features, session = await router.resolve_session(features)
-        await router.decide(features, session)
+        await core.lifecycle.route(bodies[n], Endpoint.CHAT, headers)
         took.append(time.perf_counter() - started)
     await fleet.adapter(llama[0]).client.aclose()
     return took
@@ -136,10 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--in-flight", type=int, default=0, help="streams already in flight")
     args = parser.parse_args(argv)
+    configure_logging("console", "warning")  # the probes' "ready" lines are not the benchmark's
     took = sorted(asyncio.run(decisions(args.requests, args.sessions, args.backends, args.in_flight)))
     p50, p99 = took[len(took) // 2] * 1e6, took[int(len(took) * 0.99)] * 1e6
     print(
-        f"decision (features + session lookup + route + slot claim, in memory), {args.backends} backends, "
+        f"decision (Lifecycle.route: model, features, session lookup, route, slot claim; in memory), "
+        f"{args.backends} backends, "
         f"{args.sessions:,} sessions, {args.in_flight:,} streams in flight, {args.requests:,} requests:\n"
         f"  p50 {p50:.0f} us   p99 {p99:.0f} us   max {took[-1] * 1e6:.0f} us   "
         f"target p99 <= 100 us: {'PASS' if p99 <= 100 else 'MISS'}"
