@@ -9,6 +9,7 @@ drops (the decision log shows every one). Scored candidates then go to the profi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 from policies.context import RoutingContext
@@ -115,9 +116,10 @@ def profile_filter(name: str) -> Stage:
     return stage
 
 
-def stages(filters: Sequence[str]) -> list[tuple[str, Stage]]:
-    """Every stage a profile with ``filters`` runs, in order."""
-    return [*BEFORE_PROFILE, *((name, profile_filter(name)) for name in filters), *AFTER_PROFILE]
+@functools.cache
+def stages(filters: tuple[str, ...]) -> tuple[tuple[str, Stage], ...]:
+    """Every stage a profile with ``filters`` runs, in order (built once per list of filters)."""
+    return (*BEFORE_PROFILE, *((name, profile_filter(name)) for name in filters), *AFTER_PROFILE)
 
 
 Pick = tuple[int, Reason | None]
