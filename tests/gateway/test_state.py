@@ -1,42 +1,23 @@
-"""The state interface's contract, run against every implementation: in memory, and in a real Redis."""
+"""The state interface's contract, run against every implementation: in memory, and in a real Redis.
+Replicas sharing one Redis are in test_state_redis.py; the store that falls back to local state when
+Redis is away or slow in test_state_resilient.py."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import msgspec
 import pytest
-from msgspec.structs import replace
 
-from gateway.state import MemoryStore, SentPrompt, StateStore, prompt_log
+from gateway.state import MemoryStore, SentPrompt, StateStore
 from gateway.state.memory import MAX_TURNS
-from gateway.state.prompt_log import PromptRecord
-from gateway.state.redis_store import RedisStore, pack, unpack
-from gateway.state.resilient import RETRY_S, ResilientStore
+from gateway.state.redis_store import RedisStore
 from policies.prefix import chain_of
 from policies.shape import shape_of
-from policies.types import SessionView, SlotLease
+from policies.types import SessionView
+from tests.gateway.state_helpers import CHAT_A, CHAT_B, CHAT_C, REDIS_TIMEOUT_S, SYSTEM, TURN, Clock, run
 from tests.redis_server import RedisServer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-LOOP = asyncio.new_event_loop()
-"""One loop for the module: a Redis client belongs to the loop it was made in."""
-REDIS_TIMEOUT_S = 5.0
-"""The Redis stores' call timeout here: a reply slow on a busy machine is no failure (the default,
-0.25 s, is for a gateway, which routes on local state meanwhile)."""
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -56,14 +37,6 @@ def store_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., Stat
     yield make
     for store in made:
         run(store.close())
-
-
-def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    return LOOP.run_until_complete(coroutine)
-
-
-SYSTEM = b"shared system prompt and tools " * 200  # ~6 KiB every agent starts with
-TURN = SYSTEM + b"agent a: fix the tests " * 100
 
 
 def test_sessions_are_found_by_key_and_by_their_last_prompt(store_factory: Callable[..., StateStore]) -> None:
@@ -104,11 +77,6 @@ def test_the_prefix_index_is_bounded(store_factory: Callable[..., StateStore]) -
         run(store.record_prompt(SentPrompt("vllm", None, chain_of(prompt), 1000, None)))
     recent = [run(store.match_prefix(chain_of(p), ["vllm"]))["vllm"].recent for p in prompts]
     assert recent == [0, 1000, 1000, 1000]
-
-
-CHAT_A = SYSTEM + b"chat a: hello " * 160  # 2229 tokens, say: checkpoints at 1713 and 2225
-CHAT_B = SYSTEM + b"chat b: other words " * 100  # 3000 tokens
-CHAT_C = SYSTEM + b"chat c: a third one " * 100
 
 
 def test_a_slot_keeps_the_checkpoints_its_earlier_prompts_left(
@@ -217,31 +185,6 @@ def test_a_sessions_slots_are_released(store_factory: Callable[..., StateStore])
     assert run(store.leases("other")) == ()
 
 
-def test_two_gateways_on_one_redis_never_pin_two_sessions_to_one_slot(redis_server: RedisServer) -> None:
-    """200 sessions, two stores (two replicas) claiming 4 slots at once, each claim racing the other's."""
-    prefix = f"race{uuid.uuid4().hex[:6]}"
-    # 200 connections open at once: a connect may take longer than the store's 0.25 s default
-    replicas = [RedisStore(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S) for _ in range(2)]
-
-    async def claim(store: RedisStore, session: str) -> tuple[str, int] | None:
-        for slot in range(4):
-            if await store.claim_slot("llama", slot, session, time.time(), None):
-                return session, slot
-        return None
-
-    async def race() -> list[tuple[str, int] | None]:
-        jobs = [claim(replicas[i % 2], f"s{i}") for i in range(200)]
-        return list(await asyncio.gather(*jobs))
-
-    won = [w for w in run(race()) if w is not None]
-    held = run(replicas[0].leases("llama"))
-    assert len(won) == 4  # each slot went to exactly one session, whichever replica asked
-    assert sorted(slot for _, slot in won) == [0, 1, 2, 3]
-    assert {(lease.slot, lease.session_key) for lease in held} == {(slot, s) for s, slot in won}
-    for store in replicas:
-        run(store.close())
-
-
 def test_the_live_policy_is_kept(store_factory: Callable[..., StateStore]) -> None:
     store = store_factory()
     assert run(store.policy()) is None
@@ -278,242 +221,6 @@ def test_a_session_comes_back_whole(store_factory: Callable[..., StateStore]) ->
     run(store.save_session(session))
     assert run(store.get_session("s")) == session
     assert run(store.sessions(1)) == [session]
-
-
-def test_a_session_written_before_shapes_said_how_they_were_digested_reads_back() -> None:
-    """Redis records of an older turnout pack the shape in two fields; their digests are BLAKE2b's (1),
-    which today's shapes are never compared with (``policies.shape.DIGESTS``)."""
-    shape = shape_of([{"role": "user", "content": "fix"}])
-    session = SessionView("s", backend_id="llama", shape=shape)
-    messages = [(m.role, m.chars, m.digest, m.pieces, m.reasoning) for m in shape.messages]
-    older = msgspec.msgpack.encode((replace(session, shape=None), (shape.tools, messages)))
-    assert unpack(older) == replace(session, shape=replace(shape, digests=1))
-    assert unpack(pack(session)) == session
-
-
-async def _until(condition: Callable[[], Coroutine[Any, Any, bool]], within_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if await condition():
-            return True
-        await asyncio.sleep(0.02)
-    return False
-
-
-def test_replicas_share_the_prefix_index_and_a_new_one_reads_it_all(redis_server: RedisServer) -> None:
-    """What replica A sent where reaches B's index through the stream; a replica started later (a
-    restart) reads the whole stream first. No prompt text travels: only chunk hashes."""
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    a, b = (RedisStore(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S) for _ in range(2))
-    follower = LOOP.create_task(b.follow())
-    nxt = chain_of(TURN + b" and the next turn")
-
-    async def b_knows(store: RedisStore = b) -> bool:
-        match = (await store.match_prefix(nxt, ["llama"]))["llama"]
-        return bool(match.slots) and match.slots[0].whole and await store.find_session(nxt) == "s"
-
-    async def scenario() -> None:
-        await a.record_prompt(SentPrompt("llama", 0, chain_of(TURN), 1500, "s"))
-        await a.finish_turn(SessionView("s", turns=1, last_seen=time.time()), None, {"request_id": "r"})
-        assert await _until(b_knows)  # the record went with the request's last batch of writes
-        match = (await b.match_prefix(nxt, ["llama"]))["llama"]
-        assert (match.slots[0].slot, match.slots[0].tokens, match.recent) == (0, 1500, 1500)
-        later = RedisStore(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S)
-        task = asyncio.create_task(later.follow())
-        try:
-            assert await _until(lambda: b_knows(later))
-        finally:
-            task.cancel()
-            await later.close()
-        raw = await a._redis.xrange(f"{prefix}:v1:prompts")
-        assert TURN[:64] not in raw[0][1][b"r"]
-
-    try:
-        run(scenario())
-    finally:
-        follower.cancel()
-        run(a.close())
-        run(b.close())
-
-
-def test_replicas_rebuild_the_same_slot_checkpoints(redis_server: RedisServer) -> None:
-    """The engine's cached counts travel with the records: another replica's index keeps the same
-    checkpoints per slot (here through the resilient store every gateway on Redis uses)."""
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    a = ResilientStore(
-        RedisStore(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S), MemoryStore(), time.monotonic
-    )
-    b = RedisStore(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S)
-    follower = LOOP.create_task(b.follow())
-    third = chain_of(CHAT_C)
-
-    async def checkpoint(store: StateStore) -> int:
-        return (await store.match_prefix(third, ["llama"]))["llama"].slot(0).checkpoint
-
-    async def scenario() -> None:
-        await a.record_prompt(SentPrompt("llama", 0, chain_of(CHAT_A), 2229, "a", 0))
-        await a.record_prompt(SentPrompt("llama", 0, chain_of(CHAT_B), 3000, "b", 1713))
-        await a.finish_turn(None, None, {"request_id": "r"})
-        assert await checkpoint(a) == 1713
-        assert await _until(lambda: _is(checkpoint(b), 1713))
-
-    try:
-        run(scenario())
-    finally:
-        follower.cancel()
-        run(a.redis.close())
-        run(b.close())
-
-
-async def _is(value: Coroutine[Any, Any, int], expected: int) -> bool:
-    return await value == expected
-
-
-def test_a_prompt_record_carries_the_cached_count_and_older_ones_read_back() -> None:
-    """Records of a turnout from before ``cached`` have eight fields: they read back with None."""
-    record = PromptRecord("r1", SentPrompt("llama", 0, chain_of(CHAT_A), 2229, "a", 1713))
-    packed = prompt_log.pack(record)
-    assert prompt_log.unpack(packed) == record
-    older = msgspec.msgpack.encode(msgspec.msgpack.decode(packed)[:8])
-    assert prompt_log.unpack(older) == dataclasses.replace(
-        record, sent=dataclasses.replace(record.sent, cached=None)
-    )
-
-
-def test_replicas_see_each_others_shared_values_until_they_expire(redis_server: RedisServer) -> None:
-    """Until its TTL on the stores' clock; Redis drops the value itself then too."""
-    prefix, clock = f"t{uuid.uuid4().hex[:8]}", Clock()
-    a, b = (
-        RedisStore(redis_server.url, prefix=prefix, timeout_s=REDIS_TIMEOUT_S, clock=clock) for _ in range(2)
-    )
-
-    async def scenario() -> None:
-        await a.share("load", b"from a", 60.0)
-        await b.share("load", b"from b", 5.0)
-        assert await a.shared("load") == [b"from b"]  # not its own
-        assert await b.shared("load") == [b"from a"]
-        assert 0 < await a._redis.pttl(f"{prefix}:v1:load:{b.replica}") <= 5000
-        clock.now += 5.1  # b died: its value goes
-        assert await a.shared("load") == []
-        assert await b.shared("load") == [b"from a"]  # a's lives on
-
-    try:
-        run(scenario())
-    finally:
-        run(a.close())
-        run(b.close())
-
-
-class LateRedis:
-    """A Redis that answers no call within the timeout: each call it is asked is counted, then times out."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def _late(self) -> Any:
-        self.calls += 1
-        raise TimeoutError("Timeout reading from 127.0.0.1:6379")
-
-    async def ping(self) -> None:
-        await self._late()
-
-    async def get_session(self, key: str) -> SessionView | None:
-        return await self._late()  # type: ignore[no-any-return]
-
-    async def save_session(self, session: SessionView) -> None:
-        await self._late()
-
-
-def test_a_slow_redis_is_asked_once_per_retry_period() -> None:
-    """Once a call timed out, the gateway's store answers from its local copy and asks Redis again (a
-    ping) at most once per RETRY_S: a slow Redis costs one call a timeout, not every call."""
-    clock, late = Clock(), LateRedis()
-    store = ResilientStore(late, MemoryStore(clock=clock), clock)  # type: ignore[arg-type]
-    session = SessionView("s", turns=1, last_seen=clock.now)
-    run(store.save_session(session))
-    assert (late.calls, store.degraded) == (1, True)
-    for _ in range(20):
-        assert run(store.get_session("s")) == session  # the local copy
-    assert late.calls == 1
-    clock.now += RETRY_S / 2
-    run(store.get_session("s"))
-    assert late.calls == 1
-    clock.now += RETRY_S / 2
-    for _ in range(20):
-        assert run(store.get_session("s")) == session
-    assert (late.calls, store.degraded) == (2, True)  # one ping, which timed out too
-
-
-class ReturningRedis:
-    """A Redis away, then back (``up``): each write takes a round trip, in which other calls run."""
-
-    def __init__(self) -> None:
-        self.up = False
-        self.claimed: list[tuple[str, int, str]] = []
-
-    def _reached(self) -> None:
-        if not self.up:
-            raise ConnectionRefusedError("Connection refused")
-
-    async def ping(self) -> None:
-        self._reached()
-
-    async def claim_slot(
-        self, backend_id: str, slot: int, session_key: str, now: float, expected: str | None, tokens: int = 0
-    ) -> bool:
-        self._reached()
-        await asyncio.sleep(0)
-        self.claimed.append((backend_id, slot, session_key))
-        return True
-
-    async def leases(self, backend_id: str) -> tuple[SlotLease, ...]:
-        self._reached()
-        return ()
-
-
-def test_requests_racing_when_redis_returns_see_it_written_back_once() -> None:
-    """Several calls find Redis back at once (a request, the replicas' sync, the policy poll): one
-    writes back what was claimed meanwhile, the others wait for it; none fails (calls racing through
-    the write-back used to fail: "dictionary changed size during iteration", a 500)."""
-    clock, redis = Clock(), ReturningRedis()
-    store = ResilientStore(redis, MemoryStore(clock=clock), clock)  # type: ignore[arg-type]
-    assert run(store.claim_slot("llama", 0, "a", clock.now, None))  # locally: Redis is away
-    assert run(store.claim_slot("llama", 1, "b", clock.now, None))
-    redis.up = True
-    clock.now += RETRY_S
-
-    async def race() -> list[tuple[SlotLease, ...]]:
-        return await asyncio.gather(*(store.leases("llama") for _ in range(3)))
-
-    assert run(race()) == [(), (), ()]  # Redis's answers
-    assert not store.degraded
-    assert redis.claimed == [("llama", 0, "a"), ("llama", 1, "b")]  # written back, each once
-
-
-def test_retry_asks_a_returned_redis_without_traffic() -> None:
-    """``/health`` calls ``retry``: an idle gateway finds Redis back (and writes back what it claimed
-    meanwhile) once the retry period has passed, not before; a healthy store asks nothing."""
-    clock, redis = Clock(), ReturningRedis()
-    store = ResilientStore(redis, MemoryStore(clock=clock), clock)  # type: ignore[arg-type]
-    assert run(store.claim_slot("llama", 0, "a", clock.now, None))  # locally: Redis is away
-    assert store.degraded
-    redis.up = True
-    run(store.retry())
-    assert store.degraded  # the retry period has not passed
-    clock.now += RETRY_S
-    run(store.retry())
-    assert not store.degraded
-    assert redis.claimed == [("llama", 0, "a")]
-    redis.up = False
-    run(store.retry())  # not degraded: nothing is asked
-    assert not store.degraded
-
-
-def test_a_store_of_one_process_shares_nothing() -> None:
-    store = MemoryStore()
-    run(store.share("load", b"x", 60.0))
-    assert run(store.shared("load")) == []
-    assert run(store.follow()) is None  # returns at once: no task to keep
 
 
 def test_a_restarted_backend_is_forgotten(store_factory: Callable[..., StateStore]) -> None:
