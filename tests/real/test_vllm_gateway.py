@@ -12,73 +12,37 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import structlog
-from litestar import Litestar
-from structlog.testing import LogCapture
 
-from backends.base import BackendSpec
-from backends.parsers.prometheus import parse_samples, sum_by_name
-from backends.vllm import VllmAdapter
 from gateway.app import create_app
-from gateway.settings import load_settings
-from policies import Deployment, EngineKind, Health
-from policies.learning import DeploymentStats
+from policies import Health
 from tests.latency_proxy import LatencyProxy
 from tests.real.conftest import qwen35_model
 from tests.real.llama_server import LlamaServer
+from tests.real.vllm_gateway_helpers import (
+    BACKEND,
+    CONFIGURED_BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    MODEL,
+    UPSTREAM,
+    Gateway,
+    captured_logs,
+    completed,
+    data_events,
+    group_settings,
+    metrics,
+    probe,
+    running_gateway,
+)
 from tests.real.vllm_server import VllmServer, VllmServerFactory
 from tests.servers import ADMIN, ServerThread
 
 # The first run prepares the vLLM venv (minutes) inside the first test's timeout.
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1200)]
-
-UPSTREAM = "tiny-qwen3next"
-MODEL = "tiny"
-BACKEND = "vllm"
-MAX_MODEL_LEN = 4096  # the tiny model's max_position_embeddings: room for a long answer to abort
-CONFIGURED_BLOCK_SIZE = 32
-
-
-@dataclass
-class Gateway:
-    server: ServerThread
-    app: Litestar
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def learned(self) -> DeploymentStats:
-        stats: DeploymentStats = self.app.state.core.router.learned.deployments[f"{BACKEND}/{MODEL}"]
-        return stats
-
-
-PROBE_TIMEOUT_S = 30.0
-"""These tests read what a probe parses, not how fast: a real engine busy on a 2-core machine may be
-slow to answer (the gateway's own 2 s probe timeout would call it down)."""
-
-
-def spec(url: str) -> BackendSpec:
-    deployment = Deployment(MODEL, BACKEND, UPSTREAM, context_window=8192)
-    return BackendSpec(
-        BACKEND, EngineKind.VLLM, url, deployments=(deployment,), probe_timeout=PROBE_TIMEOUT_S
-    )
-
-
-async def probe(url: str) -> Any:
-    async with httpx.AsyncClient() as client:
-        return await VllmAdapter(spec(url), client).probe()
-
-
-def metrics(server: VllmServer) -> dict[str, float]:
-    return sum_by_name(parse_samples(httpx.get(server.base_url + "/metrics", timeout=30).text))
 
 
 @pytest.fixture(scope="module")
@@ -98,43 +62,6 @@ def block(real: VllmServer) -> int:
     return size
 
 
-@contextmanager
-def running_gateway(url: str) -> Iterator[Gateway]:
-    """A gateway (profile ``cost``) whose only backend is the vLLM at ``url``, ready once probed."""
-    settings = load_settings(
-        None,
-        profile="cost",
-        backends=[
-            {
-                "id": BACKEND,
-                "kind": "vllm",
-                "url": url,
-                "probe_interval_s": 0.2,
-                "timeouts": {"probe": PROBE_TIMEOUT_S},  # vLLM on two busy cores answers probes slowly
-            }
-        ],
-        models=[
-            {
-                "name": MODEL,
-                "architecture": "hybrid",
-                "deployments": [{"backend": BACKEND, "upstream_name": UPSTREAM}],
-            }
-        ],
-    )
-    app = create_app(settings)
-    server = ServerThread(app).start()
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # the first probe sets the context window from /v1/models
-            snapshots = app.state.core.fleet.snapshots()
-            if snapshots and snapshots[0].health is Health.READY:
-                break
-            time.sleep(0.05)
-        yield Gateway(server, app)
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="module")
 def gateway(real: VllmServer) -> Iterator[Gateway]:
     with running_gateway(real.base_url) as running:
@@ -143,29 +70,8 @@ def gateway(real: VllmServer) -> Iterator[Gateway]:
 
 @pytest.fixture
 def logs() -> Iterator[list[MutableMapping[str, Any]]]:
-    capture = LogCapture()
-    previous = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
-    try:
-        yield capture.entries
-    finally:
-        structlog.configure(**previous)
-
-
-def completed(
-    logs: list[MutableMapping[str, Any]], count: int, within_s: float = 30.0
-) -> list[MutableMapping[str, Any]]:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        lines = [e for e in logs if e["event"] == "request.completed"]
-        if len(lines) >= count:
-            return lines
-        time.sleep(0.01)
-    return [e for e in logs if e["event"] == "request.completed"]
-
-
-def data_events(raw: bytes) -> list[str]:
-    return [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    with captured_logs() as entries:
+        yield entries
 
 
 def test_probe_reads_the_real_server(real: VllmServer) -> None:
@@ -446,23 +352,7 @@ def test_a_group_conversation_keeps_its_member_then_moves_when_it_outgrows_vllm(
     member) and the larger one on the real llama-server (8,192 a slot): a conversation stays on its
     member while it fits, moves to llama.cpp when it outgrows vLLM's window (logged with its reason
     and models), and stays there (issue #28)."""
-    settings = load_settings(
-        None,
-        profile="cost",
-        backends=[
-            {"id": "vllm", "kind": "vllm", "url": real.base_url, "probe_interval_s": 0.2,
-             "timeouts": {"probe": PROBE_TIMEOUT_S}},
-            {"id": "llama", "kind": "llamacpp", "url": llama_beside.base_url, "probe_interval_s": 0.2,
-             "timeouts": {"probe": PROBE_TIMEOUT_S}},
-        ],
-        models=[
-            {"name": "m-vllm", "architecture": "hybrid", "params_total_b": 27,
-             "deployments": [{"backend": "vllm", "upstream_name": UPSTREAM}]},
-            {"name": "m-llama", "architecture": "hybrid", "params_total_b": 80,
-             "deployments": [{"backend": "llama", "upstream_name": llama_beside.alias}]},
-        ],
-        groups=[{"name": "grp", "members": ["m-vllm", "m-llama"]}],
-    )  # fmt: skip
+    settings = group_settings(real.base_url, llama_beside.base_url, llama_beside.alias)
     app = create_app(settings)
     server = ServerThread(app).start()
     try:
