@@ -24,8 +24,8 @@ from gateway.settings_fleet import DeploymentConfig as DeploymentConfig
 from gateway.settings_fleet import GroupConfig as GroupConfig
 from gateway.settings_fleet import ModelConfig as ModelConfig
 from gateway.settings_fleet import SimulatorConfig as SimulatorConfig
+from gateway.settings_fleet import StrictModel
 from gateway.settings_fleet import Timeouts as Timeouts
-from gateway.settings_fleet import _Strict
 from gateway.traffic import TrafficRecorder
 from policies import BUILTIN_PROFILES, Profile, ProfileError, build_profile
 from policies.engine_profile import EngineProfile
@@ -35,7 +35,7 @@ class ConfigError(Exception):
     """A config file that cannot be read or does not validate; the message names the field."""
 
 
-class ProfileConfig(_Strict):
+class ProfileConfig(StrictModel):
     """A routing profile of your own, built from the registered filters and scorers."""
 
     name: str
@@ -44,7 +44,7 @@ class ProfileConfig(_Strict):
     """Scorer name -> positive weight (see policies/scorers.py for the registry)."""
 
 
-class RecordConfig(_Strict):
+class RecordConfig(StrictModel):
     """Live traffic written as a replayable trace (``gateway.traffic``; docs/replay.md)."""
 
     path: Path | None = None
@@ -64,7 +64,7 @@ class RecordConfig(_Strict):
         return TrafficRecorder(self.path, max_bytes=int(self.max_mb * (1 << 20)), keep=self.keep)
 
 
-class StateConfig(_Strict):
+class StateConfig(StrictModel):
     """Where sessions and slot leases live, and how long."""
 
     url: str | None = Field(None, pattern=r"^(redis|rediss|unix)://")
@@ -91,7 +91,7 @@ class StateConfig(_Strict):
     """Prompt tokens the prefix index tracks per backend (about 0.3 bytes each; oldest prompts out first)."""
 
 
-class AdminConfig(_Strict):
+class AdminConfig(StrictModel):
     """The admin dashboard at ``/admin`` and its JSON API under ``/admin/api/``."""
 
     token: SecretStr | None = None
@@ -105,7 +105,7 @@ class AdminConfig(_Strict):
     ids or e-mail addresses); unset: the dashboard shows each session by its own name."""
 
 
-class KeyConfig(_Strict):
+class KeyConfig(StrictModel):
     """One API key: its SHA-256 (``turnout keys hash``) or the key itself (hashed at load), its limits."""
 
     name: str
@@ -131,7 +131,7 @@ class KeyConfig(_Strict):
         return hashlib.sha256(self.key.get_secret_value().encode()).hexdigest()
 
 
-class AuthConfig(_Strict):
+class AuthConfig(StrictModel):
     """API keys for the agents' endpoints. No key: open (with a warning off loopback)."""
 
     keys: tuple[KeyConfig, ...] = ()
@@ -152,7 +152,7 @@ class AuthConfig(_Strict):
         return self.keys + extra
 
 
-class Limits(_Strict):
+class Limits(StrictModel):
     """Request limits enforced by the gateway."""
 
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)

@@ -14,11 +14,13 @@ from policies import Architecture, EngineKind
 from policies.engine_profile import EngineProfile, ProfileSchemaError
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A settings section: unknown keys are refused, and the values are frozen once read."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Timeouts(_Strict):
+class Timeouts(StrictModel):
     """Upstream timeouts in seconds."""
 
     connect: float = Field(5.0, gt=0)
@@ -36,7 +38,7 @@ class Timeouts(_Strict):
     """One probe request (health, metrics, slots)."""
 
 
-class CircuitConfig(_Strict):
+class CircuitConfig(StrictModel):
     """Circuit breaking (``backends.breaker``): a backend failing this many requests in a row gets
     none for a cool-down, then one trial; a failed trial doubles the cool-down, a success closes it."""
 
@@ -45,7 +47,7 @@ class CircuitConfig(_Strict):
     max_cool_down_s: float = Field(60.0, gt=0)
 
 
-class SimulatorConfig(_Strict):
+class SimulatorConfig(StrictModel):
     """How ``turnout replay`` simulates a backend (``turnout serve`` ignores it): the engine model's
     settings beyond what the deployments say (``backends.sim.SimConfig``; unset: its defaults)."""
 
@@ -64,7 +66,7 @@ class SimulatorConfig(_Strict):
     """llama.cpp ``--cache-ram`` (0 off, -1 no limit)."""
 
 
-class BackendConfig(_Strict):
+class BackendConfig(StrictModel):
     """One engine endpoint."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -111,7 +113,7 @@ class BackendConfig(_Strict):
         return profile
 
 
-class DeploymentConfig(_Strict):
+class DeploymentConfig(StrictModel):
     """Where a model is served: on which backend, under which upstream name, with which window."""
 
     backend: str
@@ -123,7 +125,7 @@ class DeploymentConfig(_Strict):
     quantization: str | None = None
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     """A model clients can ask for, and its deployments."""
 
     name: str
@@ -143,7 +145,7 @@ class ModelConfig(_Strict):
     deployments: tuple[DeploymentConfig, ...] = Field(min_length=1)
 
 
-class GroupConfig(_Strict):
+class GroupConfig(StrictModel):
     """A model group: one client-facing name over several models, the member chosen per request
     (docs/routing.md, "Model groups")."""
 

@@ -80,9 +80,9 @@ def consults_ram(match: SlotMatch, prompt_tokens: int) -> bool:
     shares no more than the similarity threshold with the prompt, or keeps less than half of what it
     holds (``f_keep < 0.5``). A slot holding a conversation that shares a long system prompt with
     this one is reused as it is, even when the RAM cache holds this conversation whole."""
-    return _consults(match.tokens, prompt_tokens, match.held)
+    return consults_ram_by_counts(match.tokens, prompt_tokens, match.held)
 
 
-def _consults(shared: int, prompt_tokens: int, held: int) -> bool:
+def consults_ram_by_counts(shared: int, prompt_tokens: int, held: int) -> bool:
     """``consults_ram`` for a slot holding ``held`` tokens, ``shared`` of them a prefix of the prompt."""
     return shared <= SIMILARITY_THRESHOLD * prompt_tokens or not held or shared < held / 2

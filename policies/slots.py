@@ -50,7 +50,7 @@ import msgspec
 from policies.learning import DeploymentStats
 from policies.pricing import prefill_s, ram_restore_s
 from policies.sessions import session_label
-from policies.slot_rules import SIMILARITY_THRESHOLD, _consults, consults_ram, usable
+from policies.slot_rules import SIMILARITY_THRESHOLD, consults_ram, consults_ram_by_counts, usable
 from policies.slot_rules import checkpoints_after as checkpoints_after
 from policies.slot_rules import ram_span as ram_span
 from policies.slot_rules import reuse as reuse
@@ -263,7 +263,7 @@ def _eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: i
     comes_back = float(0.5 ** (idle / (RECENCY_HALF_LIFE * situation.lease_idle_s)))
     deployment = situation.deployment
     mine = lease.tokens * stats.reuse.value
-    if _consults(held.tokens, lease.tokens, prompt):  # the holder's prompt against this one
+    if consults_ram_by_counts(held.tokens, lease.tokens, prompt):  # the holder's prompt against this one
         ram = lease.tokens * min(stats.ram_reuse.value, stats.reuse.value)
         lost = prefill_s(deployment, stats, mine - ram) + ram_restore_s(deployment, ram)
     else:

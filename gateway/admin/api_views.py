@@ -24,8 +24,8 @@ from gateway.admin.responses import (
     SESSIONS_SHOWN,
     Minutes,
     TimelineMinutes,
-    _identity,
-    _service,
+    identity_of,
+    service_of,
 )
 from gateway.admin.service import DECISION_FILTERS, AdminError, UnknownGroup
 from gateway.api.service import AdminPin, AdminProfile, WhatIfEdits
@@ -45,7 +45,7 @@ def _api_error(status: int, message: str) -> Response[bytes]:
 async def api_overview(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Every backend: health, load, slots and who holds them, learned rates beside their priors, and
     requests per minute, TTFT p50/p90 and cache-hit ratio over the last 5 and 60 minutes."""
-    return _json(await _service(state).overview())
+    return _json(await service_of(state).overview())
 
 
 @get("/decisions")
@@ -57,14 +57,14 @@ async def api_decisions(
     """The newest routing decisions, newest first: every candidate's prediction and the outcome;
     ``model``, ``backend``, ``session`` and ``status`` filter them."""
     values = {k: v for k, v in request.query_params.items() if k in DECISION_FILTERS}
-    return _json({"object": "list", "data": await _service(state).decisions(limit, values)})
+    return _json({"object": "list", "data": await service_of(state).decisions(limit, values)})
 
 
 @get("/decisions/{request_id:str}")
 async def api_decision(
     request: Request[Any, Any, Any], state: State, request_id: Annotated[str, PathParameter()]
 ) -> Response[bytes]:
-    entry = await _service(state).decision(request_id)
+    entry = await service_of(state).decision(request_id)
     return _json(entry) if entry is not None else _api_error(404, f"no decision {request_id} in the log")
 
 
@@ -72,7 +72,7 @@ async def api_decision(
 async def api_policy(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """The active profile, its filters and scorer weights, the profiles to switch to, which backends
     are drained, and every change made (who, from where, when)."""
-    return _json(_service(state).policy())
+    return _json(service_of(state).policy())
 
 
 def logged_in(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
@@ -82,9 +82,9 @@ def logged_in(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandle
 
 
 def _actor(request: Request[Any, Any, Any], state: State) -> Identity | Response[bytes]:
-    identity = _identity(request, state)
+    identity = identity_of(request, state)
     assert identity is not None  # the guard let it in
-    if not _service(state).auth.csrf_ok(identity, request):
+    if not service_of(state).auth.csrf_ok(identity, request):
         return _api_error(403, "missing or wrong x-csrf-token")
     return identity
 
@@ -108,7 +108,7 @@ async def api_series(
 ) -> Response[bytes]:
     """For the charts: per backend, each request's predicted and actual TTFT ``[at, predicted,
     actual]``, and the cache-hit ratio per minute ``[minute, ratio]``."""
-    return _json(await _service(state).series(minutes))
+    return _json(await service_of(state).series(minutes))
 
 
 @get("/bought")
@@ -117,7 +117,7 @@ async def api_bought(request: Request[Any, Any, Any], state: State) -> Response[
     sending every request there (its predicted TTFT at decision time, corrected by its median actual /
     predicted, less the measured one), in total and per hour, and the requests only another backend
     could take."""
-    return _json(await _service(state).bought())
+    return _json(await service_of(state).bought())
 
 
 @get("/predictions")
@@ -128,7 +128,7 @@ async def api_predictions(
 ) -> Response[bytes]:
     """Per backend over the last ``minutes``: actual / predicted TTFT (median, p90, per slice of the
     window), the scatter's points on log axes, and the learned rates beside their priors."""
-    return _json(await _service(state).predictions(minutes))
+    return _json(await service_of(state).predictions(minutes))
 
 
 @get("/slots")
@@ -141,14 +141,14 @@ async def api_slots(
     slot, each answered request a bar (its session, colour, whether it evicted a session or restored
     from the RAM cache, x and width on a 960-wide axis), labelled with the session that held it last;
     per vLLM backend its running and waiting requests as the probes saw them."""
-    return _json(await _service(state).slots(minutes))
+    return _json(await service_of(state).slots(minutes))
 
 
 @get("/whatif")
 async def api_whatif_form(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """What a what-if can replay: the recording, the backends as the replay simulates them (slots and
     windows as the engines reported them), the profiles."""
-    return _json(_service(state).whatif_form())
+    return _json(service_of(state).whatif_form())
 
 
 @post("/whatif", status_code=200)
@@ -165,7 +165,7 @@ async def api_whatif(request: Request[Any, Any, Any], state: State) -> Response[
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         return _api_error(400, f"send {{minutes, model, remove, copies, slots, windows}}: {exc}")
     try:
-        return _json(await _service(state).whatif(edits))
+        return _json(await service_of(state).whatif(edits))
     except whatif.WhatIfError as exc:
         return _api_error(409 if isinstance(exc, whatif.Busy) else 400, str(exc))
 
@@ -181,7 +181,7 @@ async def api_sessions(
     """Live sessions, most recent first: source, turns, backend and slot, tokens, time saved by reuse;
     ``q``: only those whose name or hash contains it, ``min_turns``: only those with as many turns
     (``hidden``: how many live sessions these filters left out)."""
-    found = await _service(state).sessions(limit, query=q, min_turns=min_turns)
+    found = await service_of(state).sessions(limit, query=q, min_turns=min_turns)
     return _json({"object": "list", **found})
 
 
@@ -190,7 +190,7 @@ async def api_session(
     request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
 ) -> Response[bytes]:
     """One session and its timeline: every turn, and where a turn's prefix broke and what it cost."""
-    session = await _service(state).session(label)
+    session = await service_of(state).session(label)
     return _json(session) if session is not None else _api_error(404, f"no live session {label}")
 
 
@@ -203,7 +203,7 @@ async def api_release(
     if isinstance(actor, Response):
         return actor
     try:
-        released = await _service(state).release(label, actor)
+        released = await service_of(state).release(label, actor)
     except AdminError as exc:
         return _api_error(404, str(exc))
     return _json({"released": [{"backend": b, "slot": s} for b, s in released]})
@@ -214,7 +214,7 @@ async def api_keys(request: Request[Any, Any, Any], state: State) -> Response[by
     """Per API key: its limits, requests and tokens in the last minute, running requests, and usage
     totals (requests that ended, their prompt, cached and completion tokens; since start, or with
     ``state.url`` kept in Redis for every replica). Names only, never keys."""
-    return _json({"object": "list", "data": await _service(state).core.access.usage()})
+    return _json({"object": "list", "data": await service_of(state).core.access.usage()})
 
 
 @post("/policy/profile", status_code=200)
@@ -228,10 +228,10 @@ async def api_switch_profile(request: Request[Any, Any, Any], state: State) -> R
     except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deep for the decoder
         return _api_error(400, 'send {"profile": "<name>"}')
     try:
-        await _service(state).switch_profile(body.profile, actor)
+        await service_of(state).switch_profile(body.profile, actor)
     except AdminError as exc:
         return _api_error(400, str(exc))
-    return _json(_service(state).policy())
+    return _json(service_of(state).policy())
 
 
 @post("/backends/{backend_id:str}/{action:str}", status_code=200)
@@ -246,10 +246,10 @@ async def api_drain(
     if isinstance(actor, Response):
         return actor
     try:
-        await _service(state).drain(backend_id, action == "drain", actor)
+        await service_of(state).drain(backend_id, action == "drain", actor)
     except AdminError as exc:
         return _api_error(404, str(exc))
-    return _json(_service(state).policy())
+    return _json(service_of(state).policy())
 
 
 @post("/groups/{group:str}/{action:str}", status_code=200)
@@ -271,10 +271,10 @@ async def api_pin(
         except (msgspec.DecodeError, RecursionError):
             return _api_error(400, 'send {"member": "<model>"}')
     try:
-        await _service(state).pin(group, member, actor)
+        await service_of(state).pin(group, member, actor)
     except AdminError as exc:
         return _api_error(404 if isinstance(exc, UnknownGroup) else 400, str(exc))
-    return _json(_service(state).policy())
+    return _json(service_of(state).policy())
 
 
 @post("/record/{action:str}", status_code=200)
@@ -287,10 +287,10 @@ async def api_record(
     if isinstance(actor, Response):
         return actor
     try:
-        _service(state).record(action == "start", actor)
+        service_of(state).record(action == "start", actor)
     except AdminError as exc:
         return _api_error(400, str(exc))
-    return _json(_service(state).policy())
+    return _json(service_of(state).policy())
 
 
 api_router = Router(

@@ -32,10 +32,12 @@ TimelineMinutes = Annotated[int, QueryParameter(ge=15, le=24 * 60)]
 """The slot timeline's window: 15 minutes to a day."""
 
 
-def _service(state: State) -> AdminService:
+def service_of(state: State) -> AdminService:
+    """The admin service the app was built with (``state.admin``)."""
     service: AdminService = state.admin
     return service
 
 
-def _identity(request: Request[Any, Any, Any], state: State) -> Identity | None:
-    return _service(state).auth.identify(request)
+def identity_of(request: Request[Any, Any, Any], state: State) -> Identity | None:
+    """Who made the request (the admin token as a bearer, or a signed-in browser's cookie), or None."""
+    return service_of(state).auth.identify(request)

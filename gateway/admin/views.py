@@ -25,8 +25,8 @@ from gateway.admin.responses import (
     SESSIONS_SHOWN,
     Minutes,
     TimelineMinutes,
-    _identity,
-    _service,
+    identity_of,
+    service_of,
 )
 from gateway.admin.service import DECISION_FILTERS
 
@@ -51,10 +51,10 @@ def _page(name: str, status: int = 200, **context: Any) -> Response[str]:
 async def _render(
     request: Request[Any, Any, Any], state: State, name: str, page: str, **context: Any
 ) -> Response[Any]:
-    identity = _identity(request, state)
+    identity = identity_of(request, state)
     if identity is None:
         return Redirect("/admin/login")
-    service = _service(state)
+    service = service_of(state)
     csrf = service.auth.csrf_token(identity.nonce) if identity.nonce else ""
     return _page(name, page=page, who=identity.who, csrf=csrf, profile=service.core.router.profile.name,
                  title=page, **context)  # fmt: skip
@@ -69,7 +69,7 @@ def login_form() -> Response[str]:
 async def login(
     state: State, data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
 ) -> Response[Any]:
-    auth = _service(state).auth
+    auth = service_of(state).auth
     if not auth.token_ok(data.get("token", "")):
         return _page("login.html", status=401, error="That is not the admin token.")
     response: Response[Any] = Redirect("/admin")
@@ -84,8 +84,8 @@ async def logout(
     state: State,
     data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
 ) -> Response[Any]:
-    identity = _identity(request, state)
-    auth = _service(state).auth
+    identity = identity_of(request, state)
+    auth = service_of(state).auth
     if identity is not None and identity.nonce and data.get("csrf") == auth.csrf_token(identity.nonce):
         response: Response[Any] = Redirect("/admin/login")
         response.delete_cookie(COOKIE, path="/admin")
@@ -103,7 +103,7 @@ def static(name: Annotated[str, PathParameter()]) -> Response[bytes]:
 
 @get("/", include_in_schema=False)
 async def overview_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    service = _service(state)
+    service = service_of(state)
     data = await service.overview(with_bought=True)
     return await _render(request, state, "overview.html", "overview", data=data, bought=data.pop("bought"))
 
@@ -111,7 +111,7 @@ async def overview_page(request: Request[Any, Any, Any], state: State) -> Respon
 @get("/decisions", include_in_schema=False)
 async def decisions_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     values = {k: v for k, v in request.query_params.items() if k in DECISION_FILTERS}
-    decisions = await _service(state).decisions(100, values)
+    decisions = await service_of(state).decisions(100, values)
     return await _render(request, state, "decisions.html", "decisions", decisions=decisions,
                          filters=DECISION_FILTERS, values=values)  # fmt: skip
 
@@ -120,9 +120,9 @@ async def decisions_page(request: Request[Any, Any, Any], state: State) -> Respo
 async def decision_page(
     request: Request[Any, Any, Any], state: State, request_id: Annotated[str, PathParameter()]
 ) -> Response[Any]:
-    if _identity(request, state) is None:  # before the lookup: a stranger learns nothing from a 404
+    if identity_of(request, state) is None:  # before the lookup: a stranger learns nothing from a 404
         return Redirect("/admin/login")
-    entry = await _service(state).decision(request_id)
+    entry = await service_of(state).decision(request_id)
     if entry is None:
         return _page("login.html", status=404, error=f"No decision {request_id} in the log.")
     return await _render(request, state, "decision.html", "decision", d=entry)
@@ -134,7 +134,7 @@ async def predictions_page(
     state: State,
     minutes: Minutes = 60,
 ) -> Response[Any]:
-    data = await _service(state).predictions(minutes)
+    data = await service_of(state).predictions(minutes)
     return await _render(request, state, "predictions.html", "predictions", data=data)
 
 
@@ -144,13 +144,13 @@ async def slots_page(
     state: State,
     minutes: TimelineMinutes = 60,
 ) -> Response[Any]:
-    data = await _service(state).slots(minutes)
+    data = await service_of(state).slots(minutes)
     return await _render(request, state, "slots.html", "slots", data=data)
 
 
 @get("/whatif", include_in_schema=False)
 async def whatif_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    return await _render(request, state, "whatif.html", "whatif", form=_service(state).whatif_form())
+    return await _render(request, state, "whatif.html", "whatif", form=service_of(state).whatif_form())
 
 
 @get("/sessions", include_in_schema=False)
@@ -160,7 +160,7 @@ async def sessions_page(
     q: Annotated[str, QueryParameter(max_length=256)] = "",
     min_turns: Annotated[int, QueryParameter(ge=0, le=1_000_000)] = PAGE_MIN_TURNS,
 ) -> Response[Any]:
-    found = await _service(state).sessions(SESSIONS_SHOWN, query=q, min_turns=min_turns)
+    found = await service_of(state).sessions(SESSIONS_SHOWN, query=q, min_turns=min_turns)
     return await _render(
         request, state, "sessions.html", "sessions", sessions=found, q=q, min_turns=min_turns
     )
@@ -170,9 +170,9 @@ async def sessions_page(
 async def session_page(
     request: Request[Any, Any, Any], state: State, label: Annotated[str, PathParameter()]
 ) -> Response[Any]:
-    if _identity(request, state) is None:
+    if identity_of(request, state) is None:
         return Redirect("/admin/login")
-    session = await _service(state).session(label)
+    session = await service_of(state).session(label)
     if session is None:
         return _page("login.html", status=404, error=f"No live session {label}.")
     return await _render(request, state, "session.html", "session", s=session)
@@ -180,7 +180,7 @@ async def session_page(
 
 @get("/policy", include_in_schema=False)
 async def policy_page(request: Request[Any, Any, Any], state: State) -> Response[Any]:
-    return await _render(request, state, "policy.html", "policy", p=_service(state).policy())
+    return await _render(request, state, "policy.html", "policy", p=service_of(state).policy())
 
 
 admin_router = Router(
