@@ -62,14 +62,13 @@ from collections.abc import Sequence
 
 from policies.learning import DeploymentStats, LearnedState
 from policies.pricing import decode_step_s, interleaved_decode_s, prefill_s
+from policies.slot_rules import ram_span, reuse
 from policies.slots import (
     DEFAULT_LEASE_IDLE_S,
     Situation,
     SlotOption,
     llama_options,
     proven,
-    ram_span,
-    reuse,
 )
 from policies.types import (
     BackendSnapshot,

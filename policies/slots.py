@@ -50,10 +50,14 @@ import msgspec
 from policies.learning import DeploymentStats
 from policies.pricing import prefill_s, ram_restore_s
 from policies.sessions import session_label
-from policies.slot_rules import SIMILARITY_THRESHOLD, consults_ram, consults_ram_by_counts, usable
-from policies.slot_rules import checkpoints_after as checkpoints_after
-from policies.slot_rules import ram_span as ram_span
-from policies.slot_rules import reuse as reuse
+from policies.slot_rules import (
+    SIMILARITY_THRESHOLD,
+    consults_ram,
+    consults_ram_by_counts,
+    ram_span,
+    reuse,
+    usable,
+)
 from policies.types import (
     Architecture,
     BackendSnapshot,

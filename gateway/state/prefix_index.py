@@ -10,7 +10,7 @@ Every finished request records its prompt's chain (``policies.prefix``: chained 
   held prefix of a new prompt is a binary search over its chain (chains are prefix-closed).
 - ``slots[backend][slot]``: the prompt last pinned to that llama.cpp slot, with the context
   checkpoints a hybrid slot holds (``Held.checkpoints``), rebuilt by llama-server's rules
-  (``policies.slots.checkpoints_after``) from each recorded prompt's token count and the engine's
+  (``policies.slot_rules.checkpoints_after``) from each recorded prompt's token count and the engine's
   ``cached`` count: checkpoints an earlier prompt left stay while later prompts reuse at least that
   much, so a slot that held a short chat turn still restores the checkpoint just past the shared
   system prompt. Turnout does not know what a slot loaded from the RAM cache holds: a prompt that
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import msgspec
 
 from policies.prefix import CHUNK_BYTES, PromptChain, PromptMark
-from policies.slots import checkpoints_after
+from policies.slot_rules import checkpoints_after
 from policies.types import PrefixMatch, SlotMatch
 
 ROOT = -1  # the tip key of prompts shorter than one chunk
