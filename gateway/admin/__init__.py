@@ -1,2 +1,4 @@
-"""The admin dashboard: ``/admin`` pages and ``/admin/api/`` JSON (``views``), who may use them
-(``auth``), and what they show and change (``service``). See docs/dashboard.md."""
+"""The admin dashboard: the ``/admin`` pages (``views``) and the ``/admin/api/`` JSON (``api_views``),
+what the two share (``responses``), who may use them (``auth``), what the pages show
+(``reads``: ``AdminReads``) and the actions they take (``service``: ``AdminService``). See
+docs/dashboard.md."""
