@@ -242,7 +242,7 @@ def test_a_slow_redis_costs_a_request_at_most_one_timeout(redis_server: RedisSer
     local state (no request fails; Redis is tried again once a second, not on every call), reports
     degraded, and returns once Redis is fast: /health alone finds it back, without traffic. (That
     Redis is tried at most once per retry period is counted, on a fake clock, in
-    tests/gateway/test_state.py.)"""
+    tests/gateway/test_state_resilient.py.)"""
     timeout_s = 2.0  # far above what a busy machine adds to a turn, so one timeout is told from several
     proxy = LatencyProxy(redis_server.port).start()
     running = start_stack(
