@@ -18,7 +18,7 @@ from backends.base import Adapter, BackendSpec, Documents, Poster
 from backends.breaker import Breaker
 from backends.clock import WALL, Clock
 from backends.history import LoadHistory
-from backends.inflight import InFlight, Load, Sent
+from backends.inflight import InFlight, Load, Own, Sent
 from backends.registry import create_adapter
 from backends.watchdog import Watchdog
 from policies.types import BackendSnapshot, EngineKind, Health
@@ -122,6 +122,10 @@ class Fleet:
         """Note a request sent (with routing's predictions); returns the token :meth:`end` takes."""
         self.breakers[request.backend_id].sent()
         return self._inflight.begin(request)
+
+    def own(self, backend_id: str) -> Own:
+        """This gateway's own requests open on ``backend_id`` (``InFlight.own``)."""
+        return self._inflight.own(backend_id)
 
     def prefilled(self, token: int) -> None:
         """The request's first byte arrived (its prompt is processed)."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import msgspec
 from msgspec.structs import replace
@@ -63,6 +64,8 @@ class Sent(msgspec.Struct, frozen=True):
     queue_s: float = 0.0
     prefill_s: float = 0.0
     interleaved_s: float = 0.0
+    prompt_tokens: int = 0
+    """Its prompt's tokens (the estimate), for the router's own count of what it sent (``own``)."""
 
     def prefill_left_s(self, now: float) -> float:
         """Seconds of prompt processing still to do: ``prefill_s``, worked off over its predicted
@@ -121,6 +124,19 @@ class Load(msgspec.Struct, frozen=True):
         return Load(self.backlog_at(at) + other.backlog_at(at), self.running + other.running, at)
 
 
+class Own(NamedTuple):
+    """Turnout's own requests open on one backend."""
+
+    requests: int
+    tokens: int
+    """Their prompt tokens."""
+    prefilling: int
+    """The prompt tokens of those without a first token yet."""
+
+
+NONE_OWN = Own(0, 0, 0)
+
+
 class InFlight:
     """Turnout's requests in flight and the slots they recently left (module docstring).
 
@@ -142,6 +158,8 @@ class InFlight:
         self._begun: dict[str, int] = {}  # per backend, requests that probe saw prefilling, past it since
         self._ended: dict[tuple[str, int], float] = {}
         self._tokens = itertools.count()
+        self._unprefilled: dict[int, int] = {}  # token -> prompt tokens, until its first token
+        self._own: dict[str, Own] = {}  # per backend: requests, their prompt tokens, those before a token
 
     def __bool__(self) -> bool:
         return bool(self._backend or self._ended or any(self._gone.values()))
@@ -157,13 +175,29 @@ class InFlight:
             self._slotted.setdefault(backend, {})[token] = request
         if request.started > self._probed_at.get(backend, -math.inf):
             self._newer[backend] = self._newer.get(backend, 0) + 1
+        self._unprefilled[token] = request.prompt_tokens
+        own = self._own.get(backend, NONE_OWN)
+        self._own[backend] = Own(
+            own.requests + 1, own.tokens + request.prompt_tokens, own.prefilling + request.prompt_tokens
+        )
         return token
+
+    def own(self, backend: str) -> Own:
+        """Turnout's own requests open on ``backend`` (what any router knows of its own traffic)."""
+        return self._own.get(backend, NONE_OWN)
+
+    def _first_token(self, token: int, backend: str) -> None:
+        tokens = self._unprefilled.pop(token, None)
+        if tokens is not None:
+            own = self._own[backend]
+            self._own[backend] = Own(own.requests, own.tokens, own.prefilling - tokens)
 
     def prefilled(self, token: int) -> None:
         """The request's first token arrived: its prompt is no longer part of the backlog."""
         backend = self._backend.get(token)
         if backend is None:
             return
+        self._first_token(token, backend)
         self._prefilling.get(backend, {}).pop(token, None)
         request = self._open[backend][token]
         if request.prefill_s > 0:
@@ -187,6 +221,9 @@ class InFlight:
         self._prefilling.get(backend, {}).pop(token, None)
         self._slotted.get(backend, {}).pop(token, None)
         request = self._open[backend].pop(token)
+        self._first_token(token, backend)
+        own = self._own[backend]
+        self._own[backend] = Own(own.requests - 1, own.tokens - request.prompt_tokens, own.prefilling)
         if request.started > self._probed_at.get(backend, -math.inf):
             self._newer[backend] -= 1
         elif backend in self._probed_at:

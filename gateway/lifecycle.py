@@ -35,11 +35,12 @@ from policies.features import FeatureError, ModelFacts, output_cap, request_feat
 log = structlog.get_logger(__name__)
 
 
-def in_flight(decision: Decision, now: float) -> Sent:
-    """The fleet's note of a request sent along ``decision`` at ``now``, with what was predicted for it."""
+def in_flight(decision: Decision, now: float, prompt_tokens: int = 0) -> Sent:
+    """The fleet's note of a request of ``prompt_tokens`` sent along ``decision`` at ``now``, with what
+    was predicted for it."""
     chosen = decision.chosen_candidate
     assert decision.chosen is not None
-    request = Sent(decision.chosen.backend_id, decision.slot, now)
+    request = Sent(decision.chosen.backend_id, decision.slot, now, prompt_tokens=prompt_tokens)
     if chosen is None or chosen.estimate is None:
         return request
     estimate = chosen.estimate
@@ -109,7 +110,8 @@ class Lifecycle:
                 upstream = adapter.prepare(endpoint, body, decision.chosen, named, slot=decision.slot)
                 # in flight from now: a queued llama.cpp stream sends no headers until a slot takes
                 # it, and requests routed meanwhile must see it waiting there
-                token = self.fleet.begin(in_flight(decision, self.fleet.clock.time()))
+                sent = in_flight(decision, self.fleet.clock.time(), routed.features.prompt_tokens)
+                token = self.fleet.begin(sent)
                 try:
                     relay = await self._send(adapter, upstream)
                 except UpstreamError as exc:

@@ -23,6 +23,7 @@ from gateway.decisions import moved
 from gateway.live import FollowUps, LiveSessions
 from gateway.refusals import too_long_everywhere
 from gateway.routed import Routed
+from gateway.router_views import RouterHistory
 from gateway.state import StateStore
 from gateway.traffic import TrafficRecorder
 from policies import Endpoint, Profile, RequestFeatures, route
@@ -122,6 +123,8 @@ class Router:
         self.live = LiveSessions(lease_idle_s)
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
         self.follow_ups = FollowUps()
+        self.history = RouterHistory()
+        """What this router's own traffic tells of each backend (the published routers' profiles read it)."""
         """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
 
     async def route(self, features: RequestFeatures, body: Mapping[str, Any]) -> Routed:
@@ -141,6 +144,7 @@ class Router:
     def absorb(self, outcome: Outcome, deployment: Deployment) -> None:
         """Learn from a finished request on ``deployment`` (what this replica shares with the others too)."""
         self.learned = learn(self.learned, outcome, deployment)
+        self.history.answered(outcome)
         if self.store.shared_by_replicas:
             self.own_learned = learn(self.own_learned, outcome, deployment)
 
@@ -225,9 +229,10 @@ class Router:
                 )
 
     async def _context(
-        self, session: SessionView | None, excluded: frozenset[str], chain: PromptChain
+        self, session: SessionView | None, excluded: frozenset[str], chain: PromptChain, history: bool
     ) -> tuple[Any, RoutingContext]:
         await self._forget_restarted()
+        now = self.clock.time()
         snapshots = [s for s in self.fleet.snapshots() if s.backend_id not in excluded]
         leases = {
             s.backend_id: await self.store.leases(s.backend_id)
@@ -249,6 +254,9 @@ class Router:
             pins=MappingProxyType(dict(self.pins)),
             live_sessions=self.live.count(self.clock.time()),
             follow_rate=self.follow_ups.rate,
+            routers={s.backend_id: self.history.view(self.fleet, s.backend_id, now) for s in snapshots}
+            if history
+            else MappingProxyType({}),
         )
         return snapshots, context
 
@@ -261,6 +269,8 @@ class Router:
     ) -> Routed:
         """Route, and hold the chosen slot for the session (re-routing if another request took it first)."""
         routed = await self._decide(features, session, excluded, overflowed)
+        if routed.decision.chosen is not None:
+            self.history.sent(routed.decision.chosen.backend_id, self.clock.time())
         move = moved(routed)
         if move is not None and session is not None:
             log.info("session.moved", session=session_label(session.key), **move)
@@ -280,24 +290,22 @@ class Router:
                 self.follow_ups.first_turn()
             elif session.turns == 1:
                 self.follow_ups.second_turn()
+        profile = self.group_profiles.get(features.model, self.profile) if features.members else self.profile
         for _ in range(CLAIM_ATTEMPTS):
-            snapshots, context = await self._context(session, excluded, features.chain)
-            profile = (
-                self.group_profiles.get(features.model, self.profile) if features.members else self.profile
-            )
+            snapshots, context = await self._context(session, excluded, features.chain, profile.history)
             decision = route(features, snapshots, profile, self.clock.time(), context)
-            chosen = decision.chosen_candidate
+            chosen, slot = decision.chosen_candidate, decision.slot  # slot: None when not pinned
             if (
                 chosen is None
                 or chosen.estimate is None
-                or chosen.estimate.slot is None
+                or slot is None
                 or session is None
                 or not proven(features, session)  # a first turn known by content only: pinned, not held
             ):
                 return Routed(decision, features, session, overflowed)
             claimed = await self.store.claim_slot(
                 chosen.deployment.backend_id,
-                chosen.estimate.slot,
+                slot,
                 session.key,
                 self.clock.time(),
                 chosen.estimate.evicts,
@@ -305,6 +313,6 @@ class Router:
             )
             if claimed:
                 if chosen.estimate.evicts is not None:
-                    log.info("slot.evicted", backend=chosen.deployment.backend_id, slot=chosen.estimate.slot)
+                    log.info("slot.evicted", backend=chosen.deployment.backend_id, slot=slot)
                 return Routed(decision, features, session, overflowed)
         return Routed(decision, features, session, overflowed)

@@ -10,6 +10,7 @@ from types import MappingProxyType
 import msgspec
 
 from policies.learning import LearnedState
+from policies.ledger import RouterView
 from policies.slots import DEFAULT_LEASE_IDLE_S
 from policies.types import PrefixMatch, SessionView, SlotLease
 
@@ -31,3 +32,6 @@ class RoutingContext(msgspec.Struct, frozen=True):
     by the gateway: ``gateway.live.FollowUps``); weighs a first turn's look-ahead while a slot is free."""
     pins: Mapping[str, str] = msgspec.field(default_factory=lambda: MappingProxyType({}))
     """Model group -> the one member an admin pinned it to (its other members get no requests)."""
+    routers: Mapping[str, RouterView] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    """Backend -> what the router's own traffic tells of it (``policies.ledger``: the published
+    routers' profiles read it)."""

@@ -32,6 +32,12 @@ class Profile(msgspec.Struct, frozen=True):
     reason: Reason  # the reason recorded when this profile picks among several candidates
     picker: str = "best-score"
     """How the winner is picked among the scored candidates (``policies.stages.PICKERS``)."""
+    pins_slots: bool = True
+    """Send a request to the llama.cpp slot the cost model chose (``id_slot``); False: let
+    llama-server pick one by its own prompt similarity, as a router that cannot see slots does."""
+    history: bool = False
+    """Reads the router's own traffic (``RoutingContext.routers``: the gateway gathers it only for
+    such profiles)."""
 
 
 def build_profile(
@@ -41,6 +47,8 @@ def build_profile(
     scorers: Mapping[str, float],
     reason: Reason = Reason.LEAST_LOADED,
     picker: str = "best-score",
+    pins_slots: bool = True,
+    history: bool = False,
 ) -> Profile:
     """Check names against the registries and return a :class:`Profile`."""
     if picker not in PICKERS:
@@ -58,7 +66,13 @@ def build_profile(
                 f"profile {name!r}: scorer {scorer_name!r} needs a positive weight, got {weight}"
             )
     return Profile(
-        name=name, filters=tuple(filters), scorers=tuple(scorers.items()), reason=reason, picker=picker
+        name=name,
+        filters=tuple(filters),
+        scorers=tuple(scorers.items()),
+        reason=reason,
+        picker=picker,
+        pins_slots=pins_slots,
+        history=history,
     )
 
 
@@ -82,3 +96,25 @@ BUILTIN_PROFILES: dict[str, Profile] = {
         reason=Reason.PREFERRED_ENGINE,
     ),
 }
+
+
+def _peer(name: str, picker: str, scorers: Mapping[str, float]) -> Profile:
+    """A published router's rules (``policies.peers``): its picker decides, from what the router sees;
+    it pins no llama.cpp slot. ``scorers``: its weighted scores (a picker that does not read them
+    still shows them in the decision log)."""
+    return build_profile(
+        name, scorers=scorers, reason=Reason.PEER_RULE, picker=picker, pins_slots=False, history=True
+    )
+
+
+PEER_PROFILES: dict[str, Profile] = {
+    "llm-d": _peer("llm-d", "max-score-random", {"epp-prefix": 3.0, "epp-queue": 2.0, "epp-kv": 2.0}),
+    "sglang-cache-aware": _peer("sglang-cache-aware", "sglang-cache-aware", {"least-busy": 1.0}),
+    "dynamo-kv": _peer("dynamo-kv", "max-score-random", {"dynamo-kv-cost": 1.0}),
+    "vllm-session": _peer("vllm-session", "vllm-session", {"least-busy": 1.0}),
+    "vllm-prefixaware": _peer("vllm-prefixaware", "vllm-prefixaware", {"epp-prefix": 1.0}),
+    "litellm-least-busy": _peer("litellm-least-busy", "litellm-least-busy", {"least-busy": 1.0}),
+    "litellm-latency": _peer("litellm-latency", "litellm-latency", {"least-busy": 1.0}),
+}
+"""The published routers users would otherwise run, as profiles (``policies.peers`` cites each source)."""
+BUILTIN_PROFILES.update(PEER_PROFILES)

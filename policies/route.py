@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from policies.context import RoutingContext
 from policies.cost import estimate
 from policies.filters import Candidate
+from policies.ledger import IDLE
 from policies.profiles import Profile
-from policies.scorers import SCORERS, CandidateView
+from policies.scorers import SCORERS
 from policies.slots import free_slot, keep_chance
 from policies.stages import PICKERS, stages
 from policies.types import (
@@ -26,6 +27,7 @@ from policies.types import (
     RequestFeatures,
     ScoredCandidate,
 )
+from policies.views import CandidateView
 
 __all__ = ["RoutingContext", "route"]
 
@@ -80,6 +82,8 @@ def route(
                 keep=keep,
                 follow=follow,
             ),
+            match=context.matches.get(snapshot.backend_id),
+            router=context.routers.get(snapshot.backend_id, IDLE),
         )
         for deployment, snapshot in candidates
     ]
@@ -93,6 +97,13 @@ def route(
         components = tuple(zip(names, values, strict=True))
         scored.append(ScoredCandidate(view.deployment, score / total_weight, components, view.estimate))
 
-    best, picked = PICKERS[profile.picker](features, scored)
+    best, picked = PICKERS[profile.picker](features, scored, views, context.sequence)
     reason = picked or (Reason.ONLY_CANDIDATE if len(scored) == 1 else profile.reason)
-    return Decision(profile.name, scored[best].deployment, reason, tuple(scored), tuple(rejected))
+    return Decision(
+        profile.name,
+        scored[best].deployment,
+        reason,
+        tuple(scored),
+        tuple(rejected),
+        pinned=profile.pins_slots,
+    )

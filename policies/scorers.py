@@ -20,18 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import msgspec
-
-from policies.types import BackendSnapshot, Deployment, EngineKind, Estimate, RequestFeatures
-
-
-class CandidateView(msgspec.Struct, frozen=True):
-    """A candidate as scorers see it: the deployment, its backend's snapshot, the cost estimate."""
-
-    deployment: Deployment
-    snapshot: BackendSnapshot
-    estimate: Estimate
-
+from policies.peers import PEER_SCORERS
+from policies.types import BackendSnapshot, EngineKind, RequestFeatures
+from policies.views import CandidateView
 
 Scorer = Callable[[RequestFeatures, Sequence[CandidateView], int], list[float]]
 
@@ -93,4 +84,5 @@ SCORERS: dict[str, Scorer] = {
     "round-robin": round_robin,
     "prefer-vllm": _prefer(EngineKind.VLLM),
     "prefer-llamacpp": _prefer(EngineKind.LLAMACPP),
+    **PEER_SCORERS,
 }

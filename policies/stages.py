@@ -10,11 +10,13 @@ drops (the decision log shows every one). Scored candidates then go to the profi
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from policies.context import RoutingContext
 from policies.filters import FILTERS, Candidate, FilterResult
+from policies.peers import PEER_PICKERS
 from policies.types import Deployment, Reason, Rejection, RequestFeatures, ScoredCandidate
+from policies.views import CandidateView, Pick
 
 Stage = Callable[[RequestFeatures, Sequence[Candidate], RoutingContext], FilterResult]
 
@@ -122,13 +124,17 @@ def stages(filters: tuple[str, ...]) -> tuple[tuple[str, Stage], ...]:
     return (*BEFORE_PROFILE, *((name, profile_filter(name)) for name in filters), *AFTER_PROFILE)
 
 
-Pick = tuple[int, Reason | None]
-"""The winner's index among the scored candidates, and the reason recorded for it (None: the
-profile's own)."""
-Picker = Callable[[RequestFeatures, Sequence[ScoredCandidate]], Pick]
+Picker = Callable[[RequestFeatures, Sequence[ScoredCandidate], Sequence[CandidateView], int], Pick]
+"""``(features, scored, views, sequence)``: the scored candidates, the same candidates as the scorers
+saw them (their snapshots, prefix matches and router views), and the request counter."""
 
 
-def best_score(features: RequestFeatures, scored: Sequence[ScoredCandidate]) -> Pick:
+def best_score(
+    features: RequestFeatures,
+    scored: Sequence[ScoredCandidate],
+    views: Sequence[CandidateView],
+    sequence: int,
+) -> Pick:
     """The highest score (ties: the first, in the order backends are configured); in a model group,
     its default member's best candidate unless another member scores ``features.prefer_default``
     better than it (the size concern's fallback: absent a floor, or when the default member meets it,
@@ -148,5 +154,5 @@ def best_score(features: RequestFeatures, scored: Sequence[ScoredCandidate]) -> 
     return best, None
 
 
-PICKERS: Mapping[str, Picker] = {"best-score": best_score}
-"""Pickers a profile may name (``Profile.picker``)."""
+PICKERS: dict[str, Picker] = {"best-score": best_score, **PEER_PICKERS}
+"""Pickers a profile may name (``Profile.picker``; the published routers' own: ``policies.peers``)."""

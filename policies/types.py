@@ -75,6 +75,7 @@ class Reason(StrEnum):
     BELOW_SIZE_FLOOR = "below-size-floor"
     PINNED = "group-pinned"
     DEFAULT_MEMBER = "default-member"
+    PEER_RULE = "peer-rule"  # chosen by a published router's rule (policies.peers)
 
 
 class SessionSource(StrEnum):
@@ -326,6 +327,8 @@ class Decision(msgspec.Struct, frozen=True):
     reason: Reason
     candidates: tuple[ScoredCandidate, ...] = ()
     rejected: tuple[Rejection, ...] = ()
+    pinned: bool = True
+    """The request goes to the chosen candidate's llama.cpp slot (False: the engine picks one)."""
 
     @property
     def chosen_candidate(self) -> ScoredCandidate | None:
@@ -336,7 +339,7 @@ class Decision(msgspec.Struct, frozen=True):
 
     @property
     def slot(self) -> int | None:
-        chosen = self.chosen_candidate
+        chosen = self.chosen_candidate if self.pinned else None
         return chosen.estimate.slot if chosen is not None and chosen.estimate is not None else None
 
     @property

@@ -80,6 +80,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.routed",
             "gateway.refusals",
             "gateway.decisions",
+            "gateway.router_views",
             "gateway.routing",
             "gateway.timeline",
             "gateway.replicas",

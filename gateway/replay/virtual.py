@@ -332,7 +332,8 @@ class GatewayReplay(World):
             return
         flight.backend = decision.chosen.backend_id
         flight.first_at = None
-        flight.token = self.fleet.begin(in_flight(decision, self.clock.time()))
+        sent = in_flight(decision, self.clock.time(), flight.routed.features.prompt_tokens)
+        flight.token = self.fleet.begin(sent)
         self.dispatch(flight, decision.slot)
 
     def first_token(self, flight: Flight) -> None:
