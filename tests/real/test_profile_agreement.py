@@ -5,11 +5,12 @@ Two agents, four turns each, alternating on a two-slot server; every turn its co
 whole blocks (``gateway.replay.synth``: the simulator tokens of each block, mapped one to one onto
 real token ids and sent as a token-id prompt, so both engines see the same token sequence). Per turn
 the cached tokens must match exactly (slot pinning, context checkpoints, the RAM cache: the engine
-model's rules against the engine's) and the TTFTs within 20% at the median (the profile's prices),
-widened by the engine's own spread over the repetitions when the machine is busy (``TOLERANCE``).
+model's rules against the engine's) and the TTFTs within 20% at the median (the profile's prices):
+a fixed bound (``TOLERANCE``), never widened by how much the engine disagreed with itself.
 
-On a shared machine another job only ever adds time, and not evenly: the real trace runs ``REPEATS``
-times (each on blocks of its own, so every repetition starts cold) in turns with a calibration, each
+On a shared machine another job only ever adds time, and not evenly, so the test repeats to beat the
+noise: the real trace runs ``REPEATS`` times in turns with a calibration (whose prompts take the
+slots between two runs; the test checks every run reused the same tokens at the same turns), each
 turn's fastest TTFT counts, and the profile is fitted to each point's fastest over the calibrations.
 """
 
@@ -48,9 +49,8 @@ MODEL = "m"
 GAP_S = 1.0
 REPEATS = 3
 TOLERANCE = 0.2
-"""The median TTFT error allowed (issue #27), plus however much the engine disagreed with itself over
-the repetitions: on an idle machine a few percent, on one whose cores another job keeps busy far more
-(a model cannot be held closer to an engine than the engine is to itself)."""
+"""The median TTFT error allowed (docs/calibrate.md: "within 20%"), whatever the machine's load: the
+engine's own spread over the runs is printed beside it, and never widens it."""
 
 
 def agent_trace(repeat: int = 0) -> list[TraceRequest]:
@@ -172,5 +172,6 @@ def test_the_profile_predicts_each_turn_of_the_real_engine(
     assert len(errors) == len(requests)
     # how far the engine disagreed with itself: each turn's slowest repetition over its fastest
     noise = statistics.median(max(run[i][0] for run in runs) / real[i][0] - 1 for i in range(len(requests)))
-    print(f"median error {statistics.median(errors):.1%}, the engine's own spread {noise:.1%}")
-    assert statistics.median(errors) <= TOLERANCE + noise, errors
+    median = statistics.median(errors)
+    print(f"median error {median:.1%} (bound {TOLERANCE:.0%}); the engine's own spread {noise:.1%}")
+    assert median <= TOLERANCE, errors
