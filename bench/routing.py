@@ -47,8 +47,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from routing_report import markdown, targets
-from routing_workloads import MODEL, MOONCAKE, REPO, SEEDS, WORKLOADS, Workload
+from routing_report import markdown, targets, with_best_peer
+from routing_workloads import MODEL, MOONCAKE, PEERS, REPO, SEEDS, WORKLOADS, Workload
 
 from gateway.logging import configure_logging
 from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
@@ -101,6 +101,7 @@ def run(workload: Workload, quick: bool, jobs: int = 1) -> dict[str, Any]:
     meta = {
         "workload": workload.name,
         "scaling": workload.scaling,
+        "homogeneous": workload.homogeneous,
         "requests": len(requests),
         "rate": round(rate, 6),
         "simulated_s": round(max(runs.simulated_s.values()), 1),
@@ -132,6 +133,7 @@ def _pooled(workload: Workload, jobs: int) -> dict[str, Any]:
     meta = {
         "workload": workload.name,
         "scaling": workload.scaling,
+        "homogeneous": workload.homogeneous,
         "draws": SEEDS,
         "requests": sum(len(d.trace) for d in draws),
         "rate": 1.0,
@@ -142,6 +144,11 @@ def _pooled(workload: Workload, jobs: int) -> dict[str, Any]:
     print(f"  {workload.name}: {SEEDS} draws in {meta['wall_s']} wall s", file=sys.stderr)
     out = pooled_report(draws, meta)
     out["seeds"] = [round(_mean_ttft(d.runs["cost"]) / _mean_ttft(d.runs[ORACLE]), 4) for d in draws]
+    peers = [p for p in workload.profiles if p in PEERS]
+    if peers:  # cost / the draw's best peer, mean TTFT
+        out["peer_seeds"] = [
+            round(_mean_ttft(d.runs["cost"]) / min(_mean_ttft(d.runs[p]) for p in peers), 4) for d in draws
+        ]
     return out
 
 
@@ -189,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"{workload.name}: {workload.scaling}", file=sys.stderr)
         results[workload.name] = run(workload, args.quick, args.jobs)
-        print(table(results[workload.name]["profiles"]))
+        print(table(with_best_peer(results[workload.name]["profiles"])))
     text = markdown(results, args.quick)
     print("\n".join(targets(results, args.quick)))
     if args.json is not None:

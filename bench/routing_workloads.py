@@ -12,15 +12,22 @@ from pathlib import Path
 
 from gateway.replay.generate import agent_trace, chat_trace, contention_trace, mixed_trace, without_sessions
 from gateway.replay.traces import TraceRequest, read_trace
+from policies.profiles import PEER_PROFILES
 
 REPO = Path(__file__).resolve().parents[1]
 MOONCAKE = REPO.parent / "shared" / "traces" / "mooncake-conversation.jsonl"
 SIXTEEN = REPO / "bench" / "fleets" / "sixteen.toml"
-PROFILES = ("cost", "least-loaded", "prefer-vllm", "prefer-llamacpp", "round-robin")
-CONTENTION_PROFILES = ("cost", "prefer-vllm", "prefer-llamacpp", "least-loaded")
+EIGHT_VLLM = REPO / "bench" / "fleets" / "eight-vllm.toml"
+EIGHT_LLAMA = REPO / "bench" / "fleets" / "eight-llama.toml"
+PEERS = tuple(PEER_PROFILES)
+"""The published routers (``policies.peers``): every row replays them beside ``cost``."""
+PROFILES = ("cost", "least-loaded", "prefer-vllm", "prefer-llamacpp", "round-robin", *PEERS)
+CONTENTION_PROFILES = ("cost", "prefer-vllm", "prefer-llamacpp", "least-loaded", *PEERS)
 CONTENTION_AGENTS = (1, 2, 4, 8)
 MOONCAKE_LOAD = 0.7
-MOONCAKE_PROFILES = ("cost", "least-loaded", "prefer-vllm")
+MOONCAKE_PROFILES = ("cost", "least-loaded", "prefer-vllm", *PEERS)
+HOMOGENEOUS_PROFILES = ("cost", "least-loaded", "round-robin", *PEERS)
+"""On one engine kind "prefer-vllm" / "prefer-llamacpp" mean nothing: the peers' home ground."""
 """Not prefer-llamacpp: at 70% of both engines' capacity llama.cpp alone (31% of it) is loaded 2.2x,
 its queue grows for the whole trace (hours of TTFT) and its replay takes many minutes to say so."""
 MODEL = "replay"
@@ -40,6 +47,8 @@ class Workload:
     """Set the arrival rate so the prompts are this share of the fleet's prefill capacity."""
     seeded: Callable[[int], list[TraceRequest]] | None = None
     """The same workload drawn with another seed (``SEEDS``; None: a recorded trace, one draw)."""
+    homogeneous: bool = False
+    """One engine kind only (issue #45: where the published routers are at home)."""
 
 
 def _mooncake(quick: bool) -> list[TraceRequest]:
@@ -115,6 +124,51 @@ WORKLOADS = (
         load=MOONCAKE_LOAD,
     ),
     *_contention_workloads(),
+    Workload(
+        "chat-8vllm",
+        "the chat workload at 8x the rate (800 requests over 60 s) on 8 vLLM replicas, a dense model, "
+        "prefix caching on",
+        lambda quick: chat_trace(requests=160 if quick else 800, duration=60.0, seed=0, model=MODEL),
+        profiles=HOMOGENEOUS_PROFILES,
+        fleet=EIGHT_VLLM,
+        seeded=lambda seed: chat_trace(requests=800, duration=60.0, seed=seed, model=MODEL),
+        homogeneous=True,
+    ),
+    Workload(
+        "mixed-8vllm",
+        "16 agents x 16 turns (4k -> 60k) + 640 chat requests over 60 s on 8 vLLM replicas, a dense "
+        "model, prefix caching on",
+        lambda quick: mixed_trace(
+            agents=16, turns=6 if quick else 16, requests=240 if quick else 640, seed=0, model=MODEL
+        ),
+        profiles=HOMOGENEOUS_PROFILES,
+        fleet=EIGHT_VLLM,
+        seeded=lambda seed: mixed_trace(agents=16, turns=16, requests=640, seed=seed, model=MODEL),
+        homogeneous=True,
+    ),
+    Workload(
+        "mooncake-8vllm",
+        f"the Mooncake conversation trace at {MOONCAKE_LOAD:.0%} of 8 vLLM replicas' prefill capacity "
+        "(a dense model, prefix caching on)",
+        _mooncake,
+        profiles=HOMOGENEOUS_PROFILES,
+        fleet=EIGHT_VLLM,
+        load=MOONCAKE_LOAD,
+        homogeneous=True,
+    ),
+    *(
+        Workload(
+            f"contention-{agents}-8llama",
+            f"{agents} agents x 12 turns on 8 llama-servers of 2 slots ({agents // 16 or 1} a slot), 6k "
+            "shared system prompt, +1.2k-3.8k tokens a turn, one-shots every ~7 s; x-session-id given",
+            _contention(agents, True),
+            profiles=HOMOGENEOUS_PROFILES,
+            fleet=EIGHT_LLAMA,
+            seeded=_contention_seeded(agents, True),
+            homogeneous=True,
+        )
+        for agents in (16, 32)
+    ),
     Workload(
         "fleet-16",
         "32 agents x 12 turns + one-shots every ~1 s on 16 backends (4 vLLM, 12 llama.cpp x 2 slots)",
