@@ -47,7 +47,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from routing_report import markdown, targets, with_best_peer
+from routing_peers import with_best_peer
+from routing_report import markdown, targets
 from routing_workloads import MODEL, MOONCAKE, PEERS, REPO, SEEDS, WORKLOADS, Workload
 
 from gateway.logging import configure_logging

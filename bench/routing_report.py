@@ -10,14 +10,15 @@ import datetime as dt
 import os
 import platform
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from routing_workloads import MODEL, PEERS, SEEDS, WORKLOADS
+from routing_peers import peer_seed_target, peer_targets, with_best_peer
+from routing_text import ratio, verdict
+from routing_workloads import MODEL, SEEDS, WORKLOADS
 
 from backends.sim.prefix_cache import add_checkpoints, llama_reuse
 from gateway.replay.report import LONG_PROMPT_TOKENS, LOWER_BOUND, table
-from gateway.replay.results import ORACLE as ORACLE_ROW
 from gateway.replay.synth import prompt_tokens
 from gateway.replay.traces import TraceRequest, with_model
 from gateway.replay.virtual import ANSWER_TOKEN, OVERHEAD_S
@@ -26,14 +27,6 @@ from gateway.replay.workstation import StackOptions
 SINGLE_ENGINE = ("prefer-vllm", "prefer-llamacpp")
 VS_ORACLE = 1.10
 AGENT_LONG_SPEEDUP = 10.0
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}x" if a is not None and b else "n/a"
-
-
-def _verdict(ok: bool) -> str:
-    return "MET" if ok else "MISSED"
 
 
 def row_targets(name: str, profiles: dict[str, Any]) -> list[str]:
@@ -46,8 +39,8 @@ def row_targets(name: str, profiles: dict[str, Any]) -> list[str]:
     ok_oracle = mean <= VS_ORACLE * oracle["ttft_mean_s"]
     why = [f"oracle {oracle['ttft_mean_s']:.3f} s"] if not ok_oracle else []
     line = (
-        f"- {name}: cost mean TTFT {mean:.3f} s = {_ratio(mean, oracle['ttft_mean_s'])} the oracle "
-        f"(<= {VS_ORACLE:.2f}x): {_verdict(ok_oracle)}"
+        f"- {name}: cost mean TTFT {mean:.3f} s = {ratio(mean, oracle['ttft_mean_s'])} the oracle "
+        f"(<= {VS_ORACLE:.2f}x): {verdict(ok_oracle)}"
     )
     if singles:  # one engine kind only: no single-engine profile to beat
         best_mean = min(s["ttft_mean_s"] for s in singles)
@@ -57,87 +50,13 @@ def row_targets(name: str, profiles: dict[str, Any]) -> list[str]:
             why.append(f"best single engine mean {best_mean:.3f} s, p90 {best_p90:.3f} s")
         line += (
             f"; <= the best single engine's mean and p90 ({mean:.3f} / {p90:.3f} s vs {best_mean:.3f} / "
-            f"{best_p90:.3f} s): {_verdict(ok_single)}"
+            f"{best_p90:.3f} s): {verdict(ok_single)}"
         )
     return [
         line
         + (f" (lower bound {bound:.3f} s)" if bound else "")
         + (f"; behind: {', '.join(why)}" if why else "")
     ]
-
-
-BEST_PEER = "best peer"
-VS_PEER = 0.8
-"""``cost``'s mean TTFT against the best published router's, on a heterogeneous row (issue #45)."""
-PEER_DRAW_SLACK = 1.10
-"""No draw where the best peer's mean TTFT beats ``cost``'s by more than 10%."""
-LOWER_IS_BETTER = (
-    "errors", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_mean_long_s", "completion_mean_s",
-    "session_completion_mean_s", "prefill_amplification",
-)  # fmt: skip
-HIGHER_IS_BETTER = ("throughput_tok_s", "cache_hit_ratio")
-
-
-def best_peer(profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Per metric, the best value any published router's profile reached on this row (each metric's
-    best may be another peer's)."""
-    peers = [profiles[p] for p in PEERS if p in profiles and profiles[p].get("requests")]
-    if not peers:
-        return None
-    out: dict[str, Any] = {"requests": peers[0]["requests"]}
-    for keys, best in ((LOWER_IS_BETTER, min), (HIGHER_IS_BETTER, max)):
-        for key in keys:
-            values = [p[key] for p in peers if p.get(key) is not None]
-            out[key] = best(values) if values else None
-    return out
-
-
-def with_best_peer(profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """The row's profiles with a ``best peer`` line before the oracle's."""
-    best = best_peer(profiles)
-    out: dict[str, Mapping[str, Any]] = {}
-    for name, summary in profiles.items():
-        if name == ORACLE_ROW and best is not None:
-            out[BEST_PEER] = best
-        out[name] = summary
-    return out
-
-
-def peer_targets(name: str, profiles: Mapping[str, Mapping[str, Any]], homogeneous: bool) -> list[str]:
-    """``cost`` against the best peer on mean and p90 TTFT (the targets: at most ``VS_PEER`` of its
-    mean where vLLM and llama.cpp serve side by side, no more than it on one engine kind) and session
-    completion."""
-    best = best_peer(profiles)
-    if best is None:
-        return []
-    cost = profiles["cost"]
-    peers = [p for p in PEERS if p in profiles and profiles[p].get("requests")]
-    leader = min(peers, key=lambda p: profiles[p]["ttft_mean_s"])
-    mean, p90 = cost["ttft_mean_s"], cost["ttft_p90_s"]
-    bound = 1.0 if homogeneous else VS_PEER
-    ok = mean <= bound * best["ttft_mean_s"] and p90 <= best["ttft_p90_s"]
-    session = cost.get("session_completion_mean_s")
-    peer_session = best.get("session_completion_mean_s")
-    return [
-        f"  - against the best peer ({leader} on mean TTFT): cost mean {mean:.3f} s = "
-        f"{_ratio(mean, best['ttft_mean_s'])} its {best['ttft_mean_s']:.3f} s (<= {bound:.1f}x), p90 "
-        f"{p90:.3f} s vs {best['ttft_p90_s']:.3f} s (no worse): {_verdict(ok)}"
-        + (
-            f"; session completion {_ratio(session, peer_session)} the best peer's"
-            if session and peer_session
-            else ""
-        )
-    ]
-
-
-def peer_seed_target(ratios: Sequence[float]) -> str:
-    """Per draw, ``cost`` / the draw's best peer on mean TTFT: no draw above ``PEER_DRAW_SLACK``."""
-    worst = max(range(len(ratios)), key=lambda i: ratios[i])
-    ok = ratios[worst] <= PEER_DRAW_SLACK
-    return (
-        f"  - per draw, cost / best peer mean TTFT: geometric mean {statistics.geometric_mean(ratios):.2f}x, "
-        f"worst {ratios[worst]:.2f}x (seed {worst}; no draw above {PEER_DRAW_SLACK:.2f}x): {_verdict(ok)}"
-    )
 
 
 def seed_target(ratios: Sequence[float]) -> str:
@@ -195,7 +114,7 @@ def agent_target(results: dict[str, dict[str, Any]], quick: bool) -> str:
     speedup = long_v / long_c if long_c and long_v else 0.0
     line = (
         f"- agent, prompts >= 30k: prefer-vllm / cost mean TTFT = {speedup:.1f}x "
-        f"(target >= {AGENT_LONG_SPEEDUP:.0f}x): {_verdict(speedup >= AGENT_LONG_SPEEDUP)}"
+        f"(target >= {AGENT_LONG_SPEEDUP:.0f}x): {verdict(speedup >= AGENT_LONG_SPEEDUP)}"
     )
     if speedup >= AGENT_LONG_SPEEDUP:
         return line
