@@ -49,7 +49,7 @@ from typing import Any
 
 from routing_peers import with_best_peer
 from routing_report import markdown, targets
-from routing_workloads import MODEL, MOONCAKE, PEERS, REPO, SEEDS, WORKLOADS, Workload
+from routing_workloads import MODEL, MOONCAKE, PEERS, REPO, SCHEDULES, SEEDS, WORKLOADS, Workload
 
 from gateway.logging import configure_logging
 from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
@@ -97,7 +97,13 @@ def run(workload: Workload, quick: bool, jobs: int = 1) -> dict[str, Any]:
         requests = with_rate(requests, rate)
     started = time.monotonic()
     runs = simulate(
-        requests, workload.profiles, settings_for, MODEL, VirtualOptions(), on_done=_progress(workload.name)
+        requests,
+        workload.profiles,
+        settings_for,
+        MODEL,
+        VirtualOptions(),
+        schedules=SCHEDULES,
+        on_done=_progress(workload.name),
     )
     meta = {
         "workload": workload.name,
@@ -118,7 +124,9 @@ def _draw_of(name: str, seed: int) -> tuple[Draw, dict[str, float], dict[str, fl
     workload = next(w for w in WORKLOADS if w.name == name)
     assert workload.seeded is not None
     requests = with_model(workload.seeded(seed), MODEL)
-    runs = simulate(requests, workload.profiles, _settings_for(workload), MODEL, VirtualOptions())
+    runs = simulate(
+        requests, workload.profiles, _settings_for(workload), MODEL, VirtualOptions(), schedules=SCHEDULES
+    )
     return Draw(runs.runs, requests, runs.bounds), runs.simulated_s, runs.wall_s
 
 

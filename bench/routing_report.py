@@ -149,6 +149,12 @@ NOTES = """\
   make. `best peer` is, per column, the best value any of them reached (another peer's, column to
   column); the targets compare `cost` with it on mean and p90 TTFT (the best single peer on the mean
   is named), and per draw with each draw's best peer.
+- **`best-schedule` (issue #45).** The greedy oracle is beaten on several rows, so it bounds nothing.
+  `best-schedule` is the best (lowest mean TTFT) of the oracle's own schedule and 8 sampled hindsight
+  schedules (`virtual_oracle.SampledOracleReplay`: each request's place drawn with probability
+  proportional to exp(-(score - best) / (0.25 x best)) over the oracle's scores, seeds 1-8): a
+  yardstick at or below the oracle, found by search, not a proof of optimality. The targets say how
+  much of the gap from the best peer to it `cost` closes. `lower-bound` stays: each request alone.
 
 - **Virtual time (issue #26).** Every run is in simulated time: the clients, turnout's own
   request path (routing, learning, the prefix index, slot leases, the in-flight overlay) and the

@@ -33,6 +33,8 @@ its queue grows for the whole trace (hours of TTFT) and its replay takes many mi
 MODEL = "replay"
 SEEDS = 32
 """Draws of each generated workload pooled into its row (bench/routing.py's module docstring)."""
+SCHEDULES = 8
+"""Sampled hindsight schedules per run; the best of them and the oracle's is ``best-schedule``."""
 
 
 @dataclass(frozen=True)

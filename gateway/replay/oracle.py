@@ -116,20 +116,32 @@ def score(candidate: Candidate, horizon: Horizon, evicted: Horizon | None, engin
     return value
 
 
+def scores(
+    candidates: Sequence[Candidate],
+    horizon: Horizon,
+    owners: Mapping[tuple[str, int], Horizon | None],
+    engines: Engines,
+) -> list[float]:
+    """Every candidate's score; ``owners`` maps a llama.cpp (backend, slot) to the horizon of the other
+    conversation whose turn last ran there (None: its own, or none)."""
+    out = []
+    for candidate in candidates:
+        slot = candidate.slot
+        evicted = owners.get((candidate.backend, slot)) if slot is not None else None
+        out.append(score(candidate, horizon, evicted, engines))
+    return out
+
+
 def choose(
     candidates: Sequence[Candidate],
     horizon: Horizon,
     owners: Mapping[tuple[str, int], Horizon | None],
     engines: Engines,
 ) -> Candidate | None:
-    """The lowest-scoring candidate; ``owners`` maps a llama.cpp (backend, slot) to the horizon of
-    the other conversation whose turn last ran there (None: its own, or none)."""
+    """The lowest-scoring candidate (the first on a tie)."""
     best: Candidate | None = None
     best_score = math.inf
-    for candidate in candidates:
-        slot = candidate.slot
-        evicted = owners.get((candidate.backend, slot)) if slot is not None else None
-        value = score(candidate, horizon, evicted, engines)
+    for candidate, value in zip(candidates, scores(candidates, horizon, owners, engines), strict=True):
         if value < best_score:
             best, best_score = candidate, value
     return best

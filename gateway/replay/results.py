@@ -12,6 +12,8 @@ from gateway.replay.traces import BLOCK_TOKENS, TraceRequest
 
 ORACLE = "oracle"
 """The name a report gives the oracle's run."""
+BEST_SCHEDULE = "best-schedule"
+"""The name of the best of the oracle's schedule and its sampled ones (``simulate``'s ``schedules``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@ profile, and each decision sees the engines as the previous one left them.
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Mapping, Sequence
 
 from backends.sim import SimConfig
@@ -16,7 +18,7 @@ from backends.sim.llama_engine import LlamaEngine
 from backends.sim.task import SimTask
 from backends.sim.vllm_engine import VllmEngine
 from backends.sim.whatif import whatif_slots, whatif_vllm
-from gateway.replay.oracle import Candidate, choose, engines_of, horizons, owners
+from gateway.replay.oracle import Candidate, choose, engines_of, horizons, owners, scores
 from gateway.replay.traces import TraceRequest, conversations
 from gateway.replay.virtual import DEFAULT_OPTIONS, Flight, VirtualOptions, World, answer_of
 
@@ -48,10 +50,14 @@ class OracleReplay(World):
             found += [Candidate(name, o.slot, o.ttft_s, o.cached_tokens) for o in options if o.fits]
         return found
 
+    def pick(self, index: int, found: list[Candidate]) -> Candidate | None:
+        """Where request ``index`` goes among ``found`` (the greedy oracle: the lowest score)."""
+        places = owners(self.slot_owner, self.conversation, self.horizons, index)
+        return choose(found, self.horizons[index], places, self.pricing)
+
     def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
         found = self.candidates(tokens, request.max_tokens)
-        places = owners(self.slot_owner, self.conversation, self.horizons, index)
-        pick = choose(found, self.horizons[index], places, self.pricing)
+        pick = self.pick(index, found)
         if pick is None:
             self.fail(index, self.clock.now, "fits on no engine")
             return
@@ -59,3 +65,38 @@ class OracleReplay(World):
             self.slot_owner[pick.backend, pick.slot] = index
         task = SimTask(f"r{index}", tokens, answer_of(request))
         self.dispatch(Flight(index, self.clock.now, pick.backend, task), pick.slot)
+
+
+TEMPERATURE = 0.25
+"""How far a sampled schedule strays: a candidate 25% worse than the best is e^-1 as likely."""
+
+
+class SampledOracleReplay(OracleReplay):
+    """The oracle with its choices drawn instead of always the lowest score: each candidate with
+    probability proportional to ``exp(-(score - best) / (temperature * best))`` (a random generator
+    seeded with ``seed``). One draw is one hindsight schedule; the best of several and the greedy one
+    (``simulate``'s ``schedules``) is a yardstick the greedy oracle cannot reach when a choice that
+    looks worse now pays off later (a slot kept free, a queue left short)."""
+
+    def __init__(
+        self,
+        requests: Sequence[TraceRequest],
+        configs: Mapping[str, SimConfig],
+        options: VirtualOptions = DEFAULT_OPTIONS,
+        *,
+        seed: int,
+        temperature: float = TEMPERATURE,
+    ) -> None:
+        super().__init__(requests, configs, options)
+        self.random = random.Random(seed)
+        self.temperature = temperature
+
+    def pick(self, index: int, found: list[Candidate]) -> Candidate | None:
+        if not found:
+            return None
+        places = owners(self.slot_owner, self.conversation, self.horizons, index)
+        values = scores(found, self.horizons[index], places, self.pricing)
+        best = min(values)
+        scale = self.temperature * max(best, 1e-9)
+        weights = [math.exp(-(v - best) / scale) for v in values]
+        return self.random.choices(found, weights=weights)[0]
