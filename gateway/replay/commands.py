@@ -104,6 +104,12 @@ def add_replay_parser(commands: Any) -> None:
         "--profile", action="append", default=None, help="routing profile (repeatable; default: cost)"
     )
     replay.add_argument("--no-oracle", action="store_true", help="skip the hindsight oracle run")
+    replay.add_argument(
+        "--schedules",
+        type=int,
+        default=0,
+        help="virtual only: N sampled hindsight schedules too; the best (or the oracle's) is best-schedule",
+    )
     replay.add_argument("--json", type=Path, default=None, help="write the JSON report here")
     replay.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     replay.add_argument(
@@ -172,8 +178,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from gateway.replay.traces import TraceError, last_minutes, read_trace, scale_tokens, with_model
     from policies import BUILTIN_PROFILES
 
-    if args.clock == "wall" and (args.backends is not None or args.overhead_ms is not None):
-        return _usage("--backends and --overhead-ms apply to --clock virtual only")
+    if args.clock == "wall" and (args.backends is not None or args.overhead_ms is not None or args.schedules):
+        return _usage("--backends, --overhead-ms and --schedules apply to --clock virtual only")
+    if args.schedules < 0:
+        return _usage("--schedules must be 0 or more")
     profiles = args.profile or list(DEFAULT_PROFILES)
     known = list(BUILTIN_PROFILES)
     if args.backends is not None:  # and the profiles its config defines
@@ -268,6 +276,7 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
         model,
         options,
         oracle=not args.no_oracle,
+        schedules=args.schedules,
         on_done=done,
     )
     meta = {

@@ -3,12 +3,18 @@ hindsight schedules (``SampledOracleReplay``), never worse than the oracle, the 
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
+import pytest
+
+from gateway.cli import main
 from gateway.replay.fleets import default_fleet, sim_configs
 from gateway.replay.generate import mixed_trace
 from gateway.replay.results import BEST_SCHEDULE, ORACLE, Result
 from gateway.replay.simulate import simulate
+from gateway.replay.traces import write_trace
 from gateway.replay.virtual import VirtualOptions
 from gateway.replay.virtual_oracle import OracleReplay, SampledOracleReplay
 
@@ -43,3 +49,16 @@ def test_the_best_schedule_is_at_or_below_the_oracle_and_reproducible() -> None:
     assert set(first) == {"cost", ORACLE, BEST_SCHEDULE}  # the sampled runs fold into one
     assert mean_ttft(first[BEST_SCHEDULE]) <= mean_ttft(first[ORACLE])
     assert [r.ttft_s for r in first[BEST_SCHEDULE]] == [r.ttft_s for r in second[BEST_SCHEDULE]]
+
+
+def test_turnout_replay_reports_the_best_schedule_in_virtual_time_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "mixed.jsonl"
+    with trace.open("w") as handle:
+        write_trace(TRACE, handle)
+    out = tmp_path / "report.json"
+    assert main(["replay", str(trace), "--schedules", "2", "--json", str(out)]) == 0
+    assert BEST_SCHEDULE in json.loads(out.read_text())["profiles"]
+    assert main(["replay", str(trace), "--clock", "wall", "--schedules", "2"]) == 2
+    assert "--schedules apply to --clock virtual only" in capsys.readouterr().err
