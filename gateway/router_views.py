@@ -20,6 +20,7 @@ class RouterHistory:
 
     def __init__(self) -> None:
         self._sent: dict[str, deque[float]] = {}
+        self._total: dict[str, int] = {}
         self._latency: dict[str, tuple[float, ...]] = {}
         self._ttft: dict[str, tuple[float, ...]] = {}
 
@@ -27,6 +28,7 @@ class RouterHistory:
         """A request was routed to ``backend`` at ``now``."""
         times = self._sent.setdefault(backend, deque())
         times.append(now)
+        self._total[backend] = self._total.get(backend, 0) + 1
         while times and times[0] < now - MINUTE_S:
             times.popleft()
 
@@ -50,6 +52,7 @@ class RouterHistory:
             open_tokens=own.tokens,
             prefill_tokens=own.prefilling,
             sent_last_minute=len(sent) if sent else 0,
+            sent_total=self._total.get(backend, 0),
             latency_per_token=self._latency.get(backend, ()),
             ttft_per_token=self._ttft.get(backend, ()),
         )

@@ -123,9 +123,9 @@ class Router:
         self.live = LiveSessions(lease_idle_s)
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
         self.follow_ups = FollowUps()
+        """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
         self.history = RouterHistory()
         """What this router's own traffic tells of each backend (the published routers' profiles read it)."""
-        """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
 
     async def route(self, features: RequestFeatures, body: Mapping[str, Any]) -> Routed:
         """Route a request: its session, the engine's count where the estimate is near a window, the
@@ -269,7 +269,7 @@ class Router:
     ) -> Routed:
         """Route, and hold the chosen slot for the session (re-routing if another request took it first)."""
         routed = await self._decide(features, session, excluded, overflowed)
-        if routed.decision.chosen is not None:
+        if routed.decision.chosen is not None and features.endpoint is not Endpoint.COUNT_TOKENS:
             self.history.sent(routed.decision.chosen.backend_id, self.clock.time())
         move = moved(routed)
         if move is not None and session is not None:

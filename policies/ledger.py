@@ -20,6 +20,8 @@ class RouterView(msgspec.Struct, frozen=True):
     """Prompt tokens of those still waiting for their first token."""
     sent_last_minute: int = 0
     """Requests sent there in the last 60 s."""
+    sent_total: int = 0
+    """Requests sent there since the router started."""
     latency_per_token: tuple[float, ...] = ()
     """Seconds per output token of its recent answers, as LiteLLM keeps them (``policies.peers``)."""
     ttft_per_token: tuple[float, ...] = ()

@@ -26,7 +26,8 @@ Sources, read 2026-12 (the defaults below are theirs):
   ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5. A prompt matched above the threshold
   goes to the least-loaded of the workers holding the deepest match (ties at random), unless that
   worker's load exceeds both 1.5x the mean and the mean + 64; else (a miss, or that gate) to the
-  least-loaded worker. Load: the router's own requests in flight.
+  least-loaded worker (ties: the one sent fewer requests so far, then the first). Load: the router's
+  own requests in flight.
 - **NVIDIA Dynamo KV router**: ai-dynamo/dynamo @07a6c9c, ``lib/kv-router/src/scheduling/selector/
   default.rs``, ``KvRouterConfig::default`` (``prefill_load_scale`` 1, ``overlap_score_credit`` 1,
   temperature 0): cost = max(0, (active prefill tokens + ISL) / block - overlap blocks) + decode blocks
@@ -35,13 +36,14 @@ Sources, read 2026-12 (the defaults below are theirs):
   publishes none, so this is its approximate mode (``use_kv_events=false``: what it routed).
 - **vLLM production stack**: vllm-project/production-stack @a6c01db,
   ``src/vllm_router/routers/routing_logic.py``. ``session``: a consistent-hash ring (uhashring: 160
-  points per endpoint, md5) of the session header; without one, the endpoint with the fewest requests
-  in the last minute (one with none first, in order). ``prefixaware``: the longest prefix match of
-  what it routed (a hash trie of 128-character chunks), at random among the endpoints holding it; no
-  match, at random among all.
+  points per endpoint, md5) of the session header (it reads one configured header; here any session
+  key the client gave: a header, ``prompt_cache_key``, ``user``); without one, the endpoint with the
+  fewest requests in the last minute (one with none first, in order). ``prefixaware``: the longest
+  prefix match of what it routed (a hash trie of 128-character chunks), at random among the endpoints
+  holding it; no match, at random among all.
 - **LiteLLM**: BerriAI/litellm, ``litellm/router_strategy/least_busy.py`` @00e06b8 (the fewest
   requests in flight, the first in order on a tie) and ``lowest_latency.py`` @015b945 (the lowest mean
-  of the recent seconds per output token; for a streamed request the mean of the recent TTFT per output
+  of the recent seconds per output token; for a streamed request the sum of the recent TTFTs per output
   token divided by the number of latency samples, as its source computes it; a deployment never seen
   counts 0, so it is tried first; ties at random).
 """
@@ -62,7 +64,6 @@ DYNAMO_BLOCK_TOKENS = 16
 SGLANG_CACHE_THRESHOLD = 0.3
 SGLANG_BALANCE_ABS = 64
 SGLANG_BALANCE_REL = 1.5
-SGLANG_MAX_TENANTS = 8
 RING_POINTS = 160
 LITELLM_SAMPLES = 10
 
@@ -150,8 +151,9 @@ def max_score(
     ), Reason.PEER_RULE
 
 
-def _least_loaded(indices: Sequence[int], loads: Sequence[int]) -> int:
-    return min(indices, key=lambda i: (loads[i], i))
+def _least_loaded(indices: Sequence[int], loads: Sequence[int], sent: Sequence[int]) -> int:
+    """SMG's least-loaded worker: by load, then by requests sent there so far, then by order."""
+    return min(indices, key=lambda i: (loads[i], sent[i], i))
 
 
 def sglang_cache_aware(
@@ -163,13 +165,13 @@ def sglang_cache_aware(
     """SMG's cache-aware policy (module docstring)."""
     loads = [v.router.in_flight for v in views]
     everyone = range(len(views))
-    least = _least_loaded(everyone, loads)
+    least = _least_loaded(everyone, loads, [v.router.sent_total for v in views])
     prompt = max(features.prompt_tokens, 1)
     rates = [min(_recent(v), prompt) / prompt for v in views]
     deepest = max(rates)
     if deepest <= SGLANG_CACHE_THRESHOLD:
         return least, Reason.PEER_RULE
-    holders = [i for i in everyone if rates[i] == deepest][:SGLANG_MAX_TENANTS]
+    holders = [i for i in everyone if rates[i] == deepest]
     fewest = min(loads[i] for i in holders)
     chosen = _at_random([i for i in holders if loads[i] == fewest], sequence)
     mean = sum(loads) / len(loads)
@@ -231,8 +233,7 @@ def litellm_latency_of(view: CandidateView, stream: bool) -> float:
     """What LiteLLM's ``latency-based-routing`` compares for one deployment (module docstring)."""
     latencies = view.router.latency_per_token or (0.0,)
     if stream and view.router.ttft_per_token:
-        ttfts = view.router.ttft_per_token
-        return sum(ttfts) / len(ttfts) / len(latencies)
+        return sum(view.router.ttft_per_token) / len(latencies)  # its source divides by the latencies' count
     return sum(latencies) / len(latencies)
 
 

@@ -98,7 +98,7 @@ def route(
         scored.append(ScoredCandidate(view.deployment, score / total_weight, components, view.estimate))
 
     best, picked = PICKERS[profile.picker](features, scored, views, context.sequence)
-    reason = picked or (Reason.ONLY_CANDIDATE if len(scored) == 1 else profile.reason)
+    reason = Reason.ONLY_CANDIDATE if len(scored) == 1 else picked or profile.reason
     return Decision(
         profile.name,
         scored[best].deployment,

@@ -180,8 +180,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.clock == "wall" and (args.backends is not None or args.overhead_ms is not None or args.schedules):
         return _usage("--backends, --overhead-ms and --schedules apply to --clock virtual only")
-    if args.schedules < 0:
-        return _usage("--schedules must be 0 or more")
+    if args.schedules < 0 or (args.schedules and args.no_oracle):
+        return _usage("--schedules must be 0 or more, and needs the oracle (not --no-oracle)")
     profiles = args.profile or list(DEFAULT_PROFILES)
     known = list(BUILTIN_PROFILES)
     if args.backends is not None:  # and the profiles its config defines

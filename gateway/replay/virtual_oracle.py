@@ -97,6 +97,8 @@ class SampledOracleReplay(OracleReplay):
         places = owners(self.slot_owner, self.conversation, self.horizons, index)
         values = scores(found, self.horizons[index], places, self.pricing)
         best = min(values)
+        if not math.isfinite(best):  # nothing to weigh: the greedy choice
+            return choose(found, self.horizons[index], places, self.pricing)
         scale = self.temperature * max(best, 1e-9)
         weights = [math.exp(-(v - best) / scale) for v in values]
         return self.random.choices(found, weights=weights)[0]

@@ -80,6 +80,8 @@ def test_sglang_follows_a_match_above_30_percent_unless_its_worker_is_far_over_t
     loads = {"a": RouterView(in_flight=0), "b": RouterView(in_flight=3), "c": RouterView(in_flight=1)}
     assert choose("sglang-cache-aware", fleet, held={"b": 1600}, routers=loads) == "b"  # 40% > 30%
     assert choose("sglang-cache-aware", fleet, held={"b": 800}, routers=loads) == "a"  # 20%: a miss
+    idle = {"a": RouterView(sent_total=5), "b": RouterView(sent_total=2), "c": RouterView(sent_total=2)}
+    assert choose("sglang-cache-aware", fleet, routers=idle) == "b"  # a tie on load: fewer sent so far
     crowded = {**loads, "b": RouterView(in_flight=100)}  # > 1.5 x the mean (33.7) and > mean + 64
     assert choose("sglang-cache-aware", fleet, held={"b": 1600}, routers=crowded) == "a"
 
@@ -137,8 +139,14 @@ def test_litellm_latency_tries_the_unseen_first_then_the_lowest_mean_per_output_
     }
     assert choose("litellm-latency", fleet, routers={"a": seen["a"], "b": seen["b"]}) == "c"  # never seen: 0
     assert choose("litellm-latency", fleet, routers=seen) == "a"  # 0.03 < 0.04 = c's < 0.05
-    # streamed: the mean TTFT per token over the number of latency samples (0.001 / 2 for c)
-    assert choose("litellm-latency", fleet, routers=seen, request=features(stream=True)) == "c"
+    # streamed: the sum of the TTFTs per token over the number of latency samples, as LiteLLM divides
+    many = RouterView(latency_per_token=(0.05,) * 10, ttft_per_token=(0.05,) * 10)  # 0.5 / 10 = 0.05
+    one = RouterView(latency_per_token=(0.01,), ttft_per_token=(0.02,))  # 0.02 / 1
+    assert (
+        choose("litellm-latency", fleet[:2], routers={"a": many, "b": one}, request=features(stream=True))
+        == "b"
+    )
+    assert choose("litellm-latency", fleet, routers=seen, request=features(stream=True)) == "c"  # 0.001 / 2
 
 
 def test_no_peer_pins_a_llama_cpp_slot() -> None:
