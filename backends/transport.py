@@ -16,6 +16,9 @@ an engine: no connection (``ConnectError``), a connection the engine closed or r
 during its answer (``RemoteProtocolError``, ``ReadError``), a timeout (``ConnectTimeout``,
 ``ReadTimeout``, ``PoolTimeout``).
 
+An engine that closes the connection before answering gets the request once more, on another
+connection (a pooled one it was closing as the request went out), before it counts as a failure.
+
 A response whose body was not read to its end closes its connection (the engine sees the client
 leave and stops generating); one read to the end goes back to the pool.
 """
@@ -151,21 +154,37 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         request: httpx.Request | None = None,
     ) -> aiohttp.ClientResponse:
         session = self._session or self._open()
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=timeouts.get("pool"),
+            sock_connect=timeouts.get("connect"),
+            sock_read=timeouts.get("read"),
+        )
+        data = content or None
         with _as_httpx(request, "connect"):
-            return await session.request(
-                method,
-                url,
-                headers=headers,
-                data=content or None,
-                allow_redirects=False,
-                compress=None,
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=timeouts.get("pool"),
-                    sock_connect=timeouts.get("connect"),
-                    sock_read=timeouts.get("read"),
-                ),
-            )
+            try:
+                return await session.request(
+                    method,
+                    url,
+                    headers=headers,
+                    data=data,
+                    allow_redirects=False,
+                    compress=None,
+                    timeout=timeout,
+                )
+            except aiohttp.ServerDisconnectedError:
+                # the engine closed the connection before any answer: a pooled one it was closing as
+                # the request went out (its keep-alive running out on a busy machine). Once more, on
+                # another connection; an engine that is really gone fails this one too.
+                return await session.request(
+                    method,
+                    url,
+                    headers=headers,
+                    data=data,
+                    allow_redirects=False,
+                    compress=None,
+                    timeout=timeout,
+                )
 
     async def post(
         self, url: str, content: bytes, headers: Sequence[tuple[str, str]], timeouts: httpx.Timeout
