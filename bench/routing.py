@@ -206,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{workload.name}: {workload.scaling}", file=sys.stderr)
         results[workload.name] = run(workload, args.quick, args.jobs)
         print(table(with_best_peer(results[workload.name]["profiles"])))
+        if args.json is not None:  # row by row: a run cut short keeps its rows (--from-json renders them)
+            args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     text = markdown(results, args.quick)
     print("\n".join(targets(results, args.quick)))
     if args.json is not None:
