@@ -18,10 +18,20 @@ lengths are the traces' own. Workloads (deterministic; the generated ones over `
   1.5k-9k tokens every ~7 s; with ``x-session-id``, and again as ``contention-N-nosession`` without.
 * ``fleet-16``: 32 agents x 12 turns and one-shots every ~1 s on ``bench/fleets/sixteen.toml``
   (4 vLLM + 12 llama-servers of 2 slots).
+* the homogeneous rows, where the published routers are at home: ``chat-8vllm``, ``mixed-8vllm`` and
+  ``mooncake-8vllm`` on ``bench/fleets/eight-vllm.toml`` (8 vLLM replicas of a dense model, prefix
+  caching on; chat and mixed at 8x their load), ``contention-16-8llama`` and ``contention-32-8llama``
+  on ``bench/fleets/eight-llama.toml`` (8 llama-servers of 2 slots).
 
-The fleet, except for fleet-16: a vLLM engine (hybrid, no prefix caching, 94k window) and a llama.cpp
-engine (hybrid, 2 slots of 64k, RAM prompt cache at 8 GiB), DOMAIN.md rates, probes every 2 s, the
-gateway's own time 1.6 ms a request. It prints each target as met or missed, with the reason.
+Every row replays ``cost``, the strawmen (least-loaded, round-robin, one engine alone), the published
+routers (``policies.peers``), the hindsight oracle and ``best-schedule`` (the best of it and 8 sampled
+hindsight schedules), and the lower bound. A full run takes over an hour on 2 cores (the homogeneous
+rows most of it); ``--json`` is written after every row.
+
+The fleet, except for fleet-16 and the homogeneous rows: a vLLM engine (hybrid, no prefix caching,
+94k window) and a llama.cpp engine (hybrid, 2 slots of 64k, RAM prompt cache at 8 GiB), DOMAIN.md
+rates, probes every 2 s, the gateway's own time 1.6 ms a request. It prints each target as met or
+missed, with the reason.
 
 A generated workload (chat, mixed, contention-N) is ``SEEDS`` draws of its generator (seeds 0 to
 ``SEEDS - 1``; contention-A's draw N is ``turnout trace contention --agents A --seed A+100N``), each
