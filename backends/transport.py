@@ -161,30 +161,20 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             sock_read=timeouts.get("read"),
         )
         data = content or None
+
+        async def attempt() -> aiohttp.ClientResponse:
+            return await session.request(
+                method, url, headers=headers, data=data, allow_redirects=False, compress=None, timeout=timeout
+            )
+
         with _as_httpx(request, "connect"):
             try:
-                return await session.request(
-                    method,
-                    url,
-                    headers=headers,
-                    data=data,
-                    allow_redirects=False,
-                    compress=None,
-                    timeout=timeout,
-                )
+                return await attempt()
             except aiohttp.ServerDisconnectedError:
                 # the engine closed the connection before any answer: a pooled one it was closing as
                 # the request went out (its keep-alive running out on a busy machine). Once more, on
                 # another connection; an engine that is really gone fails this one too.
-                return await session.request(
-                    method,
-                    url,
-                    headers=headers,
-                    data=data,
-                    allow_redirects=False,
-                    compress=None,
-                    timeout=timeout,
-                )
+                return await attempt()
 
     async def post(
         self, url: str, content: bytes, headers: Sequence[tuple[str, str]], timeouts: httpx.Timeout
