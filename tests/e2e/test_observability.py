@@ -3,38 +3,24 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
-from structlog.testing import LogCapture
 
 from gateway.cli import main
 from tests.e2e.conftest import Stack
+from tests.log_capture import capture_logs
 
 SECRET_PROMPT = "the-password-is-swordfish"
 
 
-@contextmanager
-def capture_logs() -> Iterator[list[dict[str, Any]]]:
-    """Capture log entries with the production context processor (so ``request_id`` is bound)."""
-    capture = LogCapture()
-    previous = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
-    try:
-        yield capture.entries
-    finally:
-        structlog.configure(**previous)
-
-
-def completed_lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def completed_lines(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [entry for entry in logs if entry["event"] == "request.completed"]
 
 
-def wait_for_lines(logs: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+def wait_for_lines(logs: Sequence[Mapping[str, Any]], count: int) -> list[Mapping[str, Any]]:
     deadline = time.monotonic() + 30  # a stream's line is written after its last event, in the gateway's time
     while len(completed_lines(logs)) < count and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -21,6 +21,7 @@ import pytest
 from gateway.app import create_app
 from policies import Health
 from tests.latency_proxy import LatencyProxy
+from tests.log_capture import capture_logs
 from tests.real.conftest import qwen35_model
 from tests.real.llama_server import LlamaServer
 from tests.real.vllm_gateway_helpers import (
@@ -30,7 +31,6 @@ from tests.real.vllm_gateway_helpers import (
     MODEL,
     UPSTREAM,
     Gateway,
-    captured_logs,
     completed,
     data_events,
     group_settings,
@@ -70,7 +70,7 @@ def gateway(real: VllmServer) -> Iterator[Gateway]:
 
 @pytest.fixture
 def logs() -> Iterator[list[MutableMapping[str, Any]]]:
-    with captured_logs() as entries:
+    with capture_logs() as entries:
         yield entries
 
 

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import structlog
 from litestar import Litestar
-from structlog.testing import LogCapture
 
 from backends.base import BackendSpec
 from backends.parsers.prometheus import parse_samples, sum_by_name
@@ -102,18 +100,6 @@ def running_gateway(url: str) -> Iterator[Gateway]:
         yield Gateway(server, app)
     finally:
         server.stop()
-
-
-@contextmanager
-def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
-    """The gateway's log lines while the block runs (structlog configured to capture them)."""
-    capture = LogCapture()
-    previous = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
-    try:
-        yield capture.entries
-    finally:
-        structlog.configure(**previous)
 
 
 def completed(
