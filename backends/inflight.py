@@ -23,7 +23,11 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   from the end of its predicted queue wait (the prefill plus, on vLLM, the decode steps run with its
   chunks: ``Sent.interleaved_s``), and nothing once its first token arrived. Both engines process
   the prompt chunks of earlier requests first, so a new request's first token waits for that
-  backlog.
+  backlog. A llama.cpp request deferred for its slot is not in the engine yet and comes after a
+  request sent now to an idle slot: its prompt is kept apart, ``deferred_prefill_s`` (a request
+  waits behind turnout's own request on its slot until that one ends, and for work a probe saw
+  there, not of turnout's, as long as predicted: ``Sent.deferred_s``). Issue #45: counted in the
+  backlog, it made a session's idle warm slot look 4 s slow, and the session left for a cold one.
 
 Other gateway replicas on the same engines publish their requests' ``Load`` (``gateway.replicas``):
 their prefill backlog adds to this one's, less the time since they measured it (the engine works it
@@ -62,6 +66,9 @@ class Sent(msgspec.Struct, frozen=True):
     started: float
     total_s: float = 0.0
     queue_s: float = 0.0
+    deferred_s: float = 0.0
+    """The part of ``queue_s`` it waits deferred for a llama.cpp slot busy with work not of turnout's
+    (not in the engine till then); behind turnout's own request on its slot it waits till that ends."""
     prefill_s: float = 0.0
     interleaved_s: float = 0.0
     prompt_tokens: int = 0
@@ -72,6 +79,10 @@ class Sent(msgspec.Struct, frozen=True):
         span (the decode steps interleaved with its chunks stretch it)."""
         done = max(now - self.started - self.queue_s, 0.0) / self.prefill_span_s if self.prefill_s else 1.0
         return self.prefill_s * max(1.0 - done, 0.0)
+
+    def deferred_at(self, now: float) -> bool:
+        """Whether it is still predicted deferred for a slot busy with others' work at ``now``."""
+        return now < self.started + self.deferred_s
 
     @property
     def prefill_span_s(self) -> float:
@@ -253,21 +264,33 @@ class InFlight:
         mine = reversed(self._open.get(backend, {}).values())
         return sum(1 for _ in itertools.takewhile(lambda r: r.started > since, mine))
 
-    def _backlog(self, backend: str, now: float) -> float:
-        """Seconds of prompt processing still predicted for ``backend``'s requests; those whose
-        prediction is over leave the prefilling ones (they would only ever add 0)."""
+    def _backlog(self, backend: str, now: float) -> tuple[float, float]:
+        """Seconds of prompt processing still predicted for ``backend``'s requests: of those in the
+        engine, and of those deferred for a busy llama.cpp slot (behind a request of turnout's open
+        on their slot, or predicted to wait for others' work there: ``Sent.deferred_at``); those
+        whose prediction is over leave the prefilling ones (they would only ever add 0)."""
         prefilling = self._prefilling.get(backend)
         if not prefilling:
-            return 0.0
+            return 0.0, 0.0
         over = [token for token, r in prefilling.items() if r.prefilled_by <= now]
         for token in over:
             del prefilling[token]
-        return sum(r.prefill_left_s(now) for r in prefilling.values())
+        first: dict[int, Sent] = {}  # per slot, the oldest request of turnout's open there: it runs
+        for request in self._slotted.get(backend, {}).values():
+            first.setdefault(request.slot, request)  # type: ignore[arg-type]
+        engine = deferred = 0.0
+        for request in prefilling.values():
+            behind = request.slot is not None and first.get(request.slot) is not request
+            if behind or request.deferred_at(now):
+                deferred += request.prefill_s
+            else:
+                engine += request.prefill_left_s(now)
+        return engine, deferred
 
     def load(self, now: float) -> dict[str, Load]:
         """This replica's requests per backend, for the other replicas."""
         return {
-            backend: Load(self._backlog(backend, now), len(requests), now)
+            backend: Load(sum(self._backlog(backend, now)), len(requests), now)
             for backend, requests in self._open.items()
             if requests
         }
@@ -283,9 +306,17 @@ class InFlight:
         if not self._open.get(backend) and not ended and not gone and peers is None:
             return snapshot
         slots = self._slots(snapshot, ended, now)
-        backlog = self._backlog(backend, now) + (peers or Load()).backlog_at(now)
+        backlog, deferred = self._backlog(backend, now)
+        backlog += (peers or Load()).backlog_at(now)
         running, queued = self._counts(snapshot, latest, gone)
-        return replace(snapshot, running=running, queued=queued, slots=slots, prefill_backlog_s=backlog)
+        return replace(
+            snapshot,
+            running=running,
+            queued=queued,
+            slots=slots,
+            prefill_backlog_s=backlog,
+            deferred_prefill_s=deferred,
+        )
 
     def _slots(self, snapshot: BackendSnapshot, ended: set[int], now: float) -> tuple[SlotState, ...]:
         """The probe's slots, with turnout's requests since: busy where they were pinned after it,

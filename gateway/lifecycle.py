@@ -48,6 +48,7 @@ def in_flight(decision: Decision, now: float, prompt_tokens: int = 0) -> Sent:
         request,
         total_s=estimate.total_s,
         queue_s=estimate.queue_s,
+        deferred_s=estimate.deferred_s,
         prefill_s=estimate.prefill_s,
         interleaved_s=estimate.interleaved_s,
     )

@@ -24,8 +24,11 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
                there (both engines process earlier prompt chunks first; ``backends.inflight``);
                vLLM at least queued * service_s / running from its own waiting queue
+               (on llama.cpp without the prompts of requests deferred for a busy slot: they
+               start after this one)
                a busy llama.cpp slot: what its request is predicted to still need (``busy_s``), plus
-               the backlog (llama-server stalls a slot's decode while another slot prefills)
+               the backlog and the deferred prompts (llama-server stalls a slot's decode while
+               another slot prefills)
                llama.cpp unpinned with no idle slot: the first slot to free + queued * service_s / slots
     queue_factor: vLLM: learned, how much longer queues really were than predicted
                (``policies.learning``); llama.cpp: 1 (its slot queue is modelled whole)
@@ -220,6 +223,7 @@ def estimate(
         expected_cached_tokens=cached,
         queue_s=queue,
         modelled_queue_s=option.queue_s,
+        deferred_s=option.deferred_s * factor,
         ttft_s=ttft,
         total_s=total,
         prefill_s=prefill,

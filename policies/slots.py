@@ -140,11 +140,17 @@ class SlotOption(msgspec.Struct, frozen=True):
     ram_potential: int = 0  # what the RAM cache would give were the entry there (for learning)
     usable: int = 0  # what the engine's rules let it reuse of the state it uses (``usable``; for learning)
     mine: bool = False  # the session's own slot
-    waits: bool = False  # the slot is busy: ``queue_s`` starts with its running request's remaining time
+    slot_wait_s: float = 0.0  # a busy slot: ``queue_s`` starts with waiting this long for it, deferred
+    deferred_s: float = 0.0  # of that wait, what turnout's own requests there do not account for
     expired: bool = False  # ``evicts``' lease expired (idle ``lease_idle_s``): it costs nothing
     lost: bool = False  # the session's slot no longer holds its prompt
     restore_s: float = 0.0  # loading ``cached`` back from the RAM cache (in ``queue_s``)
     lands: int | None = None  # no slot named (``slot`` None): the one llama-server is expected to give
+
+    @property
+    def waits(self) -> bool:
+        """The slot is busy: the request waits for it, deferred (not in the engine yet)."""
+        return self.slot_wait_s > 0
 
     def note(self) -> str:
         slot, notes = self.slot, []
@@ -169,17 +175,23 @@ class SlotOption(msgspec.Struct, frozen=True):
         return "; ".join(notes)
 
 
-def _slot_queue(situation: Situation, state: SlotState | None, mine: bool) -> tuple[float, bool]:
-    """An idle slot starts now, behind the prompt chunks already in the engine (the prefill backlog);
-    a busy one when its request is predicted to end (and then it ``waits``), and later by the backlog:
+def _slot_queue(situation: Situation, state: SlotState | None, mine: bool) -> tuple[float, float, float]:
+    """The queue, the part of it spent waiting for the slot itself (deferred: not in the engine yet),
+    and of that the part turnout's own requests there do not account for (a probe saw the slot busy:
+    the fleet cannot know when that ends, ``backends.inflight``). An idle slot starts now, behind
+    the prompt chunks already in the engine (the prefill backlog: requests deferred for a busy slot
+    are not in it, and come after this one); a busy one when its request is predicted to end (and
+    then it ``waits``), and later by the backlog and the deferred requests' prompts:
     llama-server runs the prompt chunks of every slot in the batches that decode the others, so the
     running request's answer stalls while other slots prefill. The session's own slot
     (``mine``) seen busy by a probe taken before the session's last turn ended is idle, unless this
     replica has a request there: what the probe saw was that turn (``_busy_with_last_turn``)."""
     if state is None or not state.is_processing or (mine and _busy_with_last_turn(situation, state)):
-        return situation.snapshot.prefill_backlog_s, False
+        return situation.snapshot.prefill_backlog_s, 0.0, 0.0
+    own = state.busy_s is not None
     wait = state.busy_s if state.busy_s is not None else situation.stats.service_s.value / 2
-    return wait + situation.snapshot.prefill_backlog_s, True
+    snapshot = situation.snapshot
+    return wait + snapshot.prefill_backlog_s + snapshot.deferred_prefill_s, wait, 0.0 if own else wait
 
 
 def _busy_with_last_turn(situation: Situation, state: SlotState) -> bool:
@@ -313,7 +325,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         consults = consults_ram(held, features.prompt_tokens)
         got = _best_reuse(situation, held, ram if consults else None, hybrid)
         mine = own is not None and lease is own
-        queue, waits = _slot_queue(situation, state, mine)
+        queue, slot_wait, deferred = _slot_queue(situation, state, mine)
         restore = ram_restore_s(situation.deployment, got.cached) if got.source == "ram" else 0.0
         queue += restore
         evicts, cost = None, 0.0
@@ -329,7 +341,8 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
                 ram_potential=got.potential,
                 usable=got.usable,
                 mine=mine,
-                waits=waits,
+                slot_wait_s=slot_wait,
+                deferred_s=deferred,
                 expired=lease is not None and evicts is not None and _expired(lease, situation),
                 lost=lost,
                 restore_s=restore,
@@ -349,11 +362,11 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
     free = idle if snapshot.queued == 0 else []  # requests already queued take the idle slots first
     count = max(snapshot.total_slots or len(snapshot.slots) or 1, 1)
     if free:
-        queue = snapshot.prefill_backlog_s
+        queue, deferred = snapshot.prefill_backlog_s, 0.0
     else:
         busy = [s.busy_s for s in snapshot.slots if s.busy_s is not None]
         first = min(busy) if busy else stats.service_s.value / 2
-        queue = first + snapshot.queued * stats.service_s.value / count
+        queue = deferred = first + snapshot.queued * stats.service_s.value / count
     hybrid = situation.deployment.architecture is Architecture.HYBRID
     similar = [
         m for m in map(situation.match.slot, idle) if m.tokens > SIMILARITY_THRESHOLD * features.prompt_tokens
@@ -377,6 +390,8 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
         ram_potential=got.potential,
         usable=got.usable,
         lands=lands,
+        slot_wait_s=deferred,
+        deferred_s=deferred,
     )  # fmt: skip
 
 

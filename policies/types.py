@@ -141,6 +141,7 @@ class BackendSnapshot(msgspec.Struct, frozen=True):
     prefix_cache_hits: float | None = None
     error: str | None = None
     prefill_backlog_s: float = 0.0  # predicted prompt processing turnout's requests there still need
+    deferred_prefill_s: float = 0.0  # the same of its requests deferred for a busy llama.cpp slot
     work_done: float | None = None  # a counter the engine only raises while it runs (tokens processed):
     # lower than before means it restarted, and holds nothing turnout sent it
     cache_block: int | None = None  # vLLM: the tokens its prefix cache hits come in, as it reports them
@@ -284,6 +285,7 @@ class Estimate(msgspec.Struct, frozen=True):
     prefill_s: float = 0.0  # this request's own prompt processing, after its queue
     interleaved_s: float = 0.0  # vLLM: the decode steps run in the same steps as its prompt chunks
     modelled_queue_s: float = 0.0  # queue_s before the learned queue_factor
+    deferred_s: float = 0.0  # llama.cpp: queue_s spent deferred for a slot busy with others' work
     shared_prefix_tokens: int = 0  # what the engine could reuse by its rules (learning divides by it)
     future_s: float = 0.0  # predicted TTFT of the session's next turn if this candidate serves this one
     contended: bool = False  # the engine was busy: its TTFT will say little about its prefill rate

@@ -97,6 +97,25 @@ def test_busy_slots_and_the_prefill_backlog_come_from_the_predictions(fleet: Fle
     assert vllm.prefill_backlog_s == pytest.approx(4.0, abs=0.1)  # still in its predicted queue
 
 
+def test_requests_deferred_for_a_slot_are_not_in_the_engines_backlog(fleet: Fleet) -> None:
+    """A request pinned behind another of turnout's on its slot, or predicted to wait for others'
+    work there (``deferred_s``), is not in the engine yet: its prompt is kept apart
+    (``deferred_prefill_s``) from the backlog a request sent now to an idle slot waits behind. Once
+    the one before it ends, or its predicted deferral is over, it is in the backlog."""
+    now = NOW
+    running = fleet.begin(Sent("llama", 0, now - 1.0, total_s=5.0, prefill_s=2.0))  # 1 s of 2 done
+    fleet.begin(Sent("llama", 0, now - 0.5, total_s=9.0, queue_s=4.0, prefill_s=3.0))  # behind it
+    fleet.begin(Sent("llama", 1, now - 0.5, total_s=9.0, queue_s=2.0, deferred_s=2.0, prefill_s=1.5))
+    llama = fleet.snapshots()[0]
+    assert llama.prefill_backlog_s == pytest.approx(1.0)
+    assert llama.deferred_prefill_s == pytest.approx(3.0 + 1.5)
+    fleet.end(running)
+    llama = fleet.snapshots()[0]
+    assert llama.prefill_backlog_s == pytest.approx(3.0)  # its turn on slot 0: in the engine now
+    assert llama.deferred_prefill_s == pytest.approx(1.5)
+    assert fleet.load()["llama"].backlog_s == pytest.approx(3.0 + 1.5)  # other replicas get both
+
+
 def test_requests_queued_on_one_slot_start_when_the_one_before_ends(fleet: Fleet) -> None:
     """llama-server runs the requests pinned to one slot one after the other: a request queued
     behind another has not started, and the time it waited does not count against its own run (a

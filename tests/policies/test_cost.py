@@ -175,6 +175,36 @@ class TestReuse:
         assert (result.slot, result.queue_s) == (0, pytest.approx(3.0))
         assert "waits ~3.0 s for slot 0" in result.note
 
+    def test_deferred_prompts_delay_a_busy_slot_but_not_an_idle_one(self) -> None:
+        """Requests deferred for a busy slot are not in the engine: a request sent now to an idle
+        slot starts before them (their prompts come after its own), while one waiting for a busy
+        slot may start after them. Counting them ahead of an idle slot predicted a session's warm
+        slot 4 s slower than it was, and it left for a cold one (contention-16-8llama, issue #45)."""
+        snapshot = replace(
+            llama_snapshot((False, True)),
+            slots=(SlotState(0, 32768, False), SlotState(1, 32768, True, 1.0)),
+            prefill_backlog_s=0.5,
+            deferred_prefill_s=4.0,
+        )
+        idle = llama(leases=(SlotLease(0, "s", 1.0, 9000),), snapshot=snapshot, learned=NO_RAM)
+        assert (idle.slot, idle.queue_s, idle.deferred_s) == (0, pytest.approx(0.5), 0.0)
+        other_busy = replace(snapshot, slots=(SlotState(0, 32768, True, 20.0), snapshot.slots[1]))
+        busy = llama(leases=(SlotLease(1, "s", 1.0, 9000),), snapshot=other_busy, learned=NO_RAM)
+        assert (busy.slot, busy.queue_s) == (1, pytest.approx(1.0 + 0.5 + 4.0))
+        assert busy.deferred_s == 0.0  # turnout's own request holds the slot: the fleet knows when it ends
+
+    def test_a_slot_busy_with_others_work_is_a_predicted_deferral(self) -> None:
+        """A probe saw the slot busy with a request turnout did not send: how long the request waits
+        there, deferred, is a prediction the fleet keeps (``Sent.deferred_s``)."""
+        snapshot = replace(
+            llama_snapshot((True, True)),
+            slots=(SlotState(0, 32768, True), SlotState(1, 32768, True)),
+        )
+        result = llama(leases=(SlotLease(0, "s", 1.0, 9000),), snapshot=snapshot, learned=NO_RAM)
+        assert result.slot == 0
+        assert result.deferred_s == pytest.approx(result.queue_s)
+        assert result.deferred_s > 0
+
     def test_one_off_request_is_pinned_to_a_free_idle_slot(self) -> None:
         """llama-server's own LRU choice could evict a session; a free idle slot is named instead."""
         result = llama(NOTHING, (SlotLease(1, "a", 9.0, 100),), session=None)
