@@ -13,7 +13,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import structlog
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
@@ -21,12 +20,11 @@ from litestar.params import PathParameter
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from backends.clock import WALL, Clock
-from backends.transport import AiohttpTransport
 from gateway.admin.auth import AdminAuth
 from gateway.admin.service import AdminService
 from gateway.admin.views import admin_router
 from gateway.api.document import openapi_config
-from gateway.core import Core, build_core
+from gateway.core import Core, running_core
 from gateway.errors import GatewayError, ModelNotFound, anthropic_error_body, openai_error_body
 from gateway.key_limits.resilient import ResilientCounter
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -39,7 +37,6 @@ from gateway.model_api import (
     speaks_anthropic,
 )
 from gateway.relay import Relay
-from gateway.replicas import Replicas
 from gateway.settings import Settings, is_loopback
 from gateway.state.resilient import ResilientStore
 from gateway.version import turnout_version
@@ -214,10 +211,6 @@ def admin_token(settings: Settings) -> str:
     return token
 
 
-UPSTREAM_HEADROOM = 64
-"""Connections to the engines beyond ``limits.max_connections``: probes never wait behind requests."""
-
-
 def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
     """Build the gateway for ``settings``; engines are probed when the app starts. ``clock``: what
     everything timed reads (``backends.clock``)."""
@@ -230,29 +223,15 @@ def create_app(settings: Settings, clock: Clock = WALL) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        # every client connection may hold one to an engine; probes and token counts get room beside them
-        limits = httpx.Limits(max_connections=settings.limits.max_connections + UPSTREAM_HEADROOM)
-        transport = AiohttpTransport(limits)  # backends.transport: httpx's API, aiohttp's pool
-        async with httpx.AsyncClient(limits=limits, timeout=None, transport=transport) as client:
-            core = build_core(settings, clock, client=client, poster=transport)
+        async with running_core(settings, clock) as core:
             app.state.core = core
             app.state.relay = Relay(core)
             app.state.admin = AdminService(core, AdminAuth(admin_token(settings)))
-            background = [
-                asyncio.create_task(app.state.admin.follow_policy()),
-                asyncio.create_task(core.store.follow()),  # the other replicas' prefix index records
-                asyncio.create_task(Replicas(core.router, core.fleet).run()),  # learned state and load
-            ]
-            await core.fleet.start()
+            follow = asyncio.create_task(app.state.admin.follow_policy())
             try:
                 yield
             finally:
-                for task in background:
-                    task.cancel()
-                await core.fleet.stop()
-                await core.access.close()
-                if core.router.recorder is not None:
-                    core.router.recorder.close()
+                follow.cancel()
 
     return Litestar(
         route_handlers=[

@@ -29,6 +29,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_epp(args: argparse.Namespace) -> int:
+    settings = _load(args.config)
+    if not settings.backends:
+        print("turnout: no backends configured; pass --config FILE", file=sys.stderr)
+        return 2
+    try:
+        from gateway.epp.server import serve_picker
+    except ImportError as exc:
+        print(f"turnout epp needs the epp extra (pip install 'turnout[epp]'): {exc}", file=sys.stderr)
+        return 2
+    from gateway.logging import configure_logging
+
+    configure_logging(settings.log_format, settings.log_level)
+    asyncio.run(serve_picker(settings, args.listen, grace_s=args.grace))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
@@ -105,6 +122,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway (config from --config or TURNOUT_CONFIG)")
     serve.add_argument("--config", help="TOML config file")
     serve.set_defaults(func=cmd_serve)
+
+    epp = commands.add_parser(
+        "epp",
+        help="serve as the Endpoint Picker of Envoy / the Gateway API Inference Extension (ext_proc gRPC)",
+    )
+    epp.add_argument("--config", help="TOML config file (the same as turnout serve's)")
+    epp.add_argument(
+        "--listen", default="0.0.0.0:9002", help="host:port of the gRPC server (default %(default)s)"
+    )
+    epp.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds to let requests finish on SIGTERM (default %(default)s)",
+    )
+    epp.set_defaults(func=cmd_epp)
 
     demo = commands.add_parser("demo", help="run the gateway on simulated vLLM and llama.cpp backends")
     demo.add_argument(

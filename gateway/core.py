@@ -9,7 +9,9 @@ harnesses. So all of them route with the same settings applied the same way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,7 @@ import httpx
 from backends.base import BackendSpec, Documents, Poster
 from backends.clock import WALL, Clock
 from backends.fleet import Fleet
+from backends.transport import AiohttpTransport
 from gateway.access import Access, Key
 from gateway.catalog import Catalog
 from gateway.key_limits import Counter, MemoryCounter
@@ -25,6 +28,7 @@ from gateway.key_limits.redis_counter import RedisCounter
 from gateway.key_limits.resilient import ResilientCounter
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
+from gateway.replicas import Replicas
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.state import MemoryStore, StateStore
@@ -160,3 +164,34 @@ def build_core(
     return Core(
         settings, clock, catalog, fleet, store, router, access_of(settings, clock), Metrics(), lifecycle
     )
+
+
+UPSTREAM_HEADROOM = 64
+"""Connections to the engines beyond ``limits.max_connections``: probes never wait behind requests."""
+
+
+@asynccontextmanager
+async def running_core(settings: Settings, clock: Clock = WALL) -> AsyncIterator[Core]:
+    """The core for ``settings``, running: its HTTP client to the engines (httpx's API on aiohttp's
+    pool, ``backends.transport``), the engines probed, the other replicas' prefix index records and
+    learned state followed; all of it stopped on the way out. The HTTP app (``gateway.app``) and the
+    Endpoint Picker (``gateway.epp.server``) run their core this one way."""
+    # every client connection may hold one to an engine; probes and token counts get room beside them
+    limits = httpx.Limits(max_connections=settings.limits.max_connections + UPSTREAM_HEADROOM)
+    transport = AiohttpTransport(limits)
+    async with httpx.AsyncClient(limits=limits, timeout=None, transport=transport) as client:
+        core = build_core(settings, clock, client=client, poster=transport)
+        background = [
+            asyncio.create_task(core.store.follow()),  # the other replicas' prefix index records
+            asyncio.create_task(Replicas(core.router, core.fleet).run()),  # learned state and load
+        ]
+        await core.fleet.start()
+        try:
+            yield core
+        finally:
+            for task in background:
+                task.cancel()
+            await core.fleet.stop()
+            await core.access.close()
+            if core.router.recorder is not None:
+                core.router.recorder.close()

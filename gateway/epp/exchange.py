@@ -1,0 +1,373 @@
+"""One request through Envoy, as the Endpoint Picker sees it: one ext_proc stream.
+
+The request is routed by the same lifecycle as ``turnout serve``'s (``Lifecycle.route``: the model,
+the request's features, the session, the decision), on the same core: router, policies, sessions,
+slot leases, model groups and state store. What changes is who carries the bytes:
+
+1. request headers and body: read whole (Envoy holds the request meanwhile); then the decision,
+   narrowed to the data plane's subset hint when it sends one. The engine's request is the one the
+   relay would send (``Adapter.prepare``: the model's upstream name, the llama.cpp slot, the usage
+   chunk), so the picker answers the headers with the destination, the upstream path and its auth,
+   and streams that body back (``wire``). The request is in flight on the fleet from then on.
+2. response headers: a 2xx answer is read by the relay's own reader (``backends.stream.ResponseRelay``,
+   fed the body chunks Envoy passes through: usage, first token, model name, the usage chunk turnout
+   asked for removed, an Anthropic client's answer translated), so learning goes on while Envoy
+   carries the bytes; any other status passes through untouched, and 5xx counts against the engine.
+3. the end: the completion settles through the same pipeline (``Lifecycle.settle``: learning, the
+   session, the decision log) before the body's last chunk goes back; a stream Envoy closes early
+   (the client left, the engine died) settles as cut short, once.
+
+Errors before an engine is chosen answer the client at once in its API's error JSON with the
+relay's status (400, 401, 404, 413, 429 over a key's limit, 503 when no endpoint fits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import msgspec
+import structlog
+
+from backends.base import UPSTREAM_PATHS, UpstreamRequest
+from backends.errors import UpstreamStreamError
+from backends.stream import ResponseRelay
+from gateway.completion import Completion, measured
+from gateway.core import Core
+from gateway.epp import wire
+from gateway.errors import (
+    GatewayError,
+    ModelNotFound,
+    NoBackendAvailable,
+    PayloadTooLarge,
+    UpstreamFailed,
+    stream_error_event,
+)
+from gateway.lifecycle import in_flight
+from gateway.metrics import CLIENT_CLOSED
+from gateway.model_api import anthropic_listing, openai_listing, speaks_anthropic
+from gateway.record import RequestRecord
+from gateway.requests import parse_body
+from gateway.retry import gave_up
+from gateway.routed import Routed
+from policies import Endpoint
+
+log = structlog.get_logger(__name__)
+
+ENDPOINTS = {path: endpoint for endpoint, path in UPSTREAM_PATHS.items()}
+"""The client paths the picker routes (the engines' own: Envoy forwards the path as sent)."""
+
+Write = Callable[[Any], Awaitable[None]]
+
+
+def endpoint_address(base_url: str) -> str:
+    """A backend's ``ip:port`` for Envoy's ORIGINAL_DST cluster (the URL's own port, else the scheme's)."""
+    url = urlsplit(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return f"{url.hostname}:{port}"
+
+
+class EnvoyResponse:
+    """The engine's answer as Envoy passes it to the picker: the ``UpstreamResponse`` the relay's
+    reader reads, its body fed chunk by chunk (``feed``; None ends it)."""
+
+    def __init__(self, status: int, headers: Mapping[str, str]) -> None:
+        self._status, self._headers = status, headers
+        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    @property
+    def status_code(self) -> int:
+        return self._status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._headers
+
+    def feed(self, chunk: bytes | None) -> None:
+        self._chunks.put_nowait(chunk)
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._chunks.get()) is not None:
+            if chunk:
+                yield chunk
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_bytes()])
+
+    async def aclose(self) -> None:
+        """Nothing to close: Envoy owns the connection."""
+
+
+class Exchange:
+    """One ext_proc stream (module docstring). ``handle`` each message Envoy sends, then ``close``."""
+
+    def __init__(self, core: Core, write: Write, *, max_body: int) -> None:
+        self.core, self.write, self.max_body = core, write, max_body
+        clock = core.fleet.clock.monotonic
+        self.record = RequestRecord("", clock(), observer=core.metrics.observe, clock=clock)
+        self.headers: dict[str, str] = {}
+        self.body = bytearray()
+        self.subset: frozenset[str] | None = None
+        self.endpoint: Endpoint | None = None
+        self.routed: Routed | None = None
+        self.upstream: UpstreamRequest | None = None
+        self.token: int | None = None  # the fleet's note of the request in flight
+        self.relay: ResponseRelay | None = None
+        self.response: EnvoyResponse | None = None
+        self.pump: asyncio.Task[None] | None = None
+        self.passthrough = False  # a non-2xx answer: its body goes back untouched
+        self.settled = False
+
+    # --- the request ------------------------------------------------------------------------------
+
+    async def handle(self, message: Any) -> None:
+        phase = message.WhichOneof("request")
+        if phase == "request_headers":
+            self.headers = wire.header_map(message.request_headers)
+            # Envoy's request id (it makes one when the client sent none): the picker's log lines
+            # and decision log entries carry the id Envoy's access log does
+            self.record.request_id = self.headers.get("x-request-id") or uuid.uuid4().hex
+            self.subset = wire.subset_hint(message)
+            if message.request_headers.end_of_stream:
+                await self._answer_bodiless()
+        elif phase == "request_body":
+            self.body += message.request_body.body
+            if len(self.body) > self.max_body:
+                await self._refuse(
+                    PayloadTooLarge(f"Request body exceeds the limit of {self.max_body} bytes.")
+                )
+            elif message.request_body.end_of_stream:
+                await self._route()
+        elif phase in ("request_trailers", "response_trailers"):
+            await self.write(wire.trailers(phase))
+        elif phase == "response_headers":
+            await self._response_headers(message)
+        elif phase == "response_body":
+            await self._response_body(message.response_body.body, message.response_body.end_of_stream)
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.headers.get(":path", "/")).path
+
+    @property
+    def anthropic(self) -> bool:
+        return self.endpoint.anthropic if self.endpoint is not None else speaks_anthropic(self.headers)
+
+    async def _answer_bodiless(self) -> None:
+        """A request without a body: the model list is the picker's own answer; nothing else is routed."""
+        path = self.path
+        self.record.endpoint = "models"
+        try:
+            if path != "/v1/models":
+                raise ModelNotFound(
+                    f"turnout epp routes POST {', '.join(ENDPOINTS)} and answers GET /v1/models; "
+                    f"not {self.headers.get(':method', 'GET')} {path}"
+                )
+            core = self.core
+            key = core.access.authenticate(self.headers)
+            catalog = core.catalog.visible(lambda name: core.access.allows(key, name))
+            query = dict(parse_qsl(urlsplit(self.headers.get(":path", "")).query))
+            listing = anthropic_listing if speaks_anthropic(self.headers) else openai_listing
+            body = msgspec.json.encode(listing(catalog, core.fleet.snapshots(), query))
+        except GatewayError as exc:
+            await self._refuse(exc)
+            return
+        await self.write(wire.immediate(200, body))
+        self.record.emit()
+
+    async def _route(self) -> None:
+        core, record = self.core, self.record
+        try:
+            endpoint = ENDPOINTS.get(self.path)
+            if endpoint is None or self.headers.get(":method", "POST") != "POST":
+                raise ModelNotFound(f"turnout epp routes POST {', '.join(ENDPOINTS)}; not {self.path}")
+            self.endpoint, record.endpoint = endpoint, endpoint.value
+            key = core.access.authenticate(self.headers)
+            record.key = key.name if key else None
+            body = parse_body(bytes(self.body), endpoint)
+            record.ticket = await core.access.admit(key, core.catalog.resolve(body["model"]).name)
+            record.stream = bool(body.get("stream"))
+            routed = await core.lifecycle.route(body, endpoint, self.headers)
+            self.routed, record.model = routed, routed.features.model
+            routed = self.routed = await self._within_subset(routed)
+            decision = routed.decision
+            if decision.chosen is None:
+                refusal = gave_up(routed, None)
+                assert isinstance(refusal, GatewayError)  # no engine failed: the decision's own refusal
+                raise refusal
+            chosen = decision.chosen
+            record.backend, record.reason = chosen.backend_id, decision.header
+            candidate = decision.chosen_candidate
+            record.predicted_ttft = candidate.estimate.ttft_s if candidate and candidate.estimate else None
+            adapter = core.fleet.adapter(chosen.backend_id)
+            named = chosen.model if routed.features.members else body["model"]
+            self.upstream = upstream = adapter.prepare(endpoint, body, chosen, named, slot=decision.slot)
+        except GatewayError as exc:
+            await self._refuse(exc)
+            return
+        self.token = core.fleet.begin(
+            in_flight(decision, core.fleet.clock.time(), routed.features.prompt_tokens)
+        )
+        url = urlsplit(upstream.url)
+        headers = {":path": url.path + (f"?{url.query}" if url.query else ""), **dict(upstream.headers)}
+        await self.write(wire.route([endpoint_address(adapter.spec.base_url)], headers, ("content-length",)))
+        for reply in wire.body("request_body", upstream.body, True):
+            await self.write(reply)
+
+    async def _within_subset(self, routed: Routed) -> Routed:
+        """The decision again without the backends outside the data plane's subset hint, if it sent one."""
+        if self.subset is None:
+            return routed
+        fleet = self.core.fleet
+        outside = frozenset(
+            spec.id
+            for spec in (fleet.adapter(s.backend_id).spec for s in fleet.snapshots())
+            if not wire.allowed(endpoint_address(spec.base_url), self.subset)
+        )
+        if not outside:
+            return routed
+        if len(outside) == len(fleet.snapshots()):
+            raise NoBackendAvailable("no endpoint of the data plane's subset hint serves this request")
+        return await self.core.router.decide(routed.features, routed.session, outside, routed.overflowed)
+
+    async def _refuse(self, error: GatewayError) -> None:
+        """Answer the client now with ``error`` in its API's shape; a routed request settles too."""
+        record = self.record
+        record.status, record.error = error.status, error.message
+        content = error.anthropic_body() if self.anthropic else error.openai_body()
+        await self.write(wire.immediate(error.status, content))
+        if self.routed is not None:
+            await self._settle(error.status, error.message)
+        else:
+            await self._end()
+
+    # --- the response -----------------------------------------------------------------------------
+
+    async def _response_headers(self, message: Any) -> None:
+        headers = wire.header_map(message.response_headers)
+        status = int(headers.get(":status", "0") or 0)
+        served = wire.served(message)
+        routed, upstream = self.routed, self.upstream
+        added: dict[str, str] = {}
+        if routed is not None and upstream is not None and routed.decision.chosen is not None:
+            chosen = routed.decision
+            added = {"x-turnout-backend": upstream.backend_id, "x-turnout-route-reason": chosen.header}
+            if chosen.slot is not None:
+                added["x-turnout-slot"] = str(chosen.slot)
+            picked = endpoint_address(self.core.fleet.adapter(upstream.backend_id).spec.base_url)
+            if served is not None and served != picked:
+                log.warning("epp.served_elsewhere", picked=picked, served=served)
+        self.record.status = status
+        if upstream is None or not 200 <= status < 300 or (served is not None and not added):
+            self.passthrough = True
+            if upstream is not None and status >= 500:
+                self.core.fleet.judge(upstream.backend_id, f"answered {status} through the data plane")
+                self.record.error = f"backend {upstream.backend_id} answered {status}"
+            await self.write(wire.response_headers(added))
+            return
+        self.response = EnvoyResponse(status, headers)
+        clock = self.core.fleet.clock.monotonic
+        self.relay = ResponseRelay(upstream, self.response, clock)
+        self.pump = asyncio.create_task(self._pump())
+        await self.write(wire.response_headers(added, ("content-length",)))
+
+    async def _response_body(self, chunk: bytes, end: bool) -> None:
+        if self.response is not None:
+            self.response.feed(chunk)
+            if end:
+                self.response.feed(None)
+                assert self.pump is not None
+                await self.pump  # it sends the body's last reply
+            return
+        if end and self.routed is not None:  # a non-2xx answer: settle before its last bytes go back
+            await self._settle(self.record.status, self.record.error or f"answered {self.record.status}")
+        for reply in wire.body("response_body", chunk, end):
+            await self.write(reply)
+
+    async def _pump(self) -> None:
+        """The answer through the relay's reader, back to Envoy; settled before its last reply."""
+        relay, upstream, fleet = self.relay, self.upstream, self.core.fleet
+        assert relay is not None
+        assert upstream is not None
+        assert self.token is not None
+        tail = b""
+        try:
+            if upstream.stream:
+                first = True
+                async for events in relay.events():
+                    if first:
+                        first = False
+                        fleet.prefilled(self.token)
+                    for reply in wire.body("response_body", events, False):
+                        await self.write(reply)
+            else:
+                tail = await relay.body()
+            fleet.judge(upstream.backend_id, None)
+        except UpstreamStreamError as exc:
+            self.record.error = exc.message
+            fleet.judge(exc.backend_id, exc.message)
+            error = UpstreamFailed(f"backend {exc.backend_id} failed: {exc.message}")
+            if upstream.stream:
+                tail = stream_error_event(self._api, error)
+            else:
+                self.record.status = error.status
+                tail = error.anthropic_body() if self.anthropic else error.openai_body()
+        await self._settle(self.record.status, self.record.error)
+        for reply in wire.body("response_body", tail, True):
+            await self.write(reply)
+
+    @property
+    def _api(self) -> str:
+        if self.anthropic:
+            return "anthropic"
+        return "responses" if self.endpoint is Endpoint.RESPONSES else "openai"
+
+    # --- the end ----------------------------------------------------------------------------------
+
+    async def _settle(self, status: int, error: str | None) -> None:
+        """The request ended (once): off the fleet, through the completion pipeline, its log line."""
+        if self.settled or self.routed is None:
+            return
+        self.settled = True
+        core, record, relay, routed = self.core, self.record, self.relay, self.routed
+        if self.token is not None:
+            core.fleet.end(self.token)
+        record.status, record.error = status, error
+        outcome = None
+        chosen = routed.decision.chosen_candidate
+        if relay is not None:
+            record.first_token_at, record.usage = relay.first_token_at, relay.usage
+            inference = routed.features.endpoint is not Endpoint.COUNT_TOKENS
+            if relay.usage is not None and chosen is not None and error is None and inference:
+                outcome = measured(
+                    routed,
+                    core.fleet.adapter(chosen.deployment.backend_id).kind,
+                    relay.usage,
+                    ttft_s=record.ttft_s,
+                    duration_s=core.fleet.clock.monotonic() - record.started,
+                    stream=relay.request.stream,
+                )
+        await core.lifecycle.settle(Completion(routed, record.request_id, status, error, outcome))
+        await self._end()
+
+    async def _end(self) -> None:
+        ticket, self.record.ticket = self.record.ticket, None
+        await self.core.access.release(ticket, self.record.usage)
+        self.record.emit()
+
+    async def close(self) -> None:
+        """Envoy closed the stream: a request not answered to its end was cut short (the client
+        left, or the engine's connection broke); it settles once."""
+        if self.pump is not None and not self.pump.done():
+            self.pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.pump
+        if self.routed is not None and not self.settled:
+            error = self.record.error or "the data plane closed the stream before the answer's end"
+            await self._settle(CLIENT_CLOSED, error)
+        elif not self.record.emitted and self.record.endpoint:
+            await self._end()

@@ -1,0 +1,137 @@
+"""turnout as Envoy's Endpoint Picker: a real Envoy (deploy/envoy/envoy.yaml) in front of the
+simulated engines, routing by the picker's answer, with learning fed by the response phases."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.sim import SimConfig, create_sim_app
+from policies import Architecture
+from tests.e2e.conftest import Tap, stack_settings
+from tests.epp.envoy import Envoy, PickerThread, envoy_with_picker
+from tests.servers import ServerThread
+
+
+class EppStack:
+    def __init__(self, sims: dict[str, ServerThread], taps: dict[str, Tap], envoy: Envoy, picker: PickerThread):
+        self.sims, self.taps, self.envoy, self.picker = sims, taps, envoy, picker
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.envoy.url, timeout=30)
+
+    def events(self, backend: str) -> list[Any]:
+        return list(self.taps[backend].state.sim.events)
+
+    def decisions(self) -> list[dict[str, Any]]:
+        return list(self.picker.call(self.picker.core.store.decisions(100)))
+
+
+@pytest.fixture(scope="module")
+def epp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EppStack]:
+    configs = {
+        "vllm": SimConfig(kind="vllm", model="up-vllm", time_scale=0.002, architecture=Architecture.HYBRID),
+        "llama": SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2),
+    }
+    taps = {name: Tap(create_sim_app(config)) for name, config in configs.items()}
+    sims = {name: ServerThread(tap).start() for name, tap in taps.items()}
+    settings = stack_settings({n: s.url for n, s in sims.items()})
+    try:
+        with envoy_with_picker(settings, tmp_path_factory.mktemp("envoy")) as (envoy, picker):
+            yield EppStack(sims, taps, envoy, picker)
+    finally:
+        for server in sims.values():
+            server.stop()
+
+
+def chat(model: str, text: str = "hello there", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8, **extra}
+
+
+def test_a_request_goes_through_envoy_to_the_engine_the_picker_chose(epp: EppStack) -> None:
+    with epp.client() as client:
+        response = client.post("/v1/chat/completions", json=chat("m-llama"))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "m-llama"  # the engine's upstream name, back to the client's
+    assert response.headers["x-turnout-backend"] == "llama"
+    sent = json.loads(epp.taps["llama"].requests[-1])
+    assert sent["model"] == "up-llama"  # the picker sent the engine's request, not the client's
+
+
+def test_a_stream_goes_through_and_teaches_the_picker(epp: EppStack) -> None:
+    with epp.client() as client, client.stream(
+        "POST", "/v1/chat/completions", json=chat("m-vllm", stream=True), headers={"x-request-id": "epp-stream-1"}
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = "".join(response.iter_text())
+    assert text.rstrip().endswith("data: [DONE]")
+    assert '"choices":[]' not in text  # the usage chunk turnout asked for itself is not the client's
+    entry = next(d for d in epp.decisions() if d["request_id"] == "epp-stream-1")
+    assert entry["chosen"] == "vllm"
+    assert entry["outcome"]["ttft_s"] is not None
+    assert entry["outcome"]["prompt_tokens"] > 0
+
+
+def test_a_session_keeps_its_llama_slot_through_envoy(epp: EppStack) -> None:
+    history = [{"role": "user", "content": "a long first turn " * 200}]
+    headers = {"x-session-id": "epp-session"}
+    slots, cached = [], []
+    with epp.client() as client:
+        for turn in range(3):
+            response = client.post(
+                "/v1/chat/completions",
+                json={"model": "m-llama", "messages": history, "max_tokens": 8},
+                headers=headers,
+            )
+            assert response.status_code == 200, response.text
+            slots.append(response.headers["x-turnout-slot"])
+            cached.append(response.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0))
+            history += [response.json()["choices"][0]["message"], {"role": "user", "content": f"turn {turn}"}]
+    assert len(set(slots)) == 1
+    assert cached[1] > 0
+    assert cached[2] > cached[1]
+
+
+def test_errors_come_back_in_the_clients_api(epp: EppStack) -> None:
+    with epp.client() as client:
+        unknown = client.post("/v1/chat/completions", json=chat("no-such-model"))
+        broken = client.post(
+            "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        anthropic = client.post(
+            "/v1/messages",
+            json={"model": "no-such-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"anthropic-version": "2023-06-01"},
+        )
+    assert (unknown.status_code, unknown.json()["error"]["param"]) == (404, "model")
+    assert broken.status_code == 400
+    assert "not valid JSON" in broken.json()["error"]["message"]
+    assert anthropic.status_code == 404
+    assert anthropic.json()["type"] == "error"
+
+
+def test_the_model_list_is_the_pickers_own_answer(epp: EppStack) -> None:
+    with epp.client() as client:
+        listing = client.get("/v1/models")
+        elsewhere = client.get("/v1/whatever")
+    assert listing.status_code == 200
+    assert {m["id"] for m in listing.json()["data"]} >= {"m-vllm", "m-llama", "m-both"}
+    assert elsewhere.status_code == 404
+
+
+def test_envoy_carries_a_large_body(epp: EppStack, tmp_path: Path) -> None:
+    """A prompt of several streamed chunks (the picker reads it whole, sends it back in 62 kB
+    replies): the engine gets it all."""
+    text = "word " * 24_000  # 120 kB, two replies
+    with epp.client() as client:
+        response = client.post("/v1/chat/completions", json=chat("m-vllm", text))
+    assert response.status_code == 200, response.text
+    sent = json.loads(epp.taps["vllm"].requests[-1])
+    assert sent["messages"][0]["content"] == text
