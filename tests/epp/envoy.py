@@ -64,7 +64,9 @@ class Envoy:
         self.binary = envoy_binary()
         self.port, self.admin = free_port(), free_port()
         self.config = directory / f"envoy-{self.port}.yaml"
-        self.config.write_text(yaml.safe_dump(envoy_config(self.port, self.admin, picker_port, fail_open=fail_open)))
+        self.config.write_text(
+            yaml.safe_dump(envoy_config(self.port, self.admin, picker_port, fail_open=fail_open))
+        )
         self.log = directory / f"envoy-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -96,7 +98,11 @@ class Envoy:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             clusters = httpx.get(f"http://127.0.0.1:{self.admin}/clusters", timeout=2).text
-            lines = [line for line in clusters.splitlines() if line.startswith("turnout_epp::") and "health_flags" in line]
+            lines = [
+                line
+                for line in clusters.splitlines()
+                if line.startswith("turnout_epp::") and "health_flags" in line
+            ]
             if lines and all(line.endswith("::healthy") for line in lines):
                 return
             time.sleep(0.2)
@@ -156,7 +162,9 @@ class PickerThread:
 
 
 @contextmanager
-def envoy_with_picker(settings: Settings, directory: Path, *, fail_open: bool = False) -> Iterator[tuple[Envoy, PickerThread]]:
+def envoy_with_picker(
+    settings: Settings, directory: Path, *, fail_open: bool = False
+) -> Iterator[tuple[Envoy, PickerThread]]:
     picker = PickerThread(settings).start()
     envoy = Envoy(directory, picker.port, fail_open=fail_open).start()
     try:

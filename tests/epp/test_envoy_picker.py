@@ -19,7 +19,9 @@ from tests.servers import ServerThread
 
 
 class EppStack:
-    def __init__(self, sims: dict[str, ServerThread], taps: dict[str, Tap], envoy: Envoy, picker: PickerThread):
+    def __init__(
+        self, sims: dict[str, ServerThread], taps: dict[str, Tap], envoy: Envoy, picker: PickerThread
+    ):
         self.sims, self.taps, self.envoy, self.picker = sims, taps, envoy, picker
 
     def client(self) -> httpx.Client:
@@ -65,9 +67,15 @@ def test_a_request_goes_through_envoy_to_the_engine_the_picker_chose(epp: EppSta
 
 
 def test_a_stream_goes_through_and_teaches_the_picker(epp: EppStack) -> None:
-    with epp.client() as client, client.stream(
-        "POST", "/v1/chat/completions", json=chat("m-vllm", stream=True), headers={"x-request-id": "epp-stream-1"}
-    ) as response:
+    with (
+        epp.client() as client,
+        client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json=chat("m-vllm", stream=True),
+            headers={"x-request-id": "epp-stream-1"},
+        ) as response,
+    ):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         text = "".join(response.iter_text())
