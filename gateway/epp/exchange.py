@@ -54,7 +54,7 @@ from gateway.record import RequestRecord
 from gateway.requests import parse_body
 from gateway.retry import gave_up
 from gateway.routed import Routed
-from policies import Endpoint
+from policies import Endpoint, Health
 
 log = structlog.get_logger(__name__)
 
@@ -360,14 +360,32 @@ class Exchange:
         self.record.emit()
 
     async def close(self) -> None:
-        """Envoy closed the stream: a request not answered to its end was cut short (the client
-        left, or the engine's connection broke); it settles once."""
+        """Envoy closed the stream: a request not answered to its end was cut short. Envoy does not
+        say by whom, so an answer cut after the engine's headers has its engine probed at once: one
+        that is gone is marked down (the next requests go elsewhere, its session's slot leases are
+        dropped: a restarted engine holds nothing of them), else the client left. It settles once."""
         if self.pump is not None and not self.pump.done():
             self.pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.pump
         if self.routed is not None and not self.settled:
-            error = self.record.error or "the data plane closed the stream before the answer's end"
-            await self._settle(CLIENT_CLOSED, error)
+            status, error = CLIENT_CLOSED, self.record.error or "the client left before the answer's end"
+            if self.relay is not None and self.upstream is not None and await self._engine_gone():
+                status, error = UpstreamFailed.status, f"backend {self.upstream.backend_id} went away mid-answer"
+            await self._settle(status, error)
         elif not self.record.emitted and self.record.endpoint:
             await self._end()
+
+    async def _engine_gone(self) -> bool:
+        assert self.upstream is not None
+        fleet, backend = self.core.fleet, self.upstream.backend_id
+        snapshot = await fleet.adapter(backend).probe()
+        fleet.observe(snapshot)
+        if snapshot.health is not Health.DOWN:
+            return False
+        log.warning("upstream.lost", backend=backend, error=snapshot.error)
+        fleet.judge(backend, snapshot.error or "went away mid-answer")
+        routed = self.routed
+        if routed is not None and routed.session is not None and routed.decision.slot is not None:
+            await self.core.store.release_slots(routed.session.key)
+        return True

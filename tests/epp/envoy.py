@@ -117,9 +117,9 @@ class Envoy:
 class PickerThread:
     """``turnout epp`` for ``settings``, in a thread with its own event loop, on a free port."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, port: int | None = None) -> None:
         self.settings = settings
-        self.port = free_port()
+        self.port = port or free_port()
         self.core: Any = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
