@@ -371,7 +371,10 @@ class Exchange:
         if self.routed is not None and not self.settled:
             status, error = CLIENT_CLOSED, self.record.error or "the client left before the answer's end"
             if self.relay is not None and self.upstream is not None and await self._engine_gone():
-                status, error = UpstreamFailed.status, f"backend {self.upstream.backend_id} went away mid-answer"
+                status, error = (
+                    UpstreamFailed.status,
+                    f"backend {self.upstream.backend_id} went away mid-answer",
+                )
             await self._settle(status, error)
         elif not self.record.emitted and self.record.endpoint:
             await self._end()

@@ -22,7 +22,9 @@ NO_TIMER_S = 10.0
 """Ended "at once": well before any timer of Envoy's or the picker's would have ended it."""
 
 
-def ask(model: str = "m-both", *, stream: bool, max_tokens: int = 8, session: str = "victim") -> dict[str, Any]:
+def ask(
+    model: str = "m-both", *, stream: bool, max_tokens: int = 8, session: str = "victim"
+) -> dict[str, Any]:
     return {
         "json": {"model": model, "messages": [SYSTEM, {"role": "user", "content": "go"}],
                  "max_tokens": max_tokens, "stream": stream, "ignore_eos": True},
@@ -64,7 +66,9 @@ def test_an_engine_killed_mid_stream_ends_the_stream_at_once_and_the_picker_know
         assert warm.headers["x-turnout-backend"] == "llama"
         events: list[str] = []
         broke = False
-        with httpx.stream("POST", envoy.url + "/v1/chat/completions", **ask(stream=True, max_tokens=2000)) as response:
+        with httpx.stream(
+            "POST", envoy.url + "/v1/chat/completions", **ask(stream=True, max_tokens=2000)
+        ) as response:
             assert response.headers["x-turnout-backend"] == "llama"
             lines = response.iter_lines()
             for line in lines:
@@ -100,7 +104,9 @@ def test_an_engine_killed_mid_stream_ends_the_stream_at_once_and_the_picker_know
         picker.stop()
 
 
-def test_the_picker_killed_fails_closed_at_once_and_comes_back(sims: dict[str, SimProcess], tmp_path: Path) -> None:
+def test_the_picker_killed_fails_closed_at_once_and_comes_back(
+    sims: dict[str, SimProcess], tmp_path: Path
+) -> None:
     """Envoy as deploy/envoy/envoy.yaml configures it (``failure_mode_allow: false``): with the
     picker gone, a request fails at once (never unrouted); a picker back on its port takes over."""
     settings = settings_for(sims)

@@ -50,7 +50,9 @@ class Picked:
             metadata.filter_metadata[wire.SUBSET_NAMESPACE].CopyFrom(hint)
         messages = [
             pb.ProcessingRequest(request_headers=headers, metadata_context=metadata),
-            pb.ProcessingRequest(request_body=pb.HttpBody(body=json.dumps(body).encode(), end_of_stream=True)),
+            pb.ProcessingRequest(
+                request_body=pb.HttpBody(body=json.dumps(body).encode(), end_of_stream=True)
+            ),
         ]
         stub = pb_grpc.ExternalProcessorStub(self.channel)
         return list(stub.Process(iter(messages), timeout=10))
@@ -76,7 +78,10 @@ def destination(answers: list[Any]) -> tuple[str, str]:
     """The endpoint in the header mutation and the one in the ``envoy.lb`` metadata."""
     first = answers[0]
     assert first.WhichOneof("response") == "request_headers"
-    headers = {h.header.key: h.header.raw_value.decode() for h in first.request_headers.response.header_mutation.set_headers}
+    headers = {
+        h.header.key: h.header.raw_value.decode()
+        for h in first.request_headers.response.header_mutation.set_headers
+    }
     metadata = first.dynamic_metadata.fields[wire.DESTINATION_NAMESPACE].struct_value.fields[wire.DESTINATION]
     return headers[wire.DESTINATION], metadata.string_value
 

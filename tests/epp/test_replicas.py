@@ -67,7 +67,9 @@ def test_two_pickers_over_redis_agree_on_the_slot(
             )
             assert response.status_code == 200, response.text
             answers.append(response)
-            history.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
+            history.append(
+                {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
+            )
             stored(pickers[(n + 1) % 2], "shared", n + 1)  # the other replica has it before the next turn
     finally:
         for envoy in envoys:
