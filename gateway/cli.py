@@ -31,13 +31,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_epp(args: argparse.Namespace) -> int:
     settings = _load(args.config)
-    if not settings.backends:
-        print("turnout: no backends configured; pass --config FILE", file=sys.stderr)
-        return 2
     try:
+        from gateway.epp.endpoints import EndpointsError, read_endpoints, with_endpoints
         from gateway.epp.server import serve_picker
     except ImportError as exc:
         print(f"turnout epp needs the epp extra (pip install 'turnout[epp]'): {exc}", file=sys.stderr)
+        return 2
+    if args.endpoints is not None:
+        try:
+            settings = with_endpoints(settings, read_endpoints(Path(args.endpoints)))
+        except EndpointsError as exc:
+            print(f"turnout: {exc}", file=sys.stderr)
+            return 2
+    if not settings.backends:
+        print("turnout: no backends configured; pass --config FILE", file=sys.stderr)
         return 2
     from gateway.logging import configure_logging
 
@@ -130,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     epp.add_argument("--config", help="TOML config file (the same as turnout serve's)")
     epp.add_argument(
         "--listen", default="0.0.0.0:9002", help="host:port of the gRPC server (default %(default)s)"
+    )
+    epp.add_argument(
+        "--endpoints",
+        help="an endpoints file (llm-d's file-discovery format): where the configured backends' engines are",
     )
     epp.add_argument(
         "--grace",

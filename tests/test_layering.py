@@ -103,6 +103,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.replay.simulate",
             "gateway.epp",
             "gateway.epp.wire",
+            "gateway.epp.endpoints",
             "gateway.epp.exchange",
         ),
     ),
