@@ -24,7 +24,6 @@ relay's status (400, 401, 404, 413, 429 over a key's limit, 503 when no endpoint
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -293,15 +292,14 @@ class Exchange:
         relay, upstream, fleet = self.relay, self.upstream, self.core.fleet
         assert relay is not None
         assert upstream is not None
-        assert self.token is not None
         tail = b""
         try:
             if upstream.stream:
                 first = True
                 async for events in relay.events():
-                    if first:
+                    if first and self.token is not None:
                         first = False
-                        fleet.prefilled(self.token)
+                        fleet.prefilled(self.token)  # its prompt is processed: no backlog
                     for reply in wire.body("response_body", events, False):
                         await self.write(reply)
             else:
@@ -336,6 +334,7 @@ class Exchange:
         core, record, relay, routed = self.core, self.record, self.relay, self.routed
         if self.token is not None:
             core.fleet.end(self.token)
+            self.token = None
         record.status, record.error = status, error
         outcome = None
         chosen = routed.decision.chosen_candidate
@@ -363,21 +362,23 @@ class Exchange:
         """Envoy closed the stream: a request not answered to its end was cut short. Envoy does not
         say by whom, so an answer cut after the engine's headers has its engine probed at once: one
         that is gone is marked down (the next requests go elsewhere, its session's slot leases are
-        dropped: a restarted engine holds nothing of them), else the client left. It settles once."""
+        dropped: a restarted engine holds nothing of them), else the client left. It settles once,
+        shielded: gRPC cancels the stream's task, and may again (a server stopping) while it settles."""
         if self.pump is not None and not self.pump.done():
             self.pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.pump
         if self.routed is not None and not self.settled:
-            status, error = CLIENT_CLOSED, self.record.error or "the client left before the answer's end"
-            if self.relay is not None and self.upstream is not None and await self._engine_gone():
-                status, error = (
-                    UpstreamFailed.status,
-                    f"backend {self.upstream.backend_id} went away mid-answer",
-                )
-            await self._settle(status, error)
+            if self.token is not None:  # off the fleet at once, whatever happens to the rest
+                self.core.fleet.end(self.token)
+                self.token = None
+            await asyncio.shield(self._cut_short())
         elif not self.record.emitted and self.record.endpoint:
-            await self._end()
+            await asyncio.shield(self._end())
+
+    async def _cut_short(self) -> None:
+        status, error = CLIENT_CLOSED, self.record.error or "the client left before the answer's end"
+        if self.relay is not None and self.upstream is not None and await self._engine_gone():
+            status, error = UpstreamFailed.status, f"backend {self.upstream.backend_id} went away mid-answer"
+        await self._settle(status, error)
 
     async def _engine_gone(self) -> bool:
         assert self.upstream is not None

@@ -49,6 +49,17 @@ def sims() -> Iterator[dict[str, SimProcess]]:
             sim.stop()
 
 
+def settled(picker: PickerThread, backend: str, count: int = 1) -> list[dict[str, Any]]:
+    """The decision log's entries for ``backend`` once it has ``count`` of them (a request cut short
+    settles when Envoy closes its stream, a moment after the client saw the end)."""
+    deadline = time.monotonic() + NO_TIMER_S
+    while True:
+        entries = [e for e in picker.call(picker.core.store.decisions(50)) if e["chosen"] == backend]
+        if len(entries) >= count or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.05)
+
+
 def settings_for(sims: dict[str, SimProcess]) -> Settings:
     return stack_settings({name: sim.url for name, sim in sims.items()})
 
@@ -84,17 +95,13 @@ def test_an_engine_killed_mid_stream_ends_the_stream_at_once_and_the_picker_know
                 broke = True  # Envoy reset the client's stream: the answer was cut
             ended = time.monotonic()
         assert ended - killed < NO_TIMER_S
-        assert broke or events[-1] != "data: [DONE]" or "error" in events[-2]
+        assert broke or events[-1] != "data: [DONE]"  # the client sees the answer cut, never a clean end
         fleet = picker.core.fleet
-        deadline = time.monotonic() + NO_TIMER_S
-        while fleet.load() and time.monotonic() < deadline:  # the cut request settles, off the fleet
-            time.sleep(0.05)
-        assert not fleet.load()
+        cut = [e for e in settled(picker, "llama", 3) if e["status"] != 200]  # the cut request settles
+        assert not fleet.load()  # ...off the fleet
         again = httpx.post(envoy.url + "/v1/chat/completions", **ask(stream=False))
         assert again.status_code == 200, again.text
         assert again.headers["x-turnout-backend"] == "vllm"  # the next request goes elsewhere
-        entries = picker.call(picker.core.store.decisions(20))
-        cut = [e for e in entries if e["chosen"] == "llama" and e["status"] != 200]
         assert [(e["status"], e["error"]) for e in cut] == [(502, "backend llama went away mid-answer")]
         llama = next(s for s in fleet.snapshots() if s.backend_id == "llama")
         assert llama.health is Health.DOWN
@@ -133,8 +140,11 @@ def test_the_picker_killed_fails_closed_at_once_and_comes_back(
 def test_the_picker_killed_with_fail_open_sends_requests_on_unrouted(
     sims: dict[str, SimProcess], tmp_path: Path
 ) -> None:
-    """``failure_mode_allow: true`` (InferencePool's FailOpen): Envoy skips the picker; without a
-    destination the ORIGINAL_DST cluster has nowhere to go, and says so at once (503)."""
+    """``failure_mode_allow: true`` (InferencePool's FailOpen): Envoy goes on without the picker;
+    without a destination header the ORIGINAL_DST cluster has nowhere to go, and Envoy answers at
+    once itself: 503, or 500 when it had begun streaming the body to the picker before the
+    connection was refused (FULL_DUPLEX_STREAMED cannot take a body back). Fail-open needs a
+    fallback route to be of use (docs/epp.md); the shipped config fails closed."""
     picker = PickerThread(settings_for(sims)).start()
     envoy = Envoy(tmp_path, picker.port, fail_open=True).start()
     try:
@@ -144,7 +154,7 @@ def test_the_picker_killed_with_fail_open_sends_requests_on_unrouted(
         started = time.monotonic()
         unrouted = httpx.post(envoy.url + "/v1/chat/completions", **ask(stream=False))
         assert time.monotonic() - started < NO_TIMER_S
-        assert unrouted.status_code == 503
+        assert unrouted.status_code in (500, 503), (unrouted.headers, unrouted.text)
         assert "x-turnout-backend" not in unrouted.headers  # Envoy's own answer, not an engine's
     finally:
         envoy.stop()
@@ -165,12 +175,9 @@ def test_a_client_that_leaves_mid_stream_is_told_from_a_dead_engine(
             lines = response.iter_lines()
             assert sum(1 for line, _ in zip(lines, range(6), strict=False) if line.startswith("data:")) >= 2
         fleet = picker.core.fleet
-        deadline = time.monotonic() + NO_TIMER_S
-        while fleet.load() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        entries = settled(picker, "llama")
         assert not fleet.load()
-        entries = picker.call(picker.core.store.decisions(20))
-        assert [(e["status"], e["error"]) for e in entries if e["chosen"] == "llama"] == [
+        assert [(e["status"], e["error"]) for e in entries] == [
             (499, "the client left before the answer's end")
         ]
         llama = next(s for s in fleet.snapshots() if s.backend_id == "llama")
