@@ -104,6 +104,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.epp",
             "gateway.epp.wire",
             "gateway.epp.endpoints",
+            "gateway.epp.answer",
             "gateway.epp.exchange",
         ),
     ),

@@ -8,11 +8,11 @@ slot leases, model groups and state store. What changes is who carries the bytes
    narrowed to the data plane's subset hint when it sends one. The engine's request is the one the
    relay would send (``Adapter.prepare``: the model's upstream name, the llama.cpp slot, the usage
    chunk), so the picker answers the headers with the destination, the upstream path and its auth,
-   and streams that body back (``wire``). The request is in flight on the fleet from then on.
-2. response headers: a 2xx answer is read by the relay's own reader (``backends.stream.ResponseRelay``,
-   fed the body chunks Envoy passes through: usage, first token, model name, the usage chunk turnout
-   asked for removed, an Anthropic client's answer translated), so learning goes on while Envoy
-   carries the bytes; any other status passes through untouched, and 5xx counts against the engine.
+   and streams that body back (``wire``); in Envoy's BUFFERED mode, one answer to the whole body
+   carries both. The request is in flight on the fleet from then on.
+2. response headers: a 2xx answer is read by the relay's own reader (``gateway.epp.answer``), so
+   learning goes on while Envoy carries the bytes; any other status passes through untouched, and
+   5xx counts against the engine.
 3. the end: the completion settles through the same pipeline (``Lifecycle.settle``: learning, the
    session, the decision log) before the body's last chunk goes back; a stream Envoy closes early
    (the client left, the engine died) settles as cut short, once.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -33,18 +32,16 @@ import msgspec
 import structlog
 
 from backends.base import UPSTREAM_PATHS, UpstreamRequest
-from backends.errors import UpstreamStreamError
-from backends.stream import ResponseRelay
 from gateway.completion import Completion, measured
 from gateway.core import Core
 from gateway.epp import wire
+from gateway.epp.answer import Answer, EnvoyResponse, Write
 from gateway.errors import (
     GatewayError,
     ModelNotFound,
     NoBackendAvailable,
     PayloadTooLarge,
     UpstreamFailed,
-    stream_error_event,
 )
 from gateway.lifecycle import in_flight
 from gateway.metrics import CLIENT_CLOSED
@@ -60,45 +57,12 @@ log = structlog.get_logger(__name__)
 ENDPOINTS = {path: endpoint for endpoint, path in UPSTREAM_PATHS.items()}
 """The client paths the picker routes (the engines' own: Envoy forwards the path as sent)."""
 
-Write = Callable[[Any], Awaitable[None]]
-
 
 def endpoint_address(base_url: str) -> str:
     """A backend's ``ip:port`` for Envoy's ORIGINAL_DST cluster (the URL's own port, else the scheme's)."""
     url = urlsplit(base_url)
     port = url.port or (443 if url.scheme == "https" else 80)
     return f"{url.hostname}:{port}"
-
-
-class EnvoyResponse:
-    """The engine's answer as Envoy passes it to the picker: the ``UpstreamResponse`` the relay's
-    reader reads, its body fed chunk by chunk (``feed``; None ends it)."""
-
-    def __init__(self, status: int, headers: Mapping[str, str]) -> None:
-        self._status, self._headers = status, headers
-        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    @property
-    def status_code(self) -> int:
-        return self._status
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self._headers
-
-    def feed(self, chunk: bytes | None) -> None:
-        self._chunks.put_nowait(chunk)
-
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        while (chunk := await self._chunks.get()) is not None:
-            if chunk:
-                yield chunk
-
-    async def aread(self) -> bytes:
-        return b"".join([chunk async for chunk in self.aiter_bytes()])
-
-    async def aclose(self) -> None:
-        """Nothing to close: Envoy owns the connection."""
 
 
 class Exchange:
@@ -115,16 +79,18 @@ class Exchange:
         self.routed: Routed | None = None
         self.upstream: UpstreamRequest | None = None
         self.token: int | None = None  # the fleet's note of the request in flight
-        self.relay: ResponseRelay | None = None
-        self.response: EnvoyResponse | None = None
-        self.pump: asyncio.Task[None] | None = None
-        self.passthrough = False  # a non-2xx answer: its body goes back untouched
+        self.answer: Answer | None = None  # a 2xx answer, on its way back
+        self.pump: asyncio.Task[None] | None = None  # ``Answer.run``
         self.settled = False
+        self.request_mode = self.response_mode = wire.STREAMED_MODE  # what Envoy says, else the protocol's
 
     # --- the request ------------------------------------------------------------------------------
 
     async def handle(self, message: Any) -> None:
         phase = message.WhichOneof("request")
+        if message.HasField("protocol_config"):  # the first message says how the bodies will come
+            self.request_mode = message.protocol_config.request_body_mode
+            self.response_mode = message.protocol_config.response_body_mode
         if phase == "request_headers":
             self.headers = wire.header_map(message.request_headers)
             # Envoy's request id (it makes one when the client sent none): the picker's log lines
@@ -133,6 +99,8 @@ class Exchange:
             self.subset = wire.subset_hint(message)
             if message.request_headers.end_of_stream:
                 await self._answer_bodiless()
+            elif self.request_mode == wire.BUFFERED_MODE:  # Envoy waits for this before the body
+                await self.write(wire.go_on("request_headers"))
         elif phase == "request_body":
             self.body += message.request_body.body
             if len(self.body) > self.max_body:
@@ -213,7 +181,11 @@ class Exchange:
         )
         url = urlsplit(upstream.url)
         headers = {":path": url.path + (f"?{url.query}" if url.query else ""), **dict(upstream.headers)}
-        await self.write(wire.route([endpoint_address(adapter.spec.base_url)], headers, ("content-length",)))
+        endpoints = [endpoint_address(adapter.spec.base_url)]
+        if self.request_mode == wire.BUFFERED_MODE:
+            await self.write(wire.route_buffered(endpoints, headers, upstream.body))
+            return
+        await self.write(wire.route(endpoints, headers, ("content-length",)))
         for reply in wire.body("request_body", upstream.body, True):
             await self.write(reply)
 
@@ -249,74 +221,56 @@ class Exchange:
     async def _response_headers(self, message: Any) -> None:
         headers = wire.header_map(message.response_headers)
         status = int(headers.get(":status", "0") or 0)
-        served = wire.served(message)
-        routed, upstream = self.routed, self.upstream
-        added: dict[str, str] = {}
-        if routed is not None and upstream is not None and routed.decision.chosen is not None:
-            chosen = routed.decision
-            added = {"x-turnout-backend": upstream.backend_id, "x-turnout-route-reason": chosen.header}
-            if chosen.slot is not None:
-                added["x-turnout-slot"] = str(chosen.slot)
-            picked = endpoint_address(self.core.fleet.adapter(upstream.backend_id).spec.base_url)
-            if served is not None and served != picked:
-                log.warning("epp.served_elsewhere", picked=picked, served=served)
-        self.record.status = status
-        if upstream is None or not 200 <= status < 300 or (served is not None and not added):
-            self.passthrough = True
-            if upstream is not None and status >= 500:
-                self.core.fleet.judge(upstream.backend_id, f"answered {status} through the data plane")
-                self.record.error = f"backend {upstream.backend_id} answered {status}"
-            await self.write(wire.response_headers(added))
+        routed, upstream, record = self.routed, self.upstream, self.record
+        record.status = status
+        if routed is None or upstream is None:  # nothing was routed (an immediate answer went)
+            await self.write(wire.response_headers({}))
             return
-        self.response = EnvoyResponse(status, headers)
-        clock = self.core.fleet.clock.monotonic
-        self.relay = ResponseRelay(upstream, self.response, clock)
-        self.pump = asyncio.create_task(self._pump())
+        decision = routed.decision
+        added = {"x-turnout-backend": upstream.backend_id, "x-turnout-route-reason": decision.header}
+        if decision.slot is not None:
+            added["x-turnout-slot"] = str(decision.slot)
+        served = wire.served(message)
+        picked = endpoint_address(self.core.fleet.adapter(upstream.backend_id).spec.base_url)
+        if served is not None and served != picked:  # a data plane's fallback: not what was predicted
+            log.warning("epp.served_elsewhere", picked=picked, served=served)
+        if not 200 <= status < 300 or (served is not None and served != picked):
+            if status >= 500:
+                self.core.fleet.judge(upstream.backend_id, f"answered {status} through the data plane")
+                record.error = f"backend {upstream.backend_id} answered {status}"
+            await self.write(wire.response_headers(added))  # its body goes back untouched
+            return
+        buffered = self.response_mode == wire.BUFFERED_MODE
+        answer = self.answer = Answer(
+            upstream, EnvoyResponse(status, headers), self.core.fleet, self.write,
+            buffered=buffered, api=self._api, anthropic=self.anthropic,
+        )  # fmt: skip
+        self.pump = asyncio.create_task(answer.run(self._answered, self._prefilled))
         await self.write(wire.response_headers(added, ("content-length",)))
 
     async def _response_body(self, chunk: bytes, end: bool) -> None:
-        if self.response is not None:
-            self.response.feed(chunk)
+        if self.answer is not None:
+            self.answer.feed(chunk, end)
             if end:
-                self.response.feed(None)
                 assert self.pump is not None
                 await self.pump  # it sends the body's last reply
             return
         if end and self.routed is not None:  # a non-2xx answer: settle before its last bytes go back
             await self._settle(self.record.status, self.record.error or f"answered {self.record.status}")
+        if self.response_mode == wire.BUFFERED_MODE:
+            await self.write(wire.go_on("response_body"))
+            return
         for reply in wire.body("response_body", chunk, end):
             await self.write(reply)
 
-    async def _pump(self) -> None:
-        """The answer through the relay's reader, back to Envoy; settled before its last reply."""
-        relay, upstream, fleet = self.relay, self.upstream, self.core.fleet
-        assert relay is not None
-        assert upstream is not None
-        tail = b""
-        try:
-            if upstream.stream:
-                first = True
-                async for events in relay.events():
-                    if first and self.token is not None:
-                        first = False
-                        fleet.prefilled(self.token)  # its prompt is processed: no backlog
-                    for reply in wire.body("response_body", events, False):
-                        await self.write(reply)
-            else:
-                tail = await relay.body()
-            fleet.judge(upstream.backend_id, None)
-        except UpstreamStreamError as exc:
-            self.record.error = exc.message
-            fleet.judge(exc.backend_id, exc.message)
-            error = UpstreamFailed(f"backend {exc.backend_id} failed: {exc.message}")
-            if upstream.stream:
-                tail = stream_error_event(self._api, error)
-            else:
-                self.record.status = error.status
-                tail = error.anthropic_body() if self.anthropic else error.openai_body()
-        await self._settle(self.record.status, self.record.error)
-        for reply in wire.body("response_body", tail, True):
-            await self.write(reply)
+    async def _answered(self, error: str | None, status: int | None) -> None:
+        if error is not None:
+            self.record.error = error
+        await self._settle(status or self.record.status, self.record.error)
+
+    def _prefilled(self) -> None:
+        if self.token is not None:
+            self.core.fleet.prefilled(self.token)
 
     @property
     def _api(self) -> str:
@@ -331,7 +285,8 @@ class Exchange:
         if self.settled or self.routed is None:
             return
         self.settled = True
-        core, record, relay, routed = self.core, self.record, self.relay, self.routed
+        core, record, routed = self.core, self.record, self.routed
+        relay = self.answer.relay if self.answer is not None else None
         if self.token is not None:
             core.fleet.end(self.token)
             self.token = None
@@ -376,7 +331,7 @@ class Exchange:
 
     async def _cut_short(self) -> None:
         status, error = CLIENT_CLOSED, self.record.error or "the client left before the answer's end"
-        if self.relay is not None and self.upstream is not None and await self._engine_gone():
+        if self.answer is not None and self.upstream is not None and await self._engine_gone():
             status, error = UpstreamFailed.status, f"backend {self.upstream.backend_id} went away mid-answer"
         await self._settle(status, error)
 

@@ -13,6 +13,9 @@ v1.0.0; the reference picker's ordering is llm-d/llm-d-router's ``pkg/epp/handle
 - In FULL_DUPLEX_STREAMED body mode the picker answers the request headers once it has read the
   whole body (Envoy holds the request till then), then sends the body back as streamed chunks of at
   most ``CHUNK`` bytes, the last with ``end_of_stream``; headers, body, trailers, in that order.
+- In BUFFERED mode Envoy waits for the answer to the headers before it sends the whole body in one
+  message: the headers go on unchanged, and the answer to the body carries the destination (a
+  header mutation, still possible while Envoy holds the headers) and the body to send.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
@@ -36,6 +40,10 @@ HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
 CHUNK = 62_000
 """Body bytes per streamed reply (the reference's; Envoy recommends at most 64 KiB)."""
 BODY_PHASES = ("request_body", "response_body")
+Mode = processing_mode_pb2.ProcessingMode.BodySendMode
+STREAMED_MODE = Mode.FULL_DUPLEX_STREAMED
+BUFFERED_MODE = Mode.BUFFERED
+"""The two body modes a picker serves: the protocol's streaming one, and Envoy's whole-body one."""
 
 
 def header_map(headers: Any) -> dict[str, str]:
@@ -65,6 +73,37 @@ def route(endpoints: Sequence[str], headers: Mapping[str, str], remove: Iterable
     return pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
     )
+
+
+def route_buffered(endpoints: Sequence[str], headers: Mapping[str, str], content: bytes) -> Any:
+    """BUFFERED mode's answer to the whole request body: go to ``endpoints`` with ``headers`` set
+    (its length among them) and ``content`` as the body; the route is picked again."""
+    destination = ",".join(endpoints)
+    metadata = struct_pb2.Struct()
+    metadata.update({DESTINATION_NAMESPACE: {DESTINATION: destination}})
+    mutation = pb.HeaderMutation(
+        set_headers=[
+            _header(DESTINATION, destination),
+            _header("content-length", str(len(content))),
+            *(_header(k, v) for k, v in headers.items()),
+        ]
+    )
+    common = pb.CommonResponse(
+        clear_route_cache=True, header_mutation=mutation, body_mutation=pb.BodyMutation(body=content)
+    )
+    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata)
+
+
+def go_on(phase: str) -> Any:
+    """Let ``phase`` (headers or a buffered body) through unchanged."""
+    answer = pb.HeadersResponse() if phase.endswith("headers") else pb.BodyResponse()
+    return pb.ProcessingResponse(**{phase: answer})
+
+
+def whole_body(phase: str, data: bytes) -> Any:
+    """BUFFERED mode's answer to a whole body: ``data`` instead."""
+    common = pb.CommonResponse(body_mutation=pb.BodyMutation(body=data))
+    return pb.ProcessingResponse(**{phase: pb.BodyResponse(response=common)})
 
 
 def response_headers(headers: Mapping[str, str], remove: Iterable[str] = ()) -> Any:

@@ -42,8 +42,11 @@ def envoy_binary() -> str:
     return found
 
 
-def envoy_config(listen: int, admin: int, picker: int, *, fail_open: bool = False) -> dict[str, Any]:
-    """deploy/envoy/envoy.yaml with its ports moved (and its failure mode, if asked)."""
+def envoy_config(
+    listen: int, admin: int, picker: int, *, fail_open: bool = False, buffered: bool = False
+) -> dict[str, Any]:
+    """deploy/envoy/envoy.yaml with its ports moved (and its failure mode, or Envoy's BUFFERED body
+    mode for both bodies, if asked)."""
     config: dict[str, Any] = yaml.safe_load(ENVOY_CONFIG.read_text())
     config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin)
     listener = config["static_resources"]["listeners"][0]
@@ -51,6 +54,11 @@ def envoy_config(listen: int, admin: int, picker: int, *, fail_open: bool = Fals
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     ext_proc = next(f for f in manager["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")
     ext_proc["typed_config"]["failure_mode_allow"] = fail_open
+    if buffered:
+        ext_proc["typed_config"]["processing_mode"].update(
+            request_body_mode="BUFFERED", response_body_mode="BUFFERED",
+            request_trailer_mode="SKIP", response_trailer_mode="SKIP",
+        )  # fmt: skip
     cluster = next(c for c in config["static_resources"]["clusters"] if c["name"] == "turnout_epp")
     endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
     endpoint["address"]["socket_address"]["port_value"] = picker
@@ -60,13 +68,14 @@ def envoy_config(listen: int, admin: int, picker: int, *, fail_open: bool = Fals
 class Envoy:
     """One Envoy process on loopback: ``url`` takes the clients' requests."""
 
-    def __init__(self, directory: Path, picker_port: int, *, fail_open: bool = False) -> None:
+    def __init__(
+        self, directory: Path, picker_port: int, *, fail_open: bool = False, buffered: bool = False
+    ) -> None:
         self.binary = envoy_binary()
         self.port, self.admin = free_port(), free_port()
         self.config = directory / f"envoy-{self.port}.yaml"
-        self.config.write_text(
-            yaml.safe_dump(envoy_config(self.port, self.admin, picker_port, fail_open=fail_open))
-        )
+        config = envoy_config(self.port, self.admin, picker_port, fail_open=fail_open, buffered=buffered)
+        self.config.write_text(yaml.safe_dump(config))
         self.log = directory / f"envoy-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -163,10 +172,10 @@ class PickerThread:
 
 @contextmanager
 def envoy_with_picker(
-    settings: Settings, directory: Path, *, fail_open: bool = False
+    settings: Settings, directory: Path, *, fail_open: bool = False, buffered: bool = False
 ) -> Iterator[tuple[Envoy, PickerThread]]:
     picker = PickerThread(settings).start()
-    envoy = Envoy(directory, picker.port, fail_open=fail_open).start()
+    envoy = Envoy(directory, picker.port, fail_open=fail_open, buffered=buffered).start()
     try:
         envoy.picker_healthy()
         yield envoy, picker

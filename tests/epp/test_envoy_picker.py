@@ -143,3 +143,26 @@ def test_envoy_carries_a_large_body(epp: EppStack, tmp_path: Path) -> None:
     assert response.status_code == 200, response.text
     sent = json.loads(epp.taps["vllm"].requests[-1])
     assert sent["messages"][0]["content"] == text
+
+
+def test_an_anthropic_client_gets_its_api_through_envoy(epp: EppStack) -> None:
+    """/v1/messages to a llama.cpp model, pinned to a slot: llama-server's /v1/messages ignores
+    ``id_slot``, so the picker sends it to /v1/chat/completions (Envoy rewrites the path) and
+    translates the answer Envoy passes back into Anthropic's shape, streamed too."""
+    request = {"model": "m-llama", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    with epp.client() as client:
+        plain = client.post("/v1/messages", json=request, headers={"anthropic-version": "2023-06-01"})
+        with client.stream(
+            "POST",
+            "/v1/messages",
+            json={**request, "stream": True},
+            headers={"anthropic-version": "2023-06-01"},
+        ) as response:
+            events = [line for line in response.iter_lines() if line.startswith("event:")]
+    assert plain.status_code == 200, plain.text
+    assert (plain.json()["type"], plain.json()["model"]) == ("message", "m-llama")
+    assert events[0] == "event: message_start"
+    assert events[-1] == "event: message_stop"
+    path, sent = epp.taps["llama"].posts[-1]
+    assert path == "/v1/chat/completions"
+    assert json.loads(sent)["id_slot"] in (0, 1)
