@@ -210,7 +210,7 @@ class Exchange:
         record = self.record
         record.status, record.error = error.status, error.message
         content = error.anthropic_body() if self.anthropic else error.openai_body()
-        await self.write(wire.immediate(error.status, content))
+        await self.write(wire.immediate(error.status, content, error.headers))
         if self.routed is not None:
             await self._settle(error.status, error.message)
         else:

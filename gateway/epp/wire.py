@@ -134,9 +134,16 @@ def trailers(phase: str) -> Any:
     return pb.ProcessingResponse(**{phase: pb.TrailersResponse()})
 
 
-def immediate(status: int, content: bytes, content_type: str = "application/json") -> Any:
-    """Answer the client now, without an upstream (an error: 4xx, 429 shed, 503 nothing fits)."""
-    mutation = pb.HeaderMutation(set_headers=[_header("content-type", content_type)])
+def immediate(
+    status: int,
+    content: bytes,
+    headers: Mapping[str, str] | None = None,
+    content_type: str = "application/json",
+) -> Any:
+    """Answer the client now, without an upstream (an error: 4xx, 429 shed, 503 nothing fits), with
+    ``headers`` (a 429's ``retry-after``)."""
+    extra = (_header(k, v) for k, v in (headers or {}).items())
+    mutation = pb.HeaderMutation(set_headers=[_header("content-type", content_type), *extra])
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status), body=content, headers=mutation
