@@ -21,7 +21,9 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
   still needs (``SlotState.busy_s``), else half a request;
 - a free slot, or one whose lease expired (idle ``lease_idle_s``): no cost;
 - another session's slot, at the **eviction cost** (a first turn known only by its content pays it
-  too, and takes no lease: ``proven``): that session's next turn re-prefills what it
+  too, and takes no lease: ``proven``); a slot busy with its holder's own turn costs the holder
+  the wait for this request too (``_holder_waits``: its prefill and half a typical request), since
+  an active session's next turn comes soon; and that session's next turn re-prefills what it
   loses and restores the rest from RAM,
   ``prefill_s(tokens * max(reuse - ram_reuse, 0)) + ram_restore_s(tokens * ram_reuse)``
   (``policies.pricing``); but when this prompt shares at least half of itself, and more than 10%
@@ -288,6 +290,17 @@ def _eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: i
     return comes_back * lost
 
 
+def _holder_waits(situation: Situation, new: int, cached: int) -> float:
+    """What taking a slot busy with its holder's own turn costs the holder besides its cache (module
+    docstring): the holder is active, its next turn comes soon after this one ends, and finds the
+    slot running the taker: it waits the taker's prefill (``new`` tokens after ``cached``) and, for
+    its answer, half a typical request there (``service_s``). Issue #45: priced as a RAM restore
+    alone (~0.1 s), a one-off request took an agent's slot the moment its turn ended, and the agent's
+    next turn waited 5-9 s or re-prefilled elsewhere (contention-16-8llama)."""
+    stats = situation.stats
+    return prefill_s(situation.deployment, stats, max(new, 1), cached) + stats.service_s.value / 2
+
+
 def _left_for(deployment: Deployment, held: SlotMatch, prompt: int, cached: int) -> float:
     """Tokens of the holder's conversation a slot still gives it back after this prompt ran there,
     by the slot rules (``usable``): the slot holds this prompt, sharing ``held.tokens`` with the
@@ -331,6 +344,8 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         evicts, cost = None, 0.0
         if lease is not None and not mine:
             cost = _eviction(lease, situation, held, features.prompt_tokens, got.from_slot)
+            if state is not None and state.is_processing and not _expired(lease, situation):
+                cost += _holder_waits(situation, features.prompt_tokens - got.cached, got.cached)
             evicts = lease.session_key  # even at no cost: the claim compares and sets against it
         options.append(
             SlotOption(

@@ -15,6 +15,7 @@ from policies import (
 )
 from policies.cost import estimate
 from policies.learning import LearnedState, learn
+from policies.pricing import prefill_s
 from policies.sessions import session_label
 from policies.slots import Situation, llama_options
 from policies.types import (
@@ -139,6 +140,27 @@ class TestReuse:
         assert (result.slot, result.evicts, result.horizon) == (0, "a", 0.0)
         assert result.evict_cost_s > 0
         assert "takes slot 0 from session" in result.note
+
+    def test_taking_a_slot_busy_with_its_holders_turn_costs_the_holder_the_wait(self) -> None:
+        """A slot running its holder's own turn: the holder is active, its next turn comes soon and
+        finds this request there. Taking it costs that wait (this prompt's prefill and half a typical
+        request) on top of the cache the holder loses; an idle holder's slot costs only the cache
+        (issue #45: a one-off took an agent's slot as its turn ended, and the agent's next turn
+        waited 5-9 s)."""
+        leases = (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.5, 9000))
+        source = SessionSource.IMPLICIT
+        idle = llama(NOTHING, leases, session=SessionView("s"), source=source, learned=NO_RAM)
+        busy = replace(
+            llama_snapshot((True, True)),
+            slots=(SlotState(0, 32768, True, 1.0), SlotState(1, 32768, True, 2.0)),
+        )
+        active = llama(
+            NOTHING, leases, session=SessionView("s"), source=source, snapshot=busy, learned=NO_RAM
+        )
+        stats = NO_RAM.for_deployment(LLAMA, EngineKind.LLAMACPP)
+        wait = prefill_s(LLAMA, stats, 10_000 - active.expected_cached_tokens) + stats.service_s.value / 2
+        assert active.evict_cost_s == pytest.approx(idle.evict_cost_s + wait, rel=0.05)
+        assert "takes slot" in active.note
 
     def test_a_one_off_left_to_llama_server_pays_for_the_slot_that_frees_first(self) -> None:
         """Both slots busy with their sessions' turns: a request naming no slot waits for the first
