@@ -23,8 +23,12 @@ import httpx
 import pytest
 import yaml
 
+from backends.sim import SimConfig, create_sim_app
 from gateway.settings import Settings
+from policies import Architecture
+from tests.e2e.conftest import Tap
 from tests.real.llama_server import free_port
+from tests.servers import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVOY_CONFIG = ROOT / "deploy" / "envoy" / "envoy.yaml"
@@ -182,3 +186,23 @@ def envoy_with_picker(
     finally:
         envoy.stop()
         picker.stop()
+
+
+@contextmanager
+def simulated_engines() -> Iterator[dict[str, Tap]]:
+    """The e2e stack's engines (a vLLM simulator, a llama.cpp simulator of 2 slots), each a real
+    server behind a ``Tap`` that records what it was sent; yields the taps by backend id, their
+    servers' URLs on ``tap.url``."""
+    configs = {
+        "vllm": SimConfig(kind="vllm", model="up-vllm", time_scale=0.002, architecture=Architecture.HYBRID),
+        "llama": SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2),
+    }
+    taps = {name: Tap(create_sim_app(config)) for name, config in configs.items()}
+    servers = {name: ServerThread(tap).start() for name, tap in taps.items()}
+    for name, tap in taps.items():
+        tap.url = servers[name].url  # type: ignore[attr-defined]
+    try:
+        yield taps
+    finally:
+        for server in servers.values():
+            server.stop()

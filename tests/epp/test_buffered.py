@@ -11,11 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.sim import SimConfig, create_sim_app
-from policies import Architecture
 from tests.e2e.conftest import Tap, stack_settings
-from tests.epp.envoy import PickerThread, envoy_with_picker
-from tests.servers import ServerThread
+from tests.epp.envoy import PickerThread, envoy_with_picker, simulated_engines
 
 
 class Buffered:
@@ -25,19 +22,10 @@ class Buffered:
 
 @pytest.fixture(scope="module")
 def buffered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Buffered]:
-    configs = {
-        "vllm": SimConfig(kind="vllm", model="up-vllm", time_scale=0.002, architecture=Architecture.HYBRID),
-        "llama": SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2),
-    }
-    taps = {name: Tap(create_sim_app(config)) for name, config in configs.items()}
-    sims = {name: ServerThread(tap).start() for name, tap in taps.items()}
-    settings = stack_settings({n: s.url for n, s in sims.items()})
-    try:
+    with simulated_engines() as taps:
+        settings = stack_settings({name: tap.url for name, tap in taps.items()})
         with envoy_with_picker(settings, tmp_path_factory.mktemp("envoy"), buffered=True) as (envoy, picker):
             yield Buffered(envoy.url, taps, picker)
-    finally:
-        for server in sims.values():
-            server.stop()
 
 
 def chat(model: str, **extra: Any) -> dict[str, Any]:

@@ -11,18 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.sim import SimConfig, create_sim_app
-from policies import Architecture
 from tests.e2e.conftest import Tap, stack_settings
-from tests.epp.envoy import Envoy, PickerThread, envoy_with_picker
-from tests.servers import ServerThread
+from tests.epp.envoy import Envoy, PickerThread, envoy_with_picker, simulated_engines
 
 
 class EppStack:
-    def __init__(
-        self, sims: dict[str, ServerThread], taps: dict[str, Tap], envoy: Envoy, picker: PickerThread
-    ):
-        self.sims, self.taps, self.envoy, self.picker = sims, taps, envoy, picker
+    def __init__(self, taps: dict[str, Tap], envoy: Envoy, picker: PickerThread) -> None:
+        self.taps, self.envoy, self.picker = taps, envoy, picker
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.envoy.url, timeout=30)
@@ -36,19 +31,10 @@ class EppStack:
 
 @pytest.fixture(scope="module")
 def epp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EppStack]:
-    configs = {
-        "vllm": SimConfig(kind="vllm", model="up-vllm", time_scale=0.002, architecture=Architecture.HYBRID),
-        "llama": SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2),
-    }
-    taps = {name: Tap(create_sim_app(config)) for name, config in configs.items()}
-    sims = {name: ServerThread(tap).start() for name, tap in taps.items()}
-    settings = stack_settings({n: s.url for n, s in sims.items()})
-    try:
+    with simulated_engines() as taps:
+        settings = stack_settings({name: tap.url for name, tap in taps.items()})
         with envoy_with_picker(settings, tmp_path_factory.mktemp("envoy")) as (envoy, picker):
-            yield EppStack(sims, taps, envoy, picker)
-    finally:
-        for server in sims.values():
-            server.stop()
+            yield EppStack(taps, envoy, picker)
 
 
 def chat(model: str, text: str = "hello there", **extra: Any) -> dict[str, Any]:

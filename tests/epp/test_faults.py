@@ -15,7 +15,7 @@ from gateway.settings import Settings
 from policies import Health
 from tests.e2e.conftest import stack_settings
 from tests.e2e.processes import SimProcess
-from tests.epp.envoy import Envoy, PickerThread
+from tests.epp.envoy import Envoy, PickerThread, envoy_with_picker
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 100}
 NO_TIMER_S = 10.0
@@ -67,10 +67,7 @@ def settings_for(sims: dict[str, SimProcess]) -> Settings:
 def test_an_engine_killed_mid_stream_ends_the_stream_at_once_and_the_picker_knows(
     sims: dict[str, SimProcess], tmp_path: Path
 ) -> None:
-    picker = PickerThread(settings_for(sims)).start()
-    envoy = Envoy(tmp_path, picker.port).start()
-    try:
-        envoy.picker_healthy()
+    with envoy_with_picker(settings_for(sims), tmp_path) as (envoy, picker):
         for _ in range(2):  # two short turns: the session is pinned to a llama.cpp slot
             warm = httpx.post(envoy.url + "/v1/chat/completions", **ask(stream=False))
             assert warm.status_code == 200, warm.text
@@ -106,9 +103,6 @@ def test_an_engine_killed_mid_stream_ends_the_stream_at_once_and_the_picker_know
         llama = next(s for s in fleet.snapshots() if s.backend_id == "llama")
         assert llama.health is Health.DOWN
         assert picker.call(picker.core.store.leases("llama")) == ()  # the session's lease went with it
-    finally:
-        envoy.stop()
-        picker.stop()
 
 
 def test_the_picker_killed_fails_closed_at_once_and_comes_back(
@@ -145,10 +139,7 @@ def test_the_picker_killed_with_fail_open_sends_requests_on_unrouted(
     once itself: 503, or 500 when it had begun streaming the body to the picker before the
     connection was refused (FULL_DUPLEX_STREAMED cannot take a body back). Fail-open needs a
     fallback route to be of use (docs/epp.md); the shipped config fails closed."""
-    picker = PickerThread(settings_for(sims)).start()
-    envoy = Envoy(tmp_path, picker.port, fail_open=True).start()
-    try:
-        envoy.picker_healthy()
+    with envoy_with_picker(settings_for(sims), tmp_path, fail_open=True) as (envoy, picker):
         assert httpx.post(envoy.url + "/v1/chat/completions", **ask(stream=False)).status_code == 200
         picker.stop()
         started = time.monotonic()
@@ -156,9 +147,6 @@ def test_the_picker_killed_with_fail_open_sends_requests_on_unrouted(
         assert time.monotonic() - started < NO_TIMER_S
         assert unrouted.status_code in (500, 503), (unrouted.headers, unrouted.text)
         assert "x-turnout-backend" not in unrouted.headers  # Envoy's own answer, not an engine's
-    finally:
-        envoy.stop()
-        picker.stop()
 
 
 def test_a_client_that_leaves_mid_stream_is_told_from_a_dead_engine(
@@ -166,10 +154,7 @@ def test_a_client_that_leaves_mid_stream_is_told_from_a_dead_engine(
 ) -> None:
     """The stream is cut, the engine still answers its probe: the client left (499), nothing is
     marked down, and the engine stops generating (Envoy closed its connection)."""
-    picker = PickerThread(settings_for(sims)).start()
-    envoy = Envoy(tmp_path, picker.port).start()
-    try:
-        envoy.picker_healthy()
+    with envoy_with_picker(settings_for(sims), tmp_path) as (envoy, picker):
         request = ask("m-llama", stream=True, max_tokens=2000, session="leaver")
         with httpx.stream("POST", envoy.url + "/v1/chat/completions", **request) as response:
             lines = response.iter_lines()
@@ -182,6 +167,3 @@ def test_a_client_that_leaves_mid_stream_is_told_from_a_dead_engine(
         ]
         llama = next(s for s in fleet.snapshots() if s.backend_id == "llama")
         assert llama.health is Health.READY
-    finally:
-        envoy.stop()
-        picker.stop()
