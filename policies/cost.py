@@ -27,8 +27,8 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                (on llama.cpp without the prompts of requests deferred for a busy slot: they
                start after this one)
                a busy llama.cpp slot: what its request is predicted to still need (``busy_s``), plus
-               the backlog and the deferred prompts (llama-server stalls a slot's decode while
-               another slot prefills)
+               the prompts deferred meanwhile (the other slots' prompts in the engine run in the
+               steps that decode it: ``policies.slots._slot_queue``)
                llama.cpp unpinned with no idle slot: the first slot to free + queued * service_s / slots
     queue_factor: vLLM: learned, how much longer queues really were than predicted
                (``policies.learning``); llama.cpp: 1 (its slot queue is modelled whole)
