@@ -24,7 +24,7 @@ from gateway.admin.auth import AdminAuth
 from gateway.admin.service import AdminService
 from gateway.admin.views import admin_router
 from gateway.api.document import openapi_config
-from gateway.core import Core, running_core
+from gateway.core import Core, fleet_rows, running_core
 from gateway.errors import GatewayError, ModelNotFound, anthropic_error_body, openai_error_body
 from gateway.key_limits.resilient import ResilientCounter
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -116,25 +116,7 @@ async def get_model(
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus metrics (docs/metrics.md): requests, TTFT, tokens, prediction error, fleet gauges."""
     core = _core(request)
-    router = core.router
-    fleet = []
-    for snapshot in core.fleet.snapshots():
-        leases = await router.store.leases(snapshot.backend_id) if snapshot.slots else ()
-        fleet.append(
-            {
-                "backend": snapshot.backend_id,
-                "kind": snapshot.kind.value,
-                "health": snapshot.health.value,
-                "running": snapshot.running,
-                "waiting": snapshot.queued,
-                "kv_usage": snapshot.kv_usage,
-                "drained": snapshot.backend_id in router.drained,
-                "slots": len(snapshot.slots),
-                "leases": len(leases),
-                "circuit": snapshot.circuit,
-                "circuit_trips": core.fleet.breakers[snapshot.backend_id].trips,
-            }
-        )
+    fleet = await fleet_rows(core)
     return Response(core.metrics.exposition(fleet), media_type=METRICS_CONTENT_TYPE)
 
 

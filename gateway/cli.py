@@ -49,7 +49,7 @@ def cmd_epp(args: argparse.Namespace) -> int:
     from gateway.logging import configure_logging
 
     configure_logging(settings.log_format, settings.log_level)
-    asyncio.run(serve_picker(settings, args.listen, grace_s=args.grace))
+    asyncio.run(serve_picker(settings, args.listen, grace_s=args.grace, metrics=args.metrics))
     return 0
 
 
@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     epp.add_argument("--config", help="TOML config file (the same as turnout serve's)")
     epp.add_argument(
         "--listen", default="0.0.0.0:9002", help="host:port of the gRPC server (default %(default)s)"
+    )
+    epp.add_argument(
+        "--metrics", help="host:port to serve Prometheus metrics on (GET /metrics); default: none"
     )
     epp.add_argument(
         "--endpoints",

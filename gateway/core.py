@@ -195,3 +195,27 @@ async def running_core(settings: Settings, clock: Clock = WALL) -> AsyncIterator
             await core.access.close()
             if core.router.recorder is not None:
                 core.router.recorder.close()
+
+
+async def fleet_rows(core: Core) -> list[dict[str, Any]]:
+    """Each backend's gauges for ``/metrics`` (``Metrics.exposition``): health, load, slots and their
+    leases, drained, its circuit breaker."""
+    router, rows = core.router, []
+    for snapshot in core.fleet.snapshots():
+        leases = await router.store.leases(snapshot.backend_id) if snapshot.slots else ()
+        rows.append(
+            {
+                "backend": snapshot.backend_id,
+                "kind": snapshot.kind.value,
+                "health": snapshot.health.value,
+                "running": snapshot.running,
+                "waiting": snapshot.queued,
+                "kv_usage": snapshot.kv_usage,
+                "drained": snapshot.backend_id in router.drained,
+                "slots": len(snapshot.slots),
+                "leases": len(leases),
+                "circuit": snapshot.circuit,
+                "circuit_trips": core.fleet.breakers[snapshot.backend_id].trips,
+            }
+        )
+    return rows

@@ -4,6 +4,10 @@ services the protocol names), on the one running core (``gateway.core.running_co
 Health: ``liveness`` serves while the process runs; ``readiness``, ``""`` and the ext_proc service
 once the engines were probed, and no longer once it drains (SIGTERM, SIGINT): Envoy's health check
 then takes its traffic elsewhere, the requests in flight finish within ``grace_s``.
+
+Metrics: with ``metrics`` (``host:port``), ``GET /metrics`` there answers the same Prometheus
+metrics as ``turnout serve``'s (docs/metrics.md), from the picker's core: a plain HTTP/1.1 server
+on asyncio, one short answer per connection, nothing else on that port.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -21,9 +26,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from backends.clock import WALL, Clock
-from gateway.core import Core, running_core
+from gateway.core import Core, fleet_rows, running_core
 from gateway.epp import wire
 from gateway.epp.exchange import Exchange
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -66,6 +72,36 @@ class Health:
             await self.servicer.set(service, SERVING if ready or live else NOT_SERVING)
 
 
+async def _metrics(core: Core, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One scrape: ``GET /metrics`` answered with the exposition, anything else with 404."""
+    try:
+        request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+        line = request.split(b"\r\n", 1)[0].split()
+        if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
+            status, kind, body = (
+                b"200 OK",
+                METRICS_CONTENT_TYPE.encode(),
+                core.metrics.exposition(await fleet_rows(core)),
+            )
+        else:
+            status, kind, body = b"404 Not Found", b"text/plain", b"turnout epp serves GET /metrics here\n"
+        writer.write(
+            b"HTTP/1.1 "
+            + status
+            + b"\r\ncontent-type: "
+            + kind
+            + b"\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\nconnection: close\r\n\r\n"
+            + body
+        )
+        await writer.drain()
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        pass  # a scraper that went away, or no HTTP
+    finally:
+        writer.close()
+
+
 @dataclass(frozen=True)
 class Serving:
     """A picker serving: its gRPC server, the port it listens on, its core."""
@@ -73,13 +109,19 @@ class Serving:
     server: grpc.aio.Server
     port: int
     core: Core
+    metrics_port: int | None = None
 
 
 @asynccontextmanager
 async def picker_server(
-    settings: Settings, listen: str, clock: Clock = WALL, grace_s: float = 5.0
+    settings: Settings,
+    listen: str,
+    clock: Clock = WALL,
+    grace_s: float = 5.0,
+    metrics: str | None = None,
 ) -> AsyncIterator[Serving]:
-    """The picker on ``listen`` (``host:port``; port 0: a free one), serving while in the block."""
+    """The picker on ``listen`` (``host:port``; port 0: a free one), serving while in the block;
+    its Prometheus metrics on ``metrics`` (``host:port``) when given."""
     async with running_core(settings, clock) as core:
         server = grpc.aio.server()
         pb_grpc.add_ExternalProcessorServicer_to_server(Picker(core), server)
@@ -90,23 +132,32 @@ async def picker_server(
         if port == 0:
             raise OSError(f"turnout epp cannot listen on {listen}")
         await server.start()
+        scrape, metrics_port = None, None
+        if metrics is not None:
+            host, _, number = metrics.rpartition(":")
+            scrape = await asyncio.start_server(partial(_metrics, core), host or None, int(number))
+            metrics_port = scrape.sockets[0].getsockname()[1]
         await checks.set(True)
         log.info(
             "epp.serving", listen=listen, port=port, backends=[s.backend_id for s in core.fleet.snapshots()]
         )
         try:
-            yield Serving(server, port, core)
+            yield Serving(server, port, core, metrics_port)
         finally:
             await checks.set(False)
             await server.stop(grace_s)
+            if scrape is not None:
+                scrape.close()
 
 
-async def serve_picker(settings: Settings, listen: str, grace_s: float = 5.0) -> None:
+async def serve_picker(
+    settings: Settings, listen: str, grace_s: float = 5.0, metrics: str | None = None
+) -> None:
     """Run the picker until SIGTERM or SIGINT, then drain (module docstring)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with picker_server(settings, listen, grace_s=grace_s):
+    async with picker_server(settings, listen, grace_s=grace_s, metrics=metrics):
         await stop.wait()
         log.info("epp.draining", grace_s=grace_s)

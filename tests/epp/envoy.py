@@ -130,9 +130,11 @@ class Envoy:
 class PickerThread:
     """``turnout epp`` for ``settings``, in a thread with its own event loop, on a free port."""
 
-    def __init__(self, settings: Settings, port: int | None = None) -> None:
+    def __init__(self, settings: Settings, port: int | None = None, *, metrics: bool = False) -> None:
         self.settings = settings
         self.port = port or free_port()
+        self.metrics = metrics
+        self.metrics_port: int | None = None
         self.core: Any = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,8 +154,11 @@ class PickerThread:
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with picker_server(self.settings, f"127.0.0.1:{self.port}", grace_s=1.0) as serving:
-            self.core = serving.core
+        metrics = "127.0.0.1:0" if self.metrics else None
+        async with picker_server(
+            self.settings, f"127.0.0.1:{self.port}", grace_s=1.0, metrics=metrics
+        ) as serving:
+            self.core, self.metrics_port = serving.core, serving.metrics_port
             self._ready.set()
             await self._stop.wait()
 
@@ -178,7 +183,7 @@ class PickerThread:
 def envoy_with_picker(
     settings: Settings, directory: Path, *, fail_open: bool = False, buffered: bool = False
 ) -> Iterator[tuple[Envoy, PickerThread]]:
-    picker = PickerThread(settings).start()
+    picker = PickerThread(settings, metrics=True).start()
     envoy = Envoy(directory, picker.port, fail_open=fail_open, buffered=buffered).start()
     try:
         envoy.picker_healthy()

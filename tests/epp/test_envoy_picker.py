@@ -4,12 +4,14 @@ simulated engines, routing by the picker's answer, with learning fed by the resp
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Tap, stack_settings
 from tests.epp.envoy import Envoy, PickerThread, envoy_with_picker, simulated_engines
@@ -152,3 +154,48 @@ def test_an_anthropic_client_gets_its_api_through_envoy(epp: EppStack) -> None:
     path, sent = epp.taps["llama"].posts[-1]
     assert path == "/v1/chat/completions"
     assert json.loads(sent)["id_slot"] in (0, 1)
+
+
+def llama_requests(epp: EppStack) -> dict[str, float]:
+    """The picker's ``turnout_requests_total`` for backend llama, by status (a Prometheus scrape)."""
+    scrape = httpx.get(f"http://127.0.0.1:{epp.picker.metrics_port}/metrics", timeout=10)
+    assert scrape.status_code == 200
+    assert scrape.headers["content-type"].startswith("text/plain")
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(scrape.text):
+        for sample in family.samples:
+            if sample.name == "turnout_requests_total" and sample.labels["backend"] == "llama":
+                status = sample.labels["status"]
+                counts[status] = counts.get(status, 0.0) + sample.value
+    return counts
+
+
+def test_the_pickers_metrics_count_what_the_client_saw(epp: EppStack) -> None:
+    """``turnout epp --metrics``: the same Prometheus metrics as turnout serve's, counted from the
+    answers Envoy passed back: streamed and plain alike, as many as the client got."""
+    before = llama_requests(epp)
+    statuses = []
+    with epp.client() as client:
+        for stream in (False, True, False):
+            with client.stream(
+                "POST", "/v1/chat/completions", json=chat("m-llama", stream=stream)
+            ) as response:
+                response.read()
+                statuses.append(response.status_code)
+        fleet = client.get(f"http://127.0.0.1:{epp.picker.metrics_port}/metrics").text
+        missing = client.get(f"http://127.0.0.1:{epp.picker.metrics_port}/nothing")
+    assert statuses == [200, 200, 200]
+    deadline = time.monotonic() + 10
+    after = llama_requests(epp)
+    while after.get("200", 0.0) - before.get("200", 0.0) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the last one settles as its last chunk goes back
+        after = llama_requests(epp)
+    assert after.get("200", 0.0) - before.get("200", 0.0) == 3
+    up = {
+        s.labels["backend"]: s.value
+        for f in text_string_to_metric_families(fleet)
+        for s in f.samples
+        if s.name == "turnout_backend_up"
+    }
+    assert up == {"vllm": 1.0, "llama": 1.0}  # the fleet's gauges, from the picker's probes
+    assert missing.status_code == 404
