@@ -22,6 +22,7 @@ import msgspec
 
 from backends.errors import UpstreamError, UpstreamStatusError
 from gateway.api import anthropic, openai
+from policies import Endpoint
 
 
 class GatewayError(Exception):
@@ -158,6 +159,13 @@ def anthropic_error_body(status: int, message: str) -> bytes:
     """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``
     (:class:`gateway.api.anthropic.AnthropicError`)."""
     return anthropic.error_body(status, message)
+
+
+def stream_api(endpoint: Endpoint) -> str:
+    """Which API's stream a request on ``endpoint`` gets: its error event's shape (``stream_error_event``)."""
+    if endpoint.anthropic:
+        return "anthropic"
+    return "responses" if endpoint is Endpoint.RESPONSES else "openai"
 
 
 def stream_error_event(api: str, error: GatewayError) -> bytes:

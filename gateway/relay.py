@@ -23,7 +23,7 @@ from backends.watchdog import Expired, Watchdog
 from gateway.completion import Completion, measured
 from gateway.core import Core
 from gateway.disconnect import ClientDisconnected, DisconnectWatch
-from gateway.errors import GatewayError, ShuttingDown, UpstreamFailed, stream_error_event
+from gateway.errors import GatewayError, ShuttingDown, UpstreamFailed, stream_api, stream_error_event
 from gateway.lifecycle import Opened
 from gateway.record import RequestRecord
 from gateway.requests import parse_body, read_body
@@ -35,12 +35,6 @@ log = structlog.get_logger(__name__)
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 CLIENT_CLOSED = 499  # nginx's status for "client closed request", used in logs only
-
-
-def _api(endpoint: Endpoint) -> str:
-    if endpoint.anthropic:
-        return "anthropic"
-    return "responses" if endpoint is Endpoint.RESPONSES else "openai"
 
 
 class Relay:
@@ -80,7 +74,7 @@ class Relay:
             if opened.relay.request.stream:
                 await watch.stop()
                 return EventStream(
-                    self._stream(opened, record, _api(endpoint)),
+                    self._stream(opened, record, stream_api(endpoint)),
                     media_type="text/event-stream",
                     headers={**SSE_HEADERS, **headers},
                     background=BackgroundTask(self._finish_stream, opened, record),

@@ -42,6 +42,7 @@ from gateway.errors import (
     NoBackendAvailable,
     PayloadTooLarge,
     UpstreamFailed,
+    stream_api,
 )
 from gateway.lifecycle import in_flight
 from gateway.metrics import CLIENT_CLOSED
@@ -243,7 +244,7 @@ class Exchange:
         buffered = self.response_mode == wire.BUFFERED_MODE
         answer = self.answer = Answer(
             upstream, EnvoyResponse(status, headers), self.core.fleet, self.write,
-            buffered=buffered, api=self._api, anthropic=self.anthropic,
+            buffered=buffered, api=stream_api(routed.features.endpoint), anthropic=self.anthropic,
         )  # fmt: skip
         self.pump = asyncio.create_task(answer.run(self._answered, self._prefilled))
         await self.write(wire.response_headers(added, ("content-length",)))
@@ -271,12 +272,6 @@ class Exchange:
     def _prefilled(self) -> None:
         if self.token is not None:
             self.core.fleet.prefilled(self.token)
-
-    @property
-    def _api(self) -> str:
-        if self.anthropic:
-            return "anthropic"
-        return "responses" if self.endpoint is Endpoint.RESPONSES else "openai"
 
     # --- the end ----------------------------------------------------------------------------------
 

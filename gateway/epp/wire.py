@@ -59,12 +59,18 @@ def _header(name: str, value: str) -> Any:
     return base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=name, raw_value=value.encode()))
 
 
-def route(endpoints: Sequence[str], headers: Mapping[str, str], remove: Iterable[str] = ()) -> Any:
-    """The answer to the request headers: go to ``endpoints`` (the first, then the fallbacks), with
-    ``headers`` set (the upstream path, its auth) and ``remove`` removed; the route is picked again."""
+def _destination(endpoints: Sequence[str]) -> tuple[str, Any]:
+    """The destination's value (the endpoints, comma-separated) and the ``envoy.lb`` metadata holding it."""
     destination = ",".join(endpoints)
     metadata = struct_pb2.Struct()
     metadata.update({DESTINATION_NAMESPACE: {DESTINATION: destination}})
+    return destination, metadata
+
+
+def route(endpoints: Sequence[str], headers: Mapping[str, str], remove: Iterable[str] = ()) -> Any:
+    """The answer to the request headers: go to ``endpoints`` (the first, then the fallbacks), with
+    ``headers`` set (the upstream path, its auth) and ``remove`` removed; the route is picked again."""
+    destination, metadata = _destination(endpoints)
     mutation = pb.HeaderMutation(
         set_headers=[_header(DESTINATION, destination), *(_header(k, v) for k, v in headers.items())],
         remove_headers=list(remove),
@@ -78,9 +84,7 @@ def route(endpoints: Sequence[str], headers: Mapping[str, str], remove: Iterable
 def route_buffered(endpoints: Sequence[str], headers: Mapping[str, str], content: bytes) -> Any:
     """BUFFERED mode's answer to the whole request body: go to ``endpoints`` with ``headers`` set
     (its length among them) and ``content`` as the body; the route is picked again."""
-    destination = ",".join(endpoints)
-    metadata = struct_pb2.Struct()
-    metadata.update({DESTINATION_NAMESPACE: {DESTINATION: destination}})
+    destination, metadata = _destination(endpoints)
     mutation = pb.HeaderMutation(
         set_headers=[
             _header(DESTINATION, destination),
