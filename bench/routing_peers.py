@@ -92,5 +92,6 @@ def peer_seed_target(ratios: Sequence[float]) -> str:
     ok = ratios[worst] <= PEER_DRAW_SLACK
     return (
         f"  - per draw, cost / best peer mean TTFT: geometric mean {statistics.geometric_mean(ratios):.2f}x, "
-        f"worst {ratios[worst]:.2f}x (seed {worst}; no draw above {PEER_DRAW_SLACK:.2f}x): {verdict(ok)}"
+        f"worst {ratios[worst]:.2f}x (seed {worst}; target: no draw above {PEER_DRAW_SLACK:.2f}x): "
+        f"{verdict(ok)}"
     )

@@ -155,6 +155,14 @@ NOTES = """\
   proportional to exp(-(score - best) / (0.25 x best)) over the oracle's scores, seeds 1-8): a
   yardstick at or below the oracle, found by search, not a proof of optimality. The targets say how
   much of the gap from the best peer to it `cost` closes. `lower-bound` stays: each request alone.
+- **The look-ahead oracle (issue #45).** Sampling does not make `best-schedule` hard to beat: `cost`
+  ties or beats it on several rows. `bench/lookahead.py` runs a stronger yardstick on the first 4
+  draws of the workstation's generated rows (it is too slow for 32 draws of every row):
+  `virtual_lookahead.LookaheadOracleReplay` tries each request's 3 best candidates (by the greedy
+  oracle's score) on exact copies of the world played to the end of the trace, every later request
+  placed greedily, and keeps the one with the least TTFT total, so its mean TTFT is at most the
+  greedy oracle's. Its table (below the generated part) shows where `cost` sits between the best peer
+  and it: most of the gap closed on the contention rows, a third left on chat and mixed.
 
 - **Virtual time (issue #26).** Every run is in simulated time: the clients, turnout's own
   request path (routing, learning, the prefix index, slot leases, the in-flight overlay) and the

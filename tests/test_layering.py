@@ -96,6 +96,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.replay",
             "gateway.replay.virtual",
             "gateway.replay.virtual_oracle",
+            "gateway.replay.virtual_lookahead",
             "gateway.replay.oracle",
             "gateway.replay.fleets",
             "gateway.replay.yardsticks",

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from backends.clock import Clock, Events
@@ -133,7 +134,7 @@ class EventDriver:
         if step is None:
             self.busy = False
             return
-        self.events.after(step.sim_dt, lambda: self._apply(step))
+        self.events.after(step.sim_dt, partial(self._apply, step))  # a copy of the world copies it too
 
     def _apply(self, step: Step) -> None:
         self.engine.apply(step)

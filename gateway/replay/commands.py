@@ -110,6 +110,11 @@ def add_replay_parser(commands: Any) -> None:
         default=0,
         help="virtual only: N sampled hindsight schedules too; the best (or the oracle's) is best-schedule",
     )
+    replay.add_argument(
+        "--lookahead",
+        action="store_true",
+        help="virtual only: the look-ahead oracle too (best candidates played to the end: slow)",
+    )
     replay.add_argument("--json", type=Path, default=None, help="write the JSON report here")
     replay.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     replay.add_argument(
@@ -178,10 +183,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from gateway.replay.traces import TraceError, last_minutes, read_trace, scale_tokens, with_model
     from policies import BUILTIN_PROFILES
 
-    if args.clock == "wall" and (args.backends is not None or args.overhead_ms is not None or args.schedules):
-        return _usage("--backends, --overhead-ms and --schedules apply to --clock virtual only")
+    virtual_only = (
+        args.backends is not None or args.overhead_ms is not None or args.schedules or args.lookahead
+    )
+    if args.clock == "wall" and virtual_only:
+        return _usage("--backends, --overhead-ms, --schedules and --lookahead apply to --clock virtual only")
     if args.schedules < 0 or (args.schedules and args.no_oracle):
         return _usage("--schedules must be 0 or more, and needs the oracle (not --no-oracle)")
+    if args.lookahead and args.no_oracle:
+        return _usage("--lookahead needs the oracle (not --no-oracle)")
     profiles = args.profile or list(DEFAULT_PROFILES)
     known = list(BUILTIN_PROFILES)
     if args.backends is not None:  # and the profiles its config defines
@@ -277,6 +287,7 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
         options,
         oracle=not args.no_oracle,
         schedules=args.schedules,
+        lookahead=args.lookahead,
         on_done=done,
     )
     meta = {

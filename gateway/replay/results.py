@@ -14,6 +14,8 @@ ORACLE = "oracle"
 """The name a report gives the oracle's run."""
 BEST_SCHEDULE = "best-schedule"
 """The name of the best of the oracle's schedule and its sampled ones (``simulate``'s ``schedules``)."""
+LOOKAHEAD = "look-ahead"
+"""The name of the look-ahead oracle's run (``simulate``'s ``lookahead``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """``turnout replay --clock virtual``: every profile, the oracle and the lower bound, in virtual time.
 
 Each profile gets a fresh fleet of engine models and a fresh gateway (``virtual.GatewayReplay``), the
-oracle its own (``virtual_oracle.OracleReplay``); the lower bound comes from the trace
+oracle its own (``virtual_oracle.OracleReplay``), and so do the sampled schedules and the look-ahead
+oracle when asked for; the lower bound comes from the trace
 (``yardsticks.lower_bounds``). The report is a function of the trace and the options alone; the
 wall seconds each run took are returned beside it.
 """
@@ -13,9 +14,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from gateway.replay.fleets import sim_configs
-from gateway.replay.results import BEST_SCHEDULE, ORACLE, Result
+from gateway.replay.results import BEST_SCHEDULE, LOOKAHEAD, ORACLE, Result
 from gateway.replay.traces import TraceRequest
 from gateway.replay.virtual import GatewayReplay, VirtualOptions, World
+from gateway.replay.virtual_lookahead import LookaheadOracleReplay
 from gateway.replay.virtual_oracle import OracleReplay, SampledOracleReplay
 from gateway.replay.yardsticks import lower_bounds
 from gateway.settings import Settings, served_models
@@ -47,12 +49,14 @@ def simulate(
     *,
     oracle: bool = True,
     schedules: int = 0,
+    lookahead: bool = False,
     on_done: Callable[[str, World], None] | None = None,
 ) -> Simulated:
     """Replay ``requests`` once per profile (``settings_for(profile)``: the gateway and its fleet), then
     with the oracle on the same fleet (module docstring); with ``schedules``, also that many sampled
     hindsight schedules (``SampledOracleReplay``, seeds 1 to ``schedules``), of which the best by mean
-    TTFT, the oracle's included, is the run ``best-schedule``."""
+    TTFT, the oracle's included, is the run ``best-schedule``; with ``lookahead``, the look-ahead
+    oracle's run too (``look-ahead``: ``virtual_lookahead``, slow on a long trace)."""
     out = Simulated()
     settings = settings_for(profiles[0] if profiles else "cost")
     configs = sim_configs(settings, model)
@@ -68,6 +72,8 @@ def simulate(
             (f"{BEST_SCHEDULE}#{seed}", partial(SampledOracleReplay, requests, serving, options, seed=seed))
             for seed in range(1, schedules + 1)
         ]
+        if lookahead:
+            worlds.append((LOOKAHEAD, partial(LookaheadOracleReplay, requests, serving, options)))
     for name, make in worlds:
         world = make()
         out.runs[name] = world.run()
