@@ -46,10 +46,18 @@ def cmd_epp(args: argparse.Namespace) -> int:
     if not settings.backends:
         print("turnout: no backends configured; pass --config FILE", file=sys.stderr)
         return 2
+    from gateway.epp.fallbacks import MAX_FALLBACKS
+
+    if not 0 <= args.fallbacks <= MAX_FALLBACKS:
+        print(f"turnout: --fallbacks must be 0 to {MAX_FALLBACKS}, not {args.fallbacks}", file=sys.stderr)
+        return 2
     from gateway.logging import configure_logging
 
     configure_logging(settings.log_format, settings.log_level)
-    asyncio.run(serve_picker(settings, args.listen, grace_s=args.grace, metrics=args.metrics))
+    serving = serve_picker(
+        settings, args.listen, grace_s=args.grace, metrics=args.metrics, fallbacks=args.fallbacks
+    )
+    asyncio.run(serving)
     return 0
 
 
@@ -144,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     epp.add_argument(
         "--endpoints",
         help="an endpoints file (llm-d's file-discovery format): where the configured backends' engines are",
+    )
+    epp.add_argument(
+        "--fallbacks",
+        type=int,
+        default=0,
+        help="name up to N fallback endpoints after each pick, for a data plane that tries them in "
+        "order (Envoy's override_host policy, deploy/envoy/envoy-fallbacks.yaml; not ORIGINAL_DST, "
+        "which reads one); default %(default)s",
     )
     epp.add_argument(
         "--grace",

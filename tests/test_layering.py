@@ -107,6 +107,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.epp.endpoints",
             "gateway.epp.answer",
             "gateway.epp.exchange",
+            "gateway.epp.fallbacks",
         ),
     ),
     ("http", ("gateway.relay", "gateway.admin", "gateway.api.document", "gateway.app")),

@@ -31,11 +31,12 @@ from urllib.parse import parse_qsl, urlsplit
 import msgspec
 import structlog
 
-from backends.base import UPSTREAM_PATHS, UpstreamRequest
+from backends.base import UPSTREAM_PATHS, Adapter, UpstreamRequest
 from gateway.completion import Completion, measured
 from gateway.core import Core
 from gateway.epp import wire
 from gateway.epp.answer import Answer, EnvoyResponse, Write
+from gateway.epp.fallbacks import fallbacks
 from gateway.errors import (
     GatewayError,
     ModelNotFound,
@@ -69,8 +70,10 @@ def endpoint_address(base_url: str) -> str:
 class Exchange:
     """One ext_proc stream (module docstring). ``handle`` each message Envoy sends, then ``close``."""
 
-    def __init__(self, core: Core, write: Write, *, max_body: int) -> None:
-        self.core, self.write, self.max_body = core, write, max_body
+    def __init__(self, core: Core, write: Write, *, max_body: int, fallbacks: int = 0) -> None:
+        self.core, self.write, self.max_body, self.fallbacks = core, write, max_body, fallbacks
+        self.named: dict[str, str] = {}  # the endpoints named for the request (ip:port -> backend id)
+        self.served_by: str | None = None  # the fallback that answered, if the primary did not
         clock = core.fleet.clock.monotonic
         self.record = RequestRecord("", clock(), observer=core.metrics.observe, clock=clock)
         self.headers: dict[str, str] = {}
@@ -182,13 +185,31 @@ class Exchange:
         )
         url = urlsplit(upstream.url)
         headers = {":path": url.path + (f"?{url.query}" if url.query else ""), **dict(upstream.headers)}
-        endpoints = [endpoint_address(adapter.spec.base_url)]
+        endpoints = self._endpoints(chosen.backend_id, headers)
         if self.request_mode == wire.BUFFERED_MODE:
             await self.write(wire.route_buffered(endpoints, headers, upstream.body))
             return
         await self.write(wire.route(endpoints, headers, ("content-length",)))
         for reply in wire.body("request_body", upstream.body, True):
             await self.write(reply)
+
+    def _endpoints(self, backend: str, headers: dict[str, str]) -> list[str]:
+        """The primary's ``ip:port``, then its fallbacks' (``gateway.epp.fallbacks``) with the retries
+        Envoy may spend on them (``x-envoy-max-retries``: never more, so a retry never lands on an
+        engine the picker did not name)."""
+        assert self.routed is not None
+        fleet = self.core.fleet
+        backends = [backend]
+        if self.fallbacks:
+            backends += fallbacks(
+                self.routed.decision, fleet.adapter, fleet.snapshots(), self._allowed, self.fallbacks
+            )
+            headers[wire.MAX_RETRIES] = str(len(backends) - 1)
+        self.named = {endpoint_address(fleet.adapter(b).spec.base_url): b for b in backends}
+        return list(self.named)
+
+    def _allowed(self, adapter: Adapter) -> bool:
+        return self.subset is None or wire.allowed(endpoint_address(adapter.spec.base_url), self.subset)
 
     async def _within_subset(self, routed: Routed) -> Routed:
         """The decision again without the backends outside the data plane's subset hint, if it sent one."""
@@ -233,9 +254,16 @@ class Exchange:
             added["x-turnout-slot"] = str(decision.slot)
         served = wire.served(message)
         picked = endpoint_address(self.core.fleet.adapter(upstream.backend_id).spec.base_url)
+        foreign = False
         if served is not None and served != picked:  # a data plane's fallback: not what was predicted
             log.warning("epp.served_elsewhere", picked=picked, served=served)
-        if not 200 <= status < 300 or (served is not None and served != picked):
+            self.served_by = self.named.get(served)
+            if self.served_by is not None:  # one the picker named: the primary failed before answering
+                self.core.fleet.judge(upstream.backend_id, f"the data plane fell back to {self.served_by}")
+                added["x-turnout-backend"] = record.backend = self.served_by
+                added["x-turnout-fallback-from"] = upstream.backend_id
+            foreign = self.served_by is None  # not one the picker named: its answer passes untouched
+        if not 200 <= status < 300 or foreign:
             if status >= 500:
                 self.core.fleet.judge(upstream.backend_id, f"answered {status} through the data plane")
                 record.error = f"backend {upstream.backend_id} answered {status}"
@@ -291,7 +319,9 @@ class Exchange:
         if relay is not None:
             record.first_token_at, record.usage = relay.first_token_at, relay.usage
             inference = routed.features.endpoint is not Endpoint.COUNT_TOKENS
-            if relay.usage is not None and chosen is not None and error is None and inference:
+            # a fallback's answer teaches nothing of the primary the prediction was for
+            learn = inference and error is None and self.served_by is None
+            if relay.usage is not None and chosen is not None and learn:
                 outcome = measured(
                     routed,
                     core.fleet.adapter(chosen.deployment.backend_id).kind,

@@ -41,8 +41,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class Picker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Envoy's ext_proc service: one :class:`Exchange` per stream (one HTTP request)."""
 
-    def __init__(self, core: Core) -> None:
-        self.core = core
+    def __init__(self, core: Core, fallbacks: int = 0) -> None:
+        self.core, self.fallbacks = core, fallbacks
         self.max_body = core.settings.limits.max_body_bytes
 
     async def Process(self, request_iterator: Any, context: Any) -> None:
@@ -52,7 +52,7 @@ class Picker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             async with lock:
                 await context.write(message)
 
-        exchange = Exchange(self.core, write, max_body=self.max_body)
+        exchange = Exchange(self.core, write, max_body=self.max_body, fallbacks=self.fallbacks)
         try:
             while (message := await context.read()) is not grpc.aio.EOF:
                 await exchange.handle(message)
@@ -119,12 +119,14 @@ async def picker_server(
     clock: Clock = WALL,
     grace_s: float = 5.0,
     metrics: str | None = None,
+    fallbacks: int = 0,
 ) -> AsyncIterator[Serving]:
     """The picker on ``listen`` (``host:port``; port 0: a free one), serving while in the block;
-    its Prometheus metrics on ``metrics`` (``host:port``) when given."""
+    its Prometheus metrics on ``metrics`` (``host:port``) when given; up to ``fallbacks`` fallback
+    endpoints named after each pick (``gateway.epp.fallbacks``)."""
     async with running_core(settings, clock) as core:
         server = grpc.aio.server()
-        pb_grpc.add_ExternalProcessorServicer_to_server(Picker(core), server)
+        pb_grpc.add_ExternalProcessorServicer_to_server(Picker(core, fallbacks), server)
         checks = Health()
         health_pb2_grpc.add_HealthServicer_to_server(checks.servicer, server)
         await checks.set(False)
@@ -151,13 +153,17 @@ async def picker_server(
 
 
 async def serve_picker(
-    settings: Settings, listen: str, grace_s: float = 5.0, metrics: str | None = None
+    settings: Settings,
+    listen: str,
+    grace_s: float = 5.0,
+    metrics: str | None = None,
+    fallbacks: int = 0,
 ) -> None:
     """Run the picker until SIGTERM or SIGINT, then drain (module docstring)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with picker_server(settings, listen, grace_s=grace_s, metrics=metrics):
+    async with picker_server(settings, listen, grace_s=grace_s, metrics=metrics, fallbacks=fallbacks):
         await stop.wait()
         log.info("epp.draining", grace_s=grace_s)

@@ -34,6 +34,8 @@ DESTINATION_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET = "x-gateway-destination-endpoint-subset"
 SERVED = "x-gateway-destination-endpoint-served"
+MAX_RETRIES = "x-envoy-max-retries"
+"""How many of the named fallbacks Envoy may try (``gateway.epp.fallbacks``)."""
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
 """The gRPC health services a picker answers (``""`` is readiness, as the reference's)."""

@@ -32,6 +32,8 @@ from tests.servers import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVOY_CONFIG = ROOT / "deploy" / "envoy" / "envoy.yaml"
+FALLBACKS_CONFIG = ROOT / "deploy" / "envoy" / "envoy-fallbacks.yaml"
+"""The override_host variant: the engines listed in its cluster, the picker's fallbacks tried in order."""
 _BASE_IDS = itertools.count(os.getpid() % 10_000 * 10)
 
 
@@ -47,11 +49,19 @@ def envoy_binary() -> str:
 
 
 def envoy_config(
-    listen: int, admin: int, picker: int, *, fail_open: bool = False, buffered: bool = False
+    listen: int,
+    admin: int,
+    picker: int,
+    *,
+    fail_open: bool = False,
+    buffered: bool = False,
+    engines: list[str] | None = None,
 ) -> dict[str, Any]:
     """deploy/envoy/envoy.yaml with its ports moved (and its failure mode, or Envoy's BUFFERED body
-    mode for both bodies, if asked)."""
-    config: dict[str, Any] = yaml.safe_load(ENVOY_CONFIG.read_text())
+    mode for both bodies, if asked); with ``engines`` (``ip:port``), deploy/envoy/envoy-fallbacks.yaml
+    with its engines' cluster listing them."""
+    source = ENVOY_CONFIG if engines is None else FALLBACKS_CONFIG
+    config: dict[str, Any] = yaml.safe_load(source.read_text())
     config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin)
     listener = config["static_resources"]["listeners"][0]
     listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen)
@@ -66,6 +76,12 @@ def envoy_config(
     cluster = next(c for c in config["static_resources"]["clusters"] if c["name"] == "turnout_epp")
     endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
     endpoint["address"]["socket_address"]["port_value"] = picker
+    if engines is not None:
+        cluster = next(c for c in config["static_resources"]["clusters"] if c["name"] == "engines")
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}}}
+            for host, port in (engine.rsplit(":", 1) for engine in engines)
+        ]
     return config
 
 
@@ -73,12 +89,20 @@ class Envoy:
     """One Envoy process on loopback: ``url`` takes the clients' requests."""
 
     def __init__(
-        self, directory: Path, picker_port: int, *, fail_open: bool = False, buffered: bool = False
+        self,
+        directory: Path,
+        picker_port: int,
+        *,
+        fail_open: bool = False,
+        buffered: bool = False,
+        engines: list[str] | None = None,
     ) -> None:
         self.binary = envoy_binary()
         self.port, self.admin = free_port(), free_port()
         self.config = directory / f"envoy-{self.port}.yaml"
-        config = envoy_config(self.port, self.admin, picker_port, fail_open=fail_open, buffered=buffered)
+        config = envoy_config(
+            self.port, self.admin, picker_port, fail_open=fail_open, buffered=buffered, engines=engines
+        )
         self.config.write_text(yaml.safe_dump(config))
         self.log = directory / f"envoy-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -130,8 +154,10 @@ class Envoy:
 class PickerThread:
     """``turnout epp`` for ``settings``, in a thread with its own event loop, on a free port."""
 
-    def __init__(self, settings: Settings, port: int | None = None, *, metrics: bool = False) -> None:
-        self.settings = settings
+    def __init__(
+        self, settings: Settings, port: int | None = None, *, metrics: bool = False, fallbacks: int = 0
+    ) -> None:
+        self.settings, self.fallbacks = settings, fallbacks
         self.port = port or free_port()
         self.metrics = metrics
         self.metrics_port: int | None = None
@@ -156,7 +182,7 @@ class PickerThread:
         self._stop = asyncio.Event()
         metrics = "127.0.0.1:0" if self.metrics else None
         async with picker_server(
-            self.settings, f"127.0.0.1:{self.port}", grace_s=1.0, metrics=metrics
+            self.settings, f"127.0.0.1:{self.port}", grace_s=1.0, metrics=metrics, fallbacks=self.fallbacks
         ) as serving:
             self.core, self.metrics_port = serving.core, serving.metrics_port
             self._ready.set()

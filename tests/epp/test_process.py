@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from backends.sim import SimConfig, create_sim_app
@@ -59,3 +60,15 @@ def test_turnout_epp_serves_then_drains_on_sigterm(tmp_path: Path) -> None:
             process.kill()
             process.wait(timeout=10)
         engine.stop()
+
+
+def test_turnout_epp_refuses_a_fallback_count_out_of_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cli import main
+
+    config = tmp_path / "turnout.toml"
+    config.write_text(CONFIG.format(url="http://127.0.0.1:1"))
+    for count in ("-1", "9"):
+        assert main(["epp", "--config", str(config), "--fallbacks", count]) == 2
+        assert f"--fallbacks must be 0 to 8, not {count}" in capsys.readouterr().err
