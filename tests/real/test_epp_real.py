@@ -97,11 +97,13 @@ def test_a_session_keeps_its_real_llama_slot_through_envoy(epp: tuple[Envoy, Pic
             assert response.status_code == 200, response.text
             data = response.json()
             data["_slot"] = response.headers["x-turnout-slot"]
+            data["_reason"] = response.headers["x-turnout-route-reason"]
             messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"] or ""})
             turns.append(data)
-    assert len({t["_slot"] for t in turns}) == 1
+    why = [(t["_slot"], t["_reason"], t["timings"]["cache_n"], t["usage"]["prompt_tokens"]) for t in turns]
+    assert len({t["_slot"] for t in turns}) == 1, why  # each turn: slot, why, cache_n, prompt
     for previous, current in itertools.pairwise(turns):
-        assert current["timings"]["cache_n"] >= previous["usage"]["prompt_tokens"] - CHECKPOINT_SLACK
+        assert current["timings"]["cache_n"] >= previous["usage"]["prompt_tokens"] - CHECKPOINT_SLACK, why
 
 
 def test_the_real_llama_server_killed_mid_stream(
