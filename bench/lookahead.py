@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from routing import _settings_for
+from routing import positive_int, workload_settings
 from routing_workloads import MODEL, PEERS, WORKLOADS
 
 from gateway.logging import configure_logging
@@ -58,7 +58,7 @@ def _draw(name: str, seed: int) -> dict[str, Any]:
     assert workload.seeded is not None
     requests = with_model(workload.seeded(seed), MODEL)
     profiles = ["cost", *(p for p in workload.profiles if p in PEERS)]
-    runs = simulate(requests, profiles, _settings_for(workload), MODEL, VirtualOptions(), lookahead=True)
+    runs = simulate(requests, profiles, workload_settings(workload), MODEL, VirtualOptions(), lookahead=True)
     ttfts = {run: _ttfts(results) for run, results in runs.runs.items()}
     return {"seed": seed, "requests": len(requests), "runs": ttfts, "wall_s": runs.wall_s}
 
@@ -138,21 +138,14 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     generated = [w.name for w in WORKLOADS if w.seeded is not None]
-    parser.add_argument("--draws", type=_positive, default=4, help="draws per row, from seed 0 (default 4)")
+    parser.add_argument("--draws", type=positive_int, default=4, help="draws per row from seed 0 (default 4)")
     parser.add_argument("--only", action="append", choices=generated, default=None)
-    parser.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1)
+    parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
     configure_logging("json", "warning")

@@ -73,7 +73,7 @@ from gateway.settings import Settings
 OTHERS = "<!-- other benchmarks: kept when this file is regenerated -->"
 
 
-def _settings_for(workload: Workload) -> Callable[[str], Settings]:
+def workload_settings(workload: Workload) -> Callable[[str], Settings]:
     def settings_for(profile: str) -> Settings:
         if workload.fleet is not None:
             return fleet_from_file(workload.fleet, profile)
@@ -99,7 +99,7 @@ def run(workload: Workload, quick: bool, jobs: int = 1) -> dict[str, Any]:
     if workload.seeded is not None and not quick:
         return _pooled(workload, jobs)
     requests = with_model(workload.make(quick), MODEL)
-    settings_for = _settings_for(workload)
+    settings_for = workload_settings(workload)
     rate = 1.0
     if workload.load is not None:
         configs = sim_configs(settings_for("cost"), MODEL)
@@ -135,7 +135,7 @@ def _draw_of(name: str, seed: int) -> tuple[Draw, dict[str, float], dict[str, fl
     assert workload.seeded is not None
     requests = with_model(workload.seeded(seed), MODEL)
     runs = simulate(
-        requests, workload.profiles, _settings_for(workload), MODEL, VirtualOptions(), schedules=SCHEDULES
+        requests, workload.profiles, workload_settings(workload), MODEL, VirtualOptions(), schedules=SCHEDULES
     )
     return Draw(runs.runs, requests, runs.bounds), runs.simulated_s, runs.wall_s
 
@@ -175,7 +175,7 @@ def _mean_ttft(results: Sequence[Result]) -> float:
     return statistics.mean(r.ttft_s for r in results if r.ok and r.ttft_s is not None)
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--jobs",
-        type=_positive,
+        type=positive_int,
         default=os.cpu_count() or 1,
         help="processes replaying draws at once (default: the cores)",
     )
