@@ -18,6 +18,14 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   its predicted end is still running (the prediction was short) and is given ``OVERDUE_FLOOR`` of
   its run more. A request queued behind others has not started: the time it has waited does not
   count against its own run;
+- a slot's chain starts no earlier than when turnout's previous request there ended: a request
+  pinned behind one that ran long has only just begun (issue #45: counted from when it was sent, a
+  slot whose queue had just cleared looked nearly free, and chat's busy slots were predicted
+  1.5-2.5 s short);
+- every backend says how many of turnout's requests began there per second over the last
+  ``ARRIVALS_WINDOW_S``, ``arrivals_per_s`` (ended ones too; this replica's only: the others publish
+  their backlog, not their arrivals), which prices what a request costs those that come next
+  (``policies.cost``);
 - every backend says how many seconds of prompt processing turnout's requests there still need,
   ``prefill_backlog_s``: each request's predicted prefill time, worked off over its predicted span
   from the end of its predicted queue wait (the prefill plus, on vLLM, the decode steps run with its
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -49,6 +58,8 @@ from msgspec.structs import replace
 
 from policies.types import BackendSnapshot, SlotState
 
+ARRIVALS_WINDOW_S = 30.0
+"""How far back ``arrivals_per_s`` counts the requests begun on a backend."""
 OVERDUE_FLOOR = 0.3
 FORGET_AFTER_S = 3600.0  # a request not ended by then was lost
 RELEASE_LAG_S = 1.0
@@ -102,13 +113,14 @@ class Sent(msgspec.Struct, frozen=True):
         return self.started + self.queue_s + self.prefill_span_s
 
 
-def busy_until(requests: Iterable[Sent], now: float) -> float:
+def busy_until(requests: Iterable[Sent], now: float, free_at: float = -math.inf) -> float:
     """When a slot running ``requests`` (pinned there, in the order sent) is predicted free: each
     starts when it was sent or when the one before it ends, whichever is later, and runs for its
     predicted total less its predicted wait (``Sent.run_s``: that wait is this chain); a request past
-    its predicted end is still running, ``OVERDUE_FLOOR`` of its run more (module docstring). ``now``
-    or later."""
-    end = -math.inf
+    its predicted end is still running, ``OVERDUE_FLOOR`` of its run more (module docstring). The
+    first starts no earlier than ``free_at``, when turnout's previous request there ended: one sent
+    behind it waited till then, however short that one was predicted. ``now`` or later."""
+    end = free_at
     for request in requests:
         start = max(request.started, end)
         run = request.run_s
@@ -168,6 +180,8 @@ class InFlight:
         self._gone: dict[str, int] = {}  # per backend, requests that probe saw running, ended since
         self._begun: dict[str, int] = {}  # per backend, requests that probe saw prefilling, past it since
         self._ended: dict[tuple[str, int], float] = {}
+        self._freed: dict[tuple[str, int], float] = {}  # per slot, when turnout's last request there ended
+        self._arrivals: dict[str, deque[float]] = {}  # per backend, when its recent requests began
         self._tokens = itertools.count()
         self._unprefilled: dict[int, int] = {}  # token -> prompt tokens, until its first token
         self._own: dict[str, Own] = {}  # per backend: requests, their prompt tokens, those before a token
@@ -178,6 +192,7 @@ class InFlight:
     def begin(self, request: Sent) -> int:
         token = next(self._tokens)
         backend = request.backend_id
+        self._arrivals.setdefault(backend, deque()).append(request.started)
         self._backend[token] = backend
         self._open.setdefault(backend, {})[token] = request
         if request.prefill_s > 0:
@@ -223,6 +238,7 @@ class InFlight:
             return None
         if request.slot is not None:
             self._ended[(request.backend_id, request.slot)] = now
+            self._freed[(request.backend_id, request.slot)] = now
         return request.backend_id
 
     def _drop(self, token: int) -> Sent | None:
@@ -299,6 +315,9 @@ class InFlight:
         """``snapshot`` with turnout's own requests, and the other replicas' ``peers``, laid over it
         (module docstring)."""
         backend = snapshot.backend_id
+        rate = self.arrivals_per_s(backend, now)
+        if rate:
+            snapshot = replace(snapshot, arrivals_per_s=rate)
         release = snapshot.taken_at - RELEASE_LAG_S
         ended = {s for (b, s), at in self._ended.items() if b == backend and at > release}
         latest = snapshot.taken_at == self._probed_at.get(backend)
@@ -318,6 +337,15 @@ class InFlight:
             deferred_prefill_s=deferred,
         )
 
+    def arrivals_per_s(self, backend: str, now: float) -> float:
+        """Turnout's requests begun on ``backend`` per second over the last ``ARRIVALS_WINDOW_S``."""
+        arrivals = self._arrivals.get(backend)
+        if not arrivals:
+            return 0.0
+        while arrivals and arrivals[0] <= now - ARRIVALS_WINDOW_S:
+            arrivals.popleft()
+        return len(arrivals) / ARRIVALS_WINDOW_S
+
     def _slots(self, snapshot: BackendSnapshot, ended: set[int], now: float) -> tuple[SlotState, ...]:
         """The probe's slots, with turnout's requests since: busy where they were pinned after it,
         idle where one ``ended`` since, and how long each slot running them is still busy."""
@@ -326,13 +354,18 @@ class InFlight:
         for request in slotted:
             if request.slot is not None:
                 chains.setdefault(request.slot, []).append(request)
-        busy = {slot: busy_until(chain, now) - now for slot, chain in chains.items()}
+        backend = snapshot.backend_id
+        freed = self._freed
+        busy = {
+            slot: busy_until(chain, now, freed.get((backend, slot), -math.inf)) - now
+            for slot, chain in chains.items()
+        }
         pinned = {r.slot for r in slotted if r.slot is not None and r.started > snapshot.taken_at}
-        freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since
+        left = ended - set(busy)  # the probe saw turnout's request there, which has ended since
         return tuple(
             replace(
                 s,
-                is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
+                is_processing=(s.is_processing and s.id not in left) or s.id in pinned,
                 busy_s=busy.get(s.id),
             )
             for s in snapshot.slots

@@ -130,6 +130,7 @@ def decision_entry(
                         "evicts": session_label(c.estimate.evicts) if c.estimate.evicts else None,
                         "evicts_name": session_name(c.estimate.evicts, redact=redact),
                         "evict_cost_s": round(c.estimate.evict_cost_s, 4),
+                        "others_s": round(c.estimate.others_s, 4),
                         "note": _shown_in(c.estimate.note, c.estimate.evicts, redact),
                     }
                     if c.estimate

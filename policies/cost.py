@@ -14,12 +14,24 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                profile (1 + 0.06 * running) / decode_tok_s
                (an engine step prefills a chunk of prompts and decodes every running request once:
                a busy batch slows the answers, not the prompt)
-    objective = ttft + horizon * future_s + evict_cost_s + margin   (total instead of ttft:
+    objective = ttft + horizon * future_s + evict_cost_s + margin + others   (total instead of ttft:
                cost-completion); margin = decode_step: the predicted TTFT once counted a decode step
                for the first token, which neither engine takes; out of the TTFT (a short prompt's
                prediction was 3x its first token), it is kept in the objective as a margin that grows
                with the batch running there: without it, the routing benchmark's chat rows lost 0.8%
                and mixed 2.2% of mean TTFT (docs/benchmarks.md, 2026-12-04)
+    others   = what the request costs the ones that come next (``others_s``), OTHERS_SHARE of:
+               vLLM: rate * prefill * (queue + prefill): each request arriving while this one waits
+               and prefills waits for its prefill (prompts are processed in order);
+               llama.cpp, a one-off (no proven session): rate / slots * run * (queue + run): each
+               arriving for its slot meanwhile waits for its whole run (run = total - queue);
+               a session's turn on llama.cpp: 0 (the slot is the session's: later one-offs would not
+               have had it);
+               rate = turnout's requests begun on the backend per second lately (``arrivals_per_s``,
+               ``backends.inflight``). Issue #45: without it, an agent's turn re-prefilling 30k tokens
+               on vLLM (5 s) held every one-shot behind it, and a one-off took a llama.cpp slot for a
+               slow answer while later ones queued; with it, contention-4's mean TTFT fell 13%
+               (docs/benchmarks.md, 2026-12-05)
 
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
                there (both engines process earlier prompt chunks first; ``backends.inflight``);
@@ -85,6 +97,10 @@ from policies.types import (
     SlotLease,
 )
 
+OTHERS_SHARE = 0.5
+"""Of the requests arriving while a request holds an engine's prompt processing (vLLM) or a slot
+(llama.cpp, a one-off), the share taken to wait for it: the rest go elsewhere (the routing benchmark:
+0.25 and 0.5 did alike on the contention rows; 1 hurt every row)."""
 LOOKAHEAD_TURNS = 3.0
 GROWTH_PRIOR = 0.2
 
@@ -93,6 +109,20 @@ def queue_factor(snapshot: BackendSnapshot, stats: DeploymentStats) -> float:
     """What a predicted queue is scaled by (module docstring): the learned factor on vLLM, 1 on
     llama.cpp (a factor a state store still holds from before is not applied)."""
     return 1.0 if snapshot.kind is EngineKind.LLAMACPP else stats.queue_factor.value
+
+
+def others_s(snapshot: BackendSnapshot, prefill: float, queue: float, run: float, pinned: bool) -> float:
+    """What sending the request here is expected to add to the requests that come next (module
+    docstring): on vLLM its prefill, to each arriving while it waits and prefills; on a llama.cpp slot
+    its whole run, to each arriving for that slot meanwhile, unless it is a session's turn on a slot
+    that is its own (``pinned``)."""
+    rate = snapshot.arrivals_per_s
+    if snapshot.kind is EngineKind.LLAMACPP:
+        if pinned:
+            return 0.0
+        per_slot = rate / max(snapshot.total_slots or 1, 1)
+        return OTHERS_SHARE * per_slot * run * (queue + run)
+    return OTHERS_SHARE * rate * prefill * (queue + prefill)
 
 
 def expected_output(features: RequestFeatures, learned: LearnedState) -> int:
@@ -242,4 +272,5 @@ def estimate(
         note=option.note(),
         primed=stats.primed,
         margin_s=decode_step,
+        others_s=others_s(snapshot, prefill, queue, total - queue, proven(features, session) or option.mine),
     )

@@ -148,6 +148,7 @@ class BackendSnapshot(msgspec.Struct, frozen=True):
     # (None: prefix caching off, or not reported; turnout then learns it from the hits)
     circuit: str = "closed"  # closed, or open / half-open while its circuit breaker keeps requests away
     circuit_blocks: bool = False  # no request may go there now (open, or half-open with its trial out)
+    arrivals_per_s: float = 0.0  # turnout's requests begun here per second lately (``backends.inflight``)
 
     @property
     def busy_slots(self) -> int:
@@ -300,16 +301,17 @@ class Estimate(msgspec.Struct, frozen=True):
     note: str = ""
     primed: bool = False  # made on the deployment's measurements, not priors (teaches queue_factor)
     margin_s: float = 0.0  # a decode step of the batch running there: in the objective, not the TTFT
+    others_s: float = 0.0  # what sending it here is expected to add to the requests that come next
 
     @property
     def objective_ttft_s(self) -> float:
-        """This turn's TTFT, the expected TTFT of the turns still to come, what an eviction costs, and
-        the margin (``policies.cost``)."""
-        return self.ttft_s + self.horizon * self.future_s + self.evict_cost_s + self.margin_s
+        """This turn's TTFT, the expected TTFT of the turns still to come, what an eviction costs, the
+        margin and what it costs the requests that come next (``policies.cost``)."""
+        return self.ttft_s + self.horizon * self.future_s + self.evict_cost_s + self.margin_s + self.others_s
 
     @property
     def objective_total_s(self) -> float:
-        return self.total_s + self.horizon * self.future_s + self.evict_cost_s + self.margin_s
+        return self.total_s + self.horizon * self.future_s + self.evict_cost_s + self.margin_s + self.others_s
 
 
 class ScoredCandidate(msgspec.Struct, frozen=True):

@@ -11,7 +11,7 @@ from msgspec.structs import replace
 from backends.base import BackendSpec
 from backends.clock import VirtualClock
 from backends.fleet import Fleet
-from backends.inflight import OVERDUE_FLOOR, RELEASE_LAG_S, Load, Sent
+from backends.inflight import ARRIVALS_WINDOW_S, OVERDUE_FLOOR, RELEASE_LAG_S, Load, Sent
 from policies import EngineKind, Health, SlotState
 
 NOW = time.time()
@@ -114,6 +114,28 @@ def test_requests_deferred_for_a_slot_are_not_in_the_engines_backlog(fleet: Flee
     assert llama.prefill_backlog_s == pytest.approx(3.0)  # its turn on slot 0: in the engine now
     assert llama.deferred_prefill_s == pytest.approx(1.5)
     assert fleet.load()["llama"].backlog_s == pytest.approx(3.0 + 1.5)  # other replicas get both
+
+
+def test_a_request_behind_an_overdue_one_runs_from_when_that_one_ended(fleet: Fleet) -> None:
+    """The request before it on the slot ran long (predicted 2 s, ended 9 s after it began): the one
+    pinned behind it has only just begun its own run, however long ago it was sent. Counted from when
+    it was sent, a slot whose queue had just cleared looked nearly free (issue #45: chat's busy
+    llama.cpp slots were predicted 1.5-2.5 s short)."""
+    first = fleet.begin(Sent("llama", 0, NOW - 9.0, total_s=2.0))
+    fleet.begin(Sent("llama", 0, NOW - 8.0, total_s=3.0, queue_s=1.0))  # 2 s of its own run
+    fleet.end(first)  # at NOW
+    assert fleet.snapshots()[0].slots[0].busy_s == pytest.approx(2.0)
+
+
+def test_each_backend_says_how_many_requests_began_there_lately(fleet: Fleet) -> None:
+    """``arrivals_per_s``: turnout's requests begun on the backend over the last
+    ``ARRIVALS_WINDOW_S``, ended ones too (the cost model prices what a request costs those that
+    come next by it)."""
+    for started in (NOW - ARRIVALS_WINDOW_S - 1.0, NOW - 10.0, NOW - 1.0):
+        fleet.end(fleet.begin(Sent("vllm", None, started, total_s=1.0)))
+    llama, vllm = fleet.snapshots()
+    assert vllm.arrivals_per_s == pytest.approx(2 / ARRIVALS_WINDOW_S)
+    assert llama.arrivals_per_s == 0.0
 
 
 def test_requests_queued_on_one_slot_start_when_the_one_before_ends(fleet: Fleet) -> None:

@@ -4,13 +4,14 @@ what one look at all of them would (``naive_overlay``, the module docstring's ru
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from backends.inflight import FORGET_AFTER_S, RELEASE_LAG_S, InFlight, Sent, busy_until
+from backends.inflight import ARRIVALS_WINDOW_S, FORGET_AFTER_S, RELEASE_LAG_S, InFlight, Sent, busy_until
 from policies.types import BackendSnapshot, EngineKind, Health, SlotState
 
 BACKENDS = ("llama", "vllm")
@@ -22,8 +23,16 @@ def naive_overlay(
     snapshot: BackendSnapshot,
     now: float,
     since: Since | None = None,
+    begun: list[Sent] | None = None,
 ) -> BackendSnapshot:
-    """``since``: what happened since ``snapshot`` when it is the backend's latest probe."""
+    """``since``: what happened since ``snapshot`` when it is the backend's latest probe; ``begun``:
+    every request ever begun (ended ones too: they count in the arrival rate); ``ended``: per slot,
+    when turnout's last request there ended."""
+    recent = [
+        r for r in begun or [] if r.backend_id == snapshot.backend_id and r.started > now - ARRIVALS_WINDOW_S
+    ]
+    if recent:
+        snapshot = replace(snapshot, arrivals_per_s=len(recent) / ARRIVALS_WINDOW_S)
     mine = [r for r in requests if r.backend_id == snapshot.backend_id]
     # a slot turnout's request left shows free in a probe taken less than RELEASE_LAG_S after that end
     release = snapshot.taken_at - RELEASE_LAG_S
@@ -33,7 +42,8 @@ def naive_overlay(
         return snapshot
     busy: dict[int, float] = {}
     for slot in {r.slot for r in mine if r.slot is not None}:
-        busy[slot] = busy_until([r for r in mine if r.slot == slot], now) - now
+        free_at = ended.get((snapshot.backend_id, slot), -math.inf)  # a request behind it waited till then
+        busy[slot] = busy_until([r for r in mine if r.slot == slot], now, free_at) - now
     newer = [r for r in mine if r.started > snapshot.taken_at]
     pinned = {r.slot for r in newer if r.slot is not None}
     freed = gone - set(busy)
@@ -97,6 +107,7 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
     was looked at meanwhile (it forgets requests whose predicted prefill is over)."""
     inflight = InFlight()
     live: dict[int, Sent] = {}
+    begun: list[Sent] = []
     ended: dict[tuple[str, int], float] = {}
     tokens: list[int] = []
     probed: dict[str, BackendSnapshot] = {}
@@ -105,7 +116,7 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
 
     def same(backend: str, at: float) -> None:
         seen = probed.get(backend) or snapshot(backend, taken_at)
-        expected = naive_overlay(list(live.values()), ended, seen, at, since.get(backend))
+        expected = naive_overlay(list(live.values()), ended, seen, at, since.get(backend), begun)
         got = inflight.overlay(seen, at)
         assert (got.running, got.queued, got.prefill_backlog_s) == (
             expected.running,
@@ -123,6 +134,7 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
             request = Sent(backend, slot if backend == "llama" else None, clock, total, 0.5, prefill)
             token = inflight.begin(request)
             live[token] = request
+            begun.append(request)
             tokens.append(token)
         elif kind == "probe":  # taken a little before now: requests sent since it count as newer
             probed[backend] = snapshot(backend, clock - total)

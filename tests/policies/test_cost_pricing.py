@@ -21,13 +21,14 @@ from policies import (
     RequestFeatures,
     route,
 )
-from policies.cost import estimate
+from policies.cost import OTHERS_SHARE, estimate
 from policies.learning import LearnedState
 from policies.pricing import BATCH_SLOWDOWN, STEP_TOKENS
 from policies.route import RoutingContext
 from policies.slots import keep_chance
 from policies.types import (
     Decision,
+    Estimate,
     SessionSource,
     SessionView,
     SlotLease,
@@ -222,3 +223,33 @@ class TestFirstTurnFollowUp:
     def test_no_look_ahead_when_every_slot_is_held(self) -> None:
         held = (SlotLease(0, "a", 99.0, 9000), SlotLease(1, "b", 99.0, 9000))
         assert self.chosen(self.first_turn(follow_rate=0.8, held=held)) == ("vllm", 0.0)
+
+
+class TestWhatItCostsTheNextRequests:
+    """``others_s``: a request holds what later ones need (vLLM's prompt processing, a llama.cpp
+    slot) and the objective counts it, in proportion to how many requests begin there lately
+    (issue #45: an agent's 30k-token turn re-prefilled on vLLM held every one-shot behind it)."""
+
+    def vllm(self, prompt: int, arrivals: float) -> Estimate:
+        snapshot = replace(vllm_snapshot(running=1), arrivals_per_s=arrivals)
+        return estimate(features(prompt), VLLM, snapshot, session=None, leases=(), learned=LearnedState())
+
+    def test_a_prompt_on_vllm_costs_each_request_arriving_before_it_is_processed(self) -> None:
+        quiet, busy = self.vllm(30_000, 0.0), self.vllm(30_000, 0.5)
+        assert quiet.others_s == 0.0
+        expected = OTHERS_SHARE * 0.5 * busy.prefill_s * (busy.queue_s + busy.prefill_s)
+        assert busy.others_s == pytest.approx(expected)
+        assert busy.objective_ttft_s == pytest.approx(quiet.objective_ttft_s + busy.others_s)
+        assert self.vllm(3_000, 0.5).others_s < busy.others_s / 50  # the prefill twice over: ~quadratic
+
+    def test_a_one_off_on_a_llama_slot_costs_those_arriving_for_the_slot_while_it_runs(self) -> None:
+        snapshot = replace(llama_snapshot(), arrivals_per_s=0.4)
+        one_off = llama(NOTHING, session=None, snapshot=snapshot)
+        run = one_off.total_s - one_off.queue_s
+        assert one_off.others_s == pytest.approx(OTHERS_SHARE * 0.4 / 2 * run * (one_off.queue_s + run))
+        assert one_off.others_s > 0
+
+    def test_a_sessions_turn_on_a_llama_slot_costs_no_one(self) -> None:
+        """The slot is the session's: the requests that come next would not have taken it."""
+        snapshot = replace(llama_snapshot(), arrivals_per_s=0.4)
+        assert llama(session=SESSION, snapshot=snapshot).others_s == 0.0
