@@ -66,6 +66,7 @@ def test_a_request_appears_on_the_live_decisions_page(page: Any, stack: Stack) -
     row.query_selector("a").click()
     page.wait_for_url(f"**/admin/decisions/{request_id}")
     assert "Candidates" in page.content()
+    assert "costs the next requests" in page.inner_text("table")  # what it would cost those after it
     screenshot(page, "decision")
     page.goto(stack.url + "/admin")
     chart = page.wait_for_selector(".chart polyline.actual", state="attached")
