@@ -18,10 +18,13 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   its predicted end is still running (the prediction was short) and is given ``OVERDUE_FLOOR`` of
   its run more. A request queued behind others has not started: the time it has waited does not
   count against its own run;
-- a slot's chain starts no earlier than when turnout's previous request there ended: a request
-  pinned behind one that ran long has only just begun (issue #45: counted from when it was sent, a
-  slot whose queue had just cleared looked nearly free, and chat's busy slots were predicted
-  1.5-2.5 s short);
+- a request pinned behind another of turnout's on its slot is predicted to start when that one was
+  predicted to end, even when that one ran long and has only just ended: the slot then looks nearly
+  free while the request has only begun (chat's busy slots are predicted 1.5-2.5 s short for it).
+  Starting the chain when the previous request really ended predicts them right, and routes worse
+  (issue #45: contention-16-8llama's seed 29 went from 1.75 to 2.09 s, 1.20x dynamo-kv): sessions
+  then leave warm slots whose wait the greedy objective now sees, for cold ones. Left as it is until
+  the objective can take it (docs/benchmarks.md, 2026-12-05);
 - every backend says how many of turnout's requests began there per second over the last
   ``ARRIVALS_WINDOW_S``, ``arrivals_per_s`` (ended ones too; this replica's only: the others publish
   their backlog, not their arrivals), which prices what a request costs those that come next
@@ -113,14 +116,13 @@ class Sent(msgspec.Struct, frozen=True):
         return self.started + self.queue_s + self.prefill_span_s
 
 
-def busy_until(requests: Iterable[Sent], now: float, free_at: float = -math.inf) -> float:
+def busy_until(requests: Iterable[Sent], now: float) -> float:
     """When a slot running ``requests`` (pinned there, in the order sent) is predicted free: each
     starts when it was sent or when the one before it ends, whichever is later, and runs for its
     predicted total less its predicted wait (``Sent.run_s``: that wait is this chain); a request past
-    its predicted end is still running, ``OVERDUE_FLOOR`` of its run more (module docstring). The
-    first starts no earlier than ``free_at``, when turnout's previous request there ended: one sent
-    behind it waited till then, however short that one was predicted. ``now`` or later."""
-    end = free_at
+    its predicted end is still running, ``OVERDUE_FLOOR`` of its run more (module docstring). ``now``
+    or later."""
+    end = -math.inf
     for request in requests:
         start = max(request.started, end)
         run = request.run_s
@@ -180,7 +182,6 @@ class InFlight:
         self._gone: dict[str, int] = {}  # per backend, requests that probe saw running, ended since
         self._begun: dict[str, int] = {}  # per backend, requests that probe saw prefilling, past it since
         self._ended: dict[tuple[str, int], float] = {}
-        self._freed: dict[tuple[str, int], float] = {}  # per slot, when turnout's last request there ended
         self._arrivals: dict[str, deque[float]] = {}  # per backend, when its recent requests began
         self._tokens = itertools.count()
         self._unprefilled: dict[int, int] = {}  # token -> prompt tokens, until its first token
@@ -238,7 +239,6 @@ class InFlight:
             return None
         if request.slot is not None:
             self._ended[(request.backend_id, request.slot)] = now
-            self._freed[(request.backend_id, request.slot)] = now
         return request.backend_id
 
     def _drop(self, token: int) -> Sent | None:
@@ -354,18 +354,13 @@ class InFlight:
         for request in slotted:
             if request.slot is not None:
                 chains.setdefault(request.slot, []).append(request)
-        backend = snapshot.backend_id
-        freed = self._freed
-        busy = {
-            slot: busy_until(chain, now, freed.get((backend, slot), -math.inf)) - now
-            for slot, chain in chains.items()
-        }
+        busy = {slot: busy_until(chain, now) - now for slot, chain in chains.items()}
         pinned = {r.slot for r in slotted if r.slot is not None and r.started > snapshot.taken_at}
-        left = ended - set(busy)  # the probe saw turnout's request there, which has ended since
+        freed = ended - set(busy)  # the probe saw turnout's request there, which has ended since
         return tuple(
             replace(
                 s,
-                is_processing=(s.is_processing and s.id not in left) or s.id in pinned,
+                is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
                 busy_s=busy.get(s.id),
             )
             for s in snapshot.slots

@@ -116,17 +116,6 @@ def test_requests_deferred_for_a_slot_are_not_in_the_engines_backlog(fleet: Flee
     assert fleet.load()["llama"].backlog_s == pytest.approx(3.0 + 1.5)  # other replicas get both
 
 
-def test_a_request_behind_an_overdue_one_runs_from_when_that_one_ended(fleet: Fleet) -> None:
-    """The request before it on the slot ran long (predicted 2 s, ended 9 s after it began): the one
-    pinned behind it has only just begun its own run, however long ago it was sent. Counted from when
-    it was sent, a slot whose queue had just cleared looked nearly free (issue #45: chat's busy
-    llama.cpp slots were predicted 1.5-2.5 s short)."""
-    first = fleet.begin(Sent("llama", 0, NOW - 9.0, total_s=2.0))
-    fleet.begin(Sent("llama", 0, NOW - 8.0, total_s=3.0, queue_s=1.0))  # 2 s of its own run
-    fleet.end(first)  # at NOW
-    assert fleet.snapshots()[0].slots[0].busy_s == pytest.approx(2.0)
-
-
 def test_each_backend_says_how_many_requests_began_there_lately(fleet: Fleet) -> None:
     """``arrivals_per_s``: turnout's requests begun on the backend over the last
     ``ARRIVALS_WINDOW_S``, ended ones too (the cost model prices what a request costs those that

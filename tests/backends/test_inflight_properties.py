@@ -4,7 +4,6 @@ what one look at all of them would (``naive_overlay``, the module docstring's ru
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from hypothesis import given
@@ -26,8 +25,7 @@ def naive_overlay(
     begun: list[Sent] | None = None,
 ) -> BackendSnapshot:
     """``since``: what happened since ``snapshot`` when it is the backend's latest probe; ``begun``:
-    every request ever begun (ended ones too: they count in the arrival rate); ``ended``: per slot,
-    when turnout's last request there ended."""
+    every request ever begun (ended ones too: they count in the arrival rate)."""
     recent = [
         r for r in begun or [] if r.backend_id == snapshot.backend_id and r.started > now - ARRIVALS_WINDOW_S
     ]
@@ -42,8 +40,7 @@ def naive_overlay(
         return snapshot
     busy: dict[int, float] = {}
     for slot in {r.slot for r in mine if r.slot is not None}:
-        free_at = ended.get((snapshot.backend_id, slot), -math.inf)  # a request behind it waited till then
-        busy[slot] = busy_until([r for r in mine if r.slot == slot], now, free_at) - now
+        busy[slot] = busy_until([r for r in mine if r.slot == slot], now) - now
     newer = [r for r in mine if r.started > snapshot.taken_at]
     pinned = {r.slot for r in newer if r.slot is not None}
     freed = gone - set(busy)
