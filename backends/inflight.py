@@ -87,6 +87,9 @@ class Sent(msgspec.Struct, frozen=True):
     interleaved_s: float = 0.0
     prompt_tokens: int = 0
     """Its prompt's tokens (the estimate), for the router's own count of what it sent (``own``)."""
+    holds: bool = True
+    """An inference request, which holds the engine's prompt processing or a slot while it runs (a
+    token count does not: it is not an arrival in ``arrivals_per_s``)."""
 
     def prefill_left_s(self, now: float) -> float:
         """Seconds of prompt processing still to do: ``prefill_s``, worked off over its predicted
@@ -193,7 +196,8 @@ class InFlight:
     def begin(self, request: Sent) -> int:
         token = next(self._tokens)
         backend = request.backend_id
-        self._arrivals.setdefault(backend, deque()).append(request.started)
+        if request.holds:
+            self._arrivals.setdefault(backend, deque()).append(request.started)
         self._backend[token] = backend
         self._open.setdefault(backend, {})[token] = request
         if request.prefill_s > 0:

@@ -29,18 +29,24 @@ from gateway.record import RequestRecord
 from gateway.retry import after_failure, gave_up
 from gateway.routed import Routed
 from gateway.routing import Router
-from policies import Decision, Endpoint
+from policies import Decision, Endpoint, RequestFeatures
 from policies.features import FeatureError, ModelFacts, output_cap, request_features, with_shape
 
 log = structlog.get_logger(__name__)
 
 
-def in_flight(decision: Decision, now: float, prompt_tokens: int = 0) -> Sent:
-    """The fleet's note of a request of ``prompt_tokens`` sent along ``decision`` at ``now``, with what
+def in_flight(decision: Decision, now: float, features: RequestFeatures | None = None) -> Sent:
+    """The fleet's note of a request (of ``features``) sent along ``decision`` at ``now``, with what
     was predicted for it."""
     chosen = decision.chosen_candidate
     assert decision.chosen is not None
-    request = Sent(decision.chosen.backend_id, decision.slot, now, prompt_tokens=prompt_tokens)
+    request = Sent(
+        decision.chosen.backend_id,
+        decision.slot,
+        now,
+        prompt_tokens=features.prompt_tokens if features is not None else 0,
+        holds=features is None or features.endpoint is not Endpoint.COUNT_TOKENS,
+    )
     if chosen is None or chosen.estimate is None:
         return request
     estimate = chosen.estimate
@@ -111,7 +117,7 @@ class Lifecycle:
                 upstream = adapter.prepare(endpoint, body, decision.chosen, named, slot=decision.slot)
                 # in flight from now: a queued llama.cpp stream sends no headers until a slot takes
                 # it, and requests routed meanwhile must see it waiting there
-                sent = in_flight(decision, self.fleet.clock.time(), routed.features.prompt_tokens)
+                sent = in_flight(decision, self.fleet.clock.time(), routed.features)
                 token = self.fleet.begin(sent)
                 try:
                     relay = await self._send(adapter, upstream)

@@ -272,5 +272,7 @@ def estimate(
         note=option.note(),
         primed=stats.primed,
         margin_s=decode_step,
-        others_s=others_s(snapshot, prefill, queue, total - queue, proven(features, session) or option.mine),
+        others_s=0.0  # a token count holds nothing
+        if features.endpoint is Endpoint.COUNT_TOKENS
+        else others_s(snapshot, prefill, queue, total - queue, proven(features, session) or option.mine),
     )

@@ -180,9 +180,7 @@ class Exchange:
         except GatewayError as exc:
             await self._refuse(exc)
             return
-        self.token = core.fleet.begin(
-            in_flight(decision, core.fleet.clock.time(), routed.features.prompt_tokens)
-        )
+        self.token = core.fleet.begin(in_flight(decision, core.fleet.clock.time(), routed.features))
         url = urlsplit(upstream.url)
         headers = {":path": url.path + (f"?{url.query}" if url.query else ""), **dict(upstream.headers)}
         endpoints = self._endpoints(chosen.backend_id, headers)

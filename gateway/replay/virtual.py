@@ -332,7 +332,7 @@ class GatewayReplay(World):
             return
         flight.backend = decision.chosen.backend_id
         flight.first_at = None
-        sent = in_flight(decision, self.clock.time(), flight.routed.features.prompt_tokens)
+        sent = in_flight(decision, self.clock.time(), flight.routed.features)
         flight.token = self.fleet.begin(sent)
         self.dispatch(flight, decision.slot)
 

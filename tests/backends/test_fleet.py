@@ -122,6 +122,7 @@ def test_each_backend_says_how_many_requests_began_there_lately(fleet: Fleet) ->
     come next by it)."""
     for started in (NOW - ARRIVALS_WINDOW_S - 1.0, NOW - 10.0, NOW - 1.0):
         fleet.end(fleet.begin(Sent("vllm", None, started, total_s=1.0)))
+    fleet.end(fleet.begin(Sent("vllm", None, NOW - 1.0, holds=False)))  # a token count: no arrival
     llama, vllm = fleet.snapshots()
     assert vllm.arrivals_per_s == pytest.approx(2 / ARRIVALS_WINDOW_S)
     assert llama.arrivals_per_s == 0.0

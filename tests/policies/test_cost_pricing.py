@@ -249,6 +249,12 @@ class TestWhatItCostsTheNextRequests:
         assert one_off.others_s == pytest.approx(OTHERS_SHARE * 0.4 / 2 * run * (one_off.queue_s + run))
         assert one_off.others_s > 0
 
+    def test_a_token_count_costs_no_one(self) -> None:
+        snapshot = replace(vllm_snapshot(running=1), arrivals_per_s=0.5)
+        count = replace(features(30_000), endpoint=Endpoint.COUNT_TOKENS)
+        counted = estimate(count, VLLM, snapshot, session=None, leases=(), learned=LearnedState())
+        assert counted.others_s == 0.0
+
     def test_a_sessions_turn_on_a_llama_slot_costs_no_one(self) -> None:
         """The slot is the session's: the requests that come next would not have taken it."""
         snapshot = replace(llama_snapshot(), arrivals_per_s=0.4)
