@@ -162,7 +162,8 @@ NOTES = """\
   oracle's score) on exact copies of the world played to the end of the trace, every later request
   placed greedily, and keeps the one with the least TTFT total, so its mean TTFT is at most the
   greedy oracle's. Its table (below the generated part) shows where `cost` sits between the best peer
-  and it: most of the gap closed on the contention rows, a third left on chat and mixed.
+  and it: at or below it on the contention rows (its greedy base is weaker than `cost` there), 18%
+  and 36% above it on chat and mixed.
 
 - **Virtual time (issue #26).** Every run is in simulated time: the clients, turnout's own
   request path (routing, learning, the prefix index, slot leases, the in-flight overlay) and the
