@@ -30,8 +30,8 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                rate = turnout's requests begun on the backend per second lately (``arrivals_per_s``,
                ``backends.inflight``). Issue #45: without it, an agent's turn re-prefilling 30k tokens
                on vLLM (5 s) held every one-shot behind it, and a one-off took a llama.cpp slot for a
-               slow answer while later ones queued; with it, contention-4's mean TTFT fell 13%
-               (docs/benchmarks.md, 2026-12-05)
+               slow answer while later ones queued; with it, contention-4's mean TTFT fell 10% over
+               32 draws, 2.027 -> 1.818 s (docs/benchmarks.md, 2026-12-05)
 
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
                there (both engines process earlier prompt chunks first; ``backends.inflight``);
