@@ -131,11 +131,14 @@ class Fleet:
         """The request's first byte arrived (its prompt is processed)."""
         self._inflight.prefilled(token)
 
-    def end(self, token: int) -> None:
-        """The request ended (after :meth:`judge`, if it showed anything of the engine)."""
+    def end(self, token: int) -> bool:
+        """The request ended (after :meth:`judge`, if it showed anything of the engine); returns
+        whether a background warm-up's prompt processing overlapped its own (``InFlight.shared``)."""
+        shared = self._inflight.shared(token)
         backend = self._inflight.end(token, self.clock.time())
         if backend is not None:
             self.breakers[backend].ended()
+        return shared
 
     def watchdog(self, backend_id: str) -> Watchdog:
         """Deadlines for one request to ``backend_id`` (``backends.watchdog``), judged by what the

@@ -90,6 +90,8 @@ class Sent(msgspec.Struct, frozen=True):
     holds: bool = True
     """An inference request, which holds the engine's prompt processing or a slot while it runs (a
     token count does not: it is not an arrival in ``arrivals_per_s``)."""
+    warm: bool = False
+    """A background warm-up of a llama.cpp slot (``gateway.warming``): no client waits for it."""
 
     def prefill_left_s(self, now: float) -> float:
         """Seconds of prompt processing still to do: ``prefill_s``, worked off over its predicted
@@ -189,6 +191,7 @@ class InFlight:
         self._tokens = itertools.count()
         self._unprefilled: dict[int, int] = {}  # token -> prompt tokens, until its first token
         self._own: dict[str, Own] = {}  # per backend: requests, their prompt tokens, those before a token
+        self._shared: set[int] = set()  # requests whose prefill a warm-up's overlapped (``shared``)
 
     def __bool__(self) -> bool:
         return bool(self._backend or self._ended or any(self._gone.values()))
@@ -201,6 +204,7 @@ class InFlight:
         self._backend[token] = backend
         self._open.setdefault(backend, {})[token] = request
         if request.prefill_s > 0:
+            self._overlap(token, request)
             self._prefilling.setdefault(backend, {})[token] = request
         if request.slot is not None:
             self._slotted.setdefault(backend, {})[token] = request
@@ -212,6 +216,24 @@ class InFlight:
             own.requests + 1, own.tokens + request.prompt_tokens, own.prefilling + request.prompt_tokens
         )
         return token
+
+    def _overlap(self, token: int, request: Sent) -> None:
+        """Note the requests whose prompt processing is predicted to overlap ``request``'s, where
+        one of the two is a warm-up (``Sent.warm``): llama-server runs both in the same batches,
+        and the engine's timings of each then span the other's too."""
+        begins = request.started + request.queue_s
+        for other, sent in self._prefilling.get(request.backend_id, {}).items():
+            if (
+                (sent.warm or request.warm)
+                and sent.started + sent.queue_s < request.prefilled_by
+                and begins < sent.prefilled_by
+            ):
+                self._shared.update((token, other))
+
+    def shared(self, token: int) -> bool:
+        """Whether a warm-up's prompt processing overlapped this request's (``Fleet.end`` asks as it
+        ends: its engine's prefill timing then spans the warm-up's too)."""
+        return token in self._shared
 
     def own(self, backend: str) -> Own:
         """Turnout's own requests open on ``backend`` (what any router knows of its own traffic)."""
@@ -246,6 +268,7 @@ class InFlight:
         return request.backend_id
 
     def _drop(self, token: int) -> Sent | None:
+        self._shared.discard(token)
         backend = self._backend.pop(token, None)
         if backend is None:
             return None
@@ -284,33 +307,36 @@ class InFlight:
         mine = reversed(self._open.get(backend, {}).values())
         return sum(1 for _ in itertools.takewhile(lambda r: r.started > since, mine))
 
-    def _backlog(self, backend: str, now: float) -> tuple[float, float]:
+    def _backlog(self, backend: str, now: float) -> tuple[float, float, float]:
         """Seconds of prompt processing still predicted for ``backend``'s requests: of those in the
-        engine, and of those deferred for a busy llama.cpp slot (behind a request of turnout's open
-        on their slot, or predicted to wait for others' work there: ``Sent.deferred_at``); those
-        whose prediction is over leave the prefilling ones (they would only ever add 0)."""
+        engine, of those deferred for a busy llama.cpp slot (behind a request of turnout's open
+        on their slot, or predicted to wait for others' work there: ``Sent.deferred_at``), and of
+        the first, the warm-ups' (``Sent.warm``); those whose prediction is over leave the
+        prefilling ones (they would only ever add 0)."""
         prefilling = self._prefilling.get(backend)
         if not prefilling:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         over = [token for token, r in prefilling.items() if r.prefilled_by <= now]
         for token in over:
             del prefilling[token]
         first: dict[int, Sent] = {}  # per slot, the oldest request of turnout's open there: it runs
         for request in self._slotted.get(backend, {}).values():
             first.setdefault(request.slot, request)  # type: ignore[arg-type]
-        engine = deferred = 0.0
+        engine = deferred = warming = 0.0
         for request in prefilling.values():
             behind = request.slot is not None and first.get(request.slot) is not request
             if behind or request.deferred_at(now):
                 deferred += request.prefill_s
             else:
-                engine += request.prefill_left_s(now)
-        return engine, deferred
+                left = request.prefill_left_s(now)
+                engine += left
+                warming += left if request.warm else 0.0
+        return engine, deferred, warming
 
     def load(self, now: float) -> dict[str, Load]:
         """This replica's requests per backend, for the other replicas."""
         return {
-            backend: Load(sum(self._backlog(backend, now)), len(requests), now)
+            backend: Load(sum(self._backlog(backend, now)[:2]), len(requests), now)
             for backend, requests in self._open.items()
             if requests
         }
@@ -329,7 +355,7 @@ class InFlight:
         if not self._open.get(backend) and not ended and not gone and peers is None:
             return snapshot
         slots = self._slots(snapshot, ended, now)
-        backlog, deferred = self._backlog(backend, now)
+        backlog, deferred, warming = self._backlog(backend, now)
         backlog += (peers or Load()).backlog_at(now)
         running, queued = self._counts(snapshot, latest, gone)
         return replace(
@@ -339,6 +365,7 @@ class InFlight:
             slots=slots,
             prefill_backlog_s=backlog,
             deferred_prefill_s=deferred,
+            warming_s=warming,
         )
 
     def arrivals_per_s(self, backend: str, now: float) -> float:

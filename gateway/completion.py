@@ -141,10 +141,18 @@ async def settle(router: Router, done: Completion, steps: Sequence[Step] = STEPS
 
 
 def measured(
-    routed: Routed, kind: EngineKind, usage: Usage, *, ttft_s: float | None, duration_s: float, stream: bool
+    routed: Routed,
+    kind: EngineKind,
+    usage: Usage,
+    *,
+    ttft_s: float | None,
+    duration_s: float,
+    stream: bool,
+    shared: bool = False,
 ) -> Outcome:
     """What a request routed along ``routed`` really did, for learning (its chosen candidate's
-    prediction beside it)."""
+    prediction beside it); ``shared``: a background warm-up's prompt processing overlapped its own
+    (``backends.fleet.Fleet.end``)."""
     chosen = routed.decision.chosen_candidate
     assert chosen is not None
     estimate = chosen.estimate
@@ -159,5 +167,6 @@ def measured(
         shared_prefix_tokens=estimate.shared_prefix_tokens if estimate else 0,
         stream=stream,
         contended=estimate.contended if estimate else False,
+        shared_prefill=shared,
         predicted=estimate,
     )

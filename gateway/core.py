@@ -191,6 +191,7 @@ async def running_core(settings: Settings, clock: Clock = WALL) -> AsyncIterator
         finally:
             for task in background:
                 task.cancel()
+            await core.lifecycle.warming.close()
             await core.fleet.stop()
             await core.access.close()
             if core.router.recorder is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.routed import Routed
 from policies.sessions import session_label
-from policies.types import Outcome, Reason
+from policies.types import Outcome, Reason, WarmUp
 
 MOVES = {
     Reason.CONTEXT_TOO_LONG: "it outgrew that backend's window",
@@ -77,6 +77,19 @@ def _shown_in(text: str, evicts: str | None, redact: bool) -> str:
     return text.replace(f"session {session_label(evicts)}", f"session {session_shown(evicts, redact=redact)}")
 
 
+def _warm_up(warm: WarmUp | None) -> dict[str, Any] | None:
+    """A background warm-up as the decision log shows it (``policies.warm``)."""
+    if warm is None:
+        return None
+    return {
+        "backend": warm.backend_id,
+        "slot": warm.slot,
+        "ready_s": round(warm.ready_s, 4),
+        "delay_s": round(warm.delay_s, 4),
+        "cost_s": round(warm.cost_s, 4),
+    }
+
+
 def decision_entry(
     routed: Routed,
     request_id: str,
@@ -108,6 +121,7 @@ def decision_entry(
         "chosen": decision.chosen.backend_id if decision.chosen else None,
         "chosen_model": decision.chosen.model if decision.chosen else None,
         "slot": decision.slot,
+        "warm_up": _warm_up(routed.warm),
         "reason": _shown_in(decision.header, evicted, redact),
         "candidates": [
             {
@@ -131,6 +145,7 @@ def decision_entry(
                         "evicts_name": session_name(c.estimate.evicts, redact=redact),
                         "evict_cost_s": round(c.estimate.evict_cost_s, 4),
                         "others_s": round(c.estimate.others_s, 4),
+                        "warm_up": _warm_up(c.estimate.warm_up),
                         "note": _shown_in(c.estimate.note, c.estimate.evicts, redact),
                     }
                     if c.estimate

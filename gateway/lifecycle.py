@@ -29,6 +29,7 @@ from gateway.record import RequestRecord
 from gateway.retry import after_failure, gave_up
 from gateway.routed import Routed
 from gateway.routing import Router
+from gateway.warming import Warming
 from policies import Decision, Endpoint, RequestFeatures
 from policies.features import FeatureError, ModelFacts, output_cap, request_features, with_shape
 
@@ -78,6 +79,8 @@ class Lifecycle:
         self.catalog = catalog
         self.router = router
         self.retries = retries
+        self.warming = Warming(fleet, router)
+        """The background warm-ups of llama.cpp slots the decisions ask for (``gateway.warming``)."""
 
     async def route(self, body: dict[str, Any], endpoint: Endpoint, headers: Mapping[str, str]) -> Routed:
         """Resolve the model (an unset output limit gets the model's), read the request's features,
@@ -141,6 +144,7 @@ class Lifecycle:
                 # the prompt's per-message shape (diagnostics, kept with the session) once it is on
                 # its way: no decision reads it, and the engine prefills meanwhile
                 routed = replace(routed, features=with_shape(routed.features, body))
+                self.warming.start(endpoint, body, routed)  # the next turn's slot, meanwhile
                 return Opened(routed, relay, token)
         except UpstreamError as exc:
             raise from_upstream(exc) from exc

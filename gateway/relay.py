@@ -79,6 +79,7 @@ class Relay:
                     headers={**SSE_HEADERS, **headers},
                     background=BackgroundTask(self._finish_stream, opened, record),
                 )
+            shared = False
             try:
                 content = await watch.run(opened.relay.body())
                 self.fleet.judge(opened.relay.request.backend_id, None)
@@ -87,8 +88,8 @@ class Relay:
                 raise
             finally:
                 await opened.relay.aclose()
-                self.fleet.end(opened.token)
-            await self._complete(opened, record)
+                shared = self.fleet.end(opened.token)
+            await self._complete(opened, record, shared)
             return Response(content, media_type="application/json", headers=headers)
         except ClientDisconnected:
             record.status, record.error = CLIENT_CLOSED, "client disconnected"
@@ -198,13 +199,14 @@ class Relay:
         await opened.relay.aclose()
         if opened.relay.finished and record.error is None:
             self.fleet.judge(opened.relay.request.backend_id, None)
-        self.fleet.end(opened.token)
+        shared = self.fleet.end(opened.token)
         if not opened.relay.finished and record.error is None:
             record.status, record.error = CLIENT_CLOSED, "client disconnected"
-        await self._complete(opened, record)
+        await self._complete(opened, record, shared)
 
-    async def _complete(self, opened: Opened, record: RequestRecord) -> None:
-        """After a response: the outcome goes to learning, the session and the decision log; one log line."""
+    async def _complete(self, opened: Opened, record: RequestRecord, shared: bool) -> None:
+        """After a response: the outcome goes to learning, the session and the decision log; one log
+        line. ``shared``: a warm-up's prompt processing overlapped the request's (``Fleet.end``)."""
         relay = opened.relay
         record.first_token_at, record.usage = relay.first_token_at, relay.usage
         outcome = None
@@ -218,6 +220,7 @@ class Relay:
                 ttft_s=record.ttft_s,
                 duration_s=self.fleet.clock.monotonic() - record.started,
                 stream=relay.request.stream,
+                shared=shared,
             )
         done = Completion(opened.routed, record.request_id, record.status, record.error, outcome)
         await self.lifecycle.settle(done)

@@ -8,7 +8,7 @@ from msgspec.structs import replace
 
 from backends.errors import UpstreamStatusError
 from policies import Decision, RequestFeatures
-from policies.types import SessionView
+from policies.types import SessionView, WarmUp
 
 
 class Routed(msgspec.Struct, frozen=True):
@@ -19,6 +19,9 @@ class Routed(msgspec.Struct, frozen=True):
     session: SessionView | None
     overflowed: tuple[str, ...] = ()
     """Backends whose engine refused the prompt as longer than its window (re-routed from there)."""
+    warm: WarmUp | None = None
+    """The llama.cpp slot to prefill the prompt into in the background (``policies.warm``), held for
+    the session where it is proven to continue."""
 
 
 def engine_counted(routed: Routed, error: UpstreamStatusError) -> Routed:

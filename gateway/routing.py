@@ -29,7 +29,7 @@ from gateway.traffic import TrafficRecorder
 from policies import Endpoint, Profile, RequestFeatures, route
 from policies.context import RoutingContext
 from policies.features import MESSAGE_OVERHEAD_TOKENS
-from policies.learning import LearnedState, learn
+from policies.learning import LearnedState, learn, learn_prefill
 from policies.prefix import PromptChain
 from policies.sessions import session_label
 from policies.slots import DEFAULT_LEASE_IDLE_S, proven
@@ -147,6 +147,12 @@ class Router:
         self.history.answered(outcome)
         if self.store.shared_by_replicas:
             self.own_learned = learn(self.own_learned, outcome, deployment)
+
+    def absorb_prefill(self, outcome: Outcome, deployment: Deployment) -> None:
+        """Learn a background warm-up's prefill rate (``policies.learning.learn_prefill``)."""
+        self.learned = learn_prefill(self.learned, outcome, deployment)
+        if self.store.shared_by_replicas:
+            self.own_learned = learn_prefill(self.own_learned, outcome, deployment)
 
     async def resolve_session(self, features: RequestFeatures) -> tuple[RequestFeatures, SessionView | None]:
         """The request's session: the named one, else the known one whose last prompt this one
@@ -269,12 +275,26 @@ class Router:
     ) -> Routed:
         """Route, and hold the chosen slot for the session (re-routing if another request took it first)."""
         routed = await self._decide(features, session, excluded, overflowed)
+        routed = await self._warm(routed)
         if routed.decision.chosen is not None and features.endpoint is not Endpoint.COUNT_TOKENS:
             self.history.sent(routed.decision.chosen.backend_id, self.clock.time())
         move = moved(routed)
         if move is not None and session is not None:
             log.info("session.moved", session=session_label(session.key), **move)
         return routed
+
+    async def _warm(self, routed: Routed) -> Routed:
+        """The decision's background warm-up (``policies.warm``), with its slot held for a session
+        proven to continue; none where another session took the slot first."""
+        warm, session = routed.decision.warm_up, routed.session
+        if warm is None or routed.features.endpoint is Endpoint.COUNT_TOKENS:
+            return routed
+        if session is not None and proven(routed.features, session):
+            tokens = routed.features.prompt_tokens
+            now = self.clock.time()
+            if not await self.store.claim_slot(warm.backend_id, warm.slot, session.key, now, None, tokens):
+                return routed
+        return replace(routed, warm=warm)
 
     async def _decide(
         self,

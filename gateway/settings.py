@@ -42,6 +42,12 @@ class ProfileConfig(StrictModel):
     filters: tuple[str, ...] = ("engine-supports", "healthy", "context-fits")
     scorers: dict[str, float] = Field(min_length=1)
     """Scorer name -> positive weight (see policies/scorers.py for the registry)."""
+    warms: bool = False
+    """Warm a free llama.cpp slot in the background for a session's next turn where that pays
+    (``policies.warm``; the built-in ``cost`` profiles do)."""
+
+    def build(self) -> Profile:
+        return build_profile(self.name, filters=self.filters, scorers=self.scorers, warms=self.warms)
 
 
 class RecordConfig(StrictModel):
@@ -213,7 +219,7 @@ class Settings(BaseSettings):
     def _profiles(self) -> Settings:
         for index, profile in enumerate(self.profiles):
             try:
-                build_profile(profile.name, filters=profile.filters, scorers=profile.scorers)
+                profile.build()
             except ProfileError as exc:
                 raise ValueError(f"profiles.{index}: {exc}") from exc
         known = {*BUILTIN_PROFILES, *(p.name for p in self.profiles)}
@@ -232,7 +238,7 @@ class Settings(BaseSettings):
         name = name or self.profile
         for profile in self.profiles:
             if profile.name == name:
-                return build_profile(profile.name, filters=profile.filters, scorers=profile.scorers)
+                return profile.build()
         return BUILTIN_PROFILES[name]
 
     def group_profiles(self) -> dict[str, Profile]:

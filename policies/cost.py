@@ -67,8 +67,10 @@ then times ``follow``, the share of such first turns that came back lately (``Ro
 an agent's first turn can start where its conversation will be cheap, one-off traffic keeps it near 0.
 
     growth   = prompt - session's last prompt   (first turn: GROWTH_PRIOR of the prompt)
-    future_s = queue_s + prefill_s(prompt + growth - cached_next, cached_next)
-               (this turn's queue again: contention outlasts one turn)
+    future_s = lasting + prefill_s(prompt + growth - cached_next, cached_next)
+               lasting: this turn's queue again (contention outlasts one turn), less on llama.cpp
+               what happens once: a wait for the session's own slot, a RAM restore, the warm-ups'
+               prefill (``_Objective.lasting``)
 """
 
 from __future__ import annotations
@@ -161,11 +163,29 @@ class _Objective:
         ttft = queue + self.prefill(option.cached)
         if not self.horizon:
             return ttft + option.evict_cost_s
-        return ttft + self.horizon * self.future(option.cached_next, queue) + option.evict_cost_s
+        return (
+            ttft + self.horizon * self.future(option.cached_next, self.lasting(option)) + option.evict_cost_s
+        )
+
+    def lasting(self, option: SlotOption) -> float:
+        """The part of this turn's queue the next turn is expected to meet again (contention lasts
+        longer than one turn): all of it, except on llama.cpp a wait for the session's own slot (its
+        own request there: a warm-up, ``policies.warm``, or its last turn), a RAM restore (this
+        turn's only: the next finds the state in the slot) and the warm-ups' prefill in the engine
+        (each runs once). Issue #45: counting those again kept a session off the slot it had just
+        warmed, for a cold one."""
+        snapshot = self.situation.snapshot
+        if snapshot.kind is not EngineKind.LLAMACPP:
+            return option.queue_s * self._queue_factor
+        if option.mine:
+            return 0.0
+        if option.slot_wait_s > 0:
+            return option.queue_s * self._queue_factor
+        return max(option.queue_s - option.restore_s - snapshot.warming_s, 0.0) * self._queue_factor
 
     def future(self, cached_next: int, queue_s: float) -> float:
-        """Predicted TTFT of the session's next turn (module docstring): its prefill, behind a queue
-        as long as this turn's (contention lasts longer than one turn)."""
+        """Predicted TTFT of the session's next turn (module docstring): its prefill, behind
+        ``queue_s`` (``lasting``)."""
         prefill = self._next.get(cached_next)
         if prefill is None:
             prefill = self._next[cached_next] = _next_prefill(self.features, self.situation, cached_next)
@@ -259,7 +279,7 @@ def estimate(
         prefill_s=prefill,
         interleaved_s=interleaved,
         shared_prefix_tokens=shared,
-        future_s=objective.future(option.cached_next, queue) if horizon else 0.0,
+        future_s=objective.future(option.cached_next, objective.lasting(option)) if horizon else 0.0,
         horizon=horizon,
         contended=snapshot.running > 0 or snapshot.queued > 0,
         slot=option.slot,

@@ -206,12 +206,18 @@ def profile_rates(deployment: Deployment) -> tuple[float, float] | None:
 def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> DeploymentStats:
     """Rate samples, each the prior times how much faster than its profile the engine was: with no
     profile that is plain tokens over seconds; with one, a 500-token turn that paid a 6 s batch
-    teaches the same rate as a 4k cold prefill that paid eight (module docstring)."""
+    teaches the same rate as a 4k cold prefill that paid eight (module docstring). No prefill
+    sample where a background warm-up's prompt ran beside the request's (``shared_prefill``):
+    llama-server runs every slot's prompt chunks in the same batches, so its ``prompt_ms`` and the
+    TTFT span both (issue #45: one such sample taught 712 tokens/s for an engine of 3,000, and every
+    later cold prefill there looked 4x slower)."""
     usage, profile = outcome.usage, deployment.profile
     cached = usage.cached_tokens or 0
     uncached = usage.prompt_tokens - cached
     prefill_s: float | None = None
-    if usage.prompt_ms is not None and usage.prompt_ms > 0 and uncached >= 16:
+    if outcome.shared_prefill:
+        pass  # a warm-up's prompt ran beside it (``_shared``): its prefill time spans both
+    elif usage.prompt_ms is not None and usage.prompt_ms > 0 and uncached >= 16:
         prefill_s = usage.prompt_ms / 1000
     elif outcome.stream and outcome.ttft_s and uncached >= 64 and not outcome.contended:
         prefill_s = outcome.ttft_s
@@ -262,6 +268,22 @@ def _queue_sample(outcome: Outcome, predicted: Estimate) -> float | None:
     ):
         return None
     return min(max((outcome.ttft_s - rest) / queue, 1 / QUEUE_SPREAD), QUEUE_SPREAD)
+
+
+def learn_prefill(state: LearnedState, outcome: Outcome, deployment: Deployment) -> LearnedState:
+    """The state after a background warm-up on ``deployment`` (``policies.warm``): its prefill rate
+    only, from llama.cpp's own timings. No client waited for it, its answer is one token, and its
+    reuse was never predicted: the rest of ``learn`` would learn what it is not. With warm-ups a
+    session's cold prompts are the warm-ups' (the turns after them reuse the slot): without this
+    the engine's prefill rate would be learned from small prompts only."""
+    key = f"{deployment.backend_id}/{deployment.model}"
+    before = state.for_deployment(deployment, outcome.kind)
+    stats = _rates(before, replace(outcome, stream=False), deployment)
+    stats = replace(stats, decode_tok_s=before.decode_tok_s)
+    if stats.prefill_tok_s.samples == before.prefill_tok_s.samples:
+        return state
+    speed = state.speed.update(stats.prefill_tok_s.value / stats.prefill_tok_s.prior)
+    return replace(state, deployments=MappingProxyType({**state.deployments, key: stats}), speed=speed)
 
 
 def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> LearnedState:

@@ -38,6 +38,9 @@ class Profile(msgspec.Struct, frozen=True):
     history: bool = False
     """Reads the router's own traffic (``RoutingContext.routers``: the gateway gathers it only for
     such profiles)."""
+    warms: bool = False
+    """Offers each candidate a llama.cpp slot to warm in the background for the session's next turn
+    (``policies.warm``)."""
 
 
 def build_profile(
@@ -49,6 +52,7 @@ def build_profile(
     picker: str = "best-score",
     pins_slots: bool = True,
     history: bool = False,
+    warms: bool = False,
 ) -> Profile:
     """Check names against the registries and return a :class:`Profile`."""
     if picker not in PICKERS:
@@ -73,17 +77,19 @@ def build_profile(
         picker=picker,
         pins_slots=pins_slots,
         history=history,
+        warms=warms,
     )
 
 
 BUILTIN_PROFILES: dict[str, Profile] = {
     "cost": build_profile(
-        "cost", scorers={"ttft": 1.0, "session-affinity": 0.001}, reason=Reason.LOWEST_TTFT
+        "cost", scorers={"ttft": 1.0, "session-affinity": 0.001}, reason=Reason.LOWEST_TTFT, warms=True
     ),
     "cost-completion": build_profile(
         "cost-completion",
         scorers={"completion": 1.0, "session-affinity": 0.001},
         reason=Reason.LOWEST_COMPLETION,
+        warms=True,
     ),
     "least-loaded": build_profile("least-loaded", scorers={"least-loaded": 1.0}),
     "round-robin": build_profile("round-robin", scorers={"round-robin": 1.0}, reason=Reason.ROUND_ROBIN),

@@ -1,4 +1,4 @@
-"""The route engine: candidates -> stages -> cost estimates -> weighted scorers -> picker.
+"""The route engine: candidates -> stages -> cost estimates (-> warm-ups) -> weighted scorers -> picker.
 
 Every step is named: the stages (``policies.stages``: the built-in ones around the profile's
 filters), the scorers (``policies.scorers``) and the picker (``policies.stages.PICKERS``). ``route``
@@ -16,7 +16,7 @@ from policies.filters import Candidate
 from policies.ledger import IDLE
 from policies.profiles import Profile
 from policies.scorers import SCORERS
-from policies.slots import free_slot, keep_chance
+from policies.slots import free_slot, keep_chance, proven
 from policies.stages import PICKERS, stages
 from policies.types import (
     BackendSnapshot,
@@ -28,6 +28,7 @@ from policies.types import (
     ScoredCandidate,
 )
 from policies.views import CandidateView
+from policies.warm import with_warm_ups
 
 __all__ = ["RoutingContext", "route"]
 
@@ -87,6 +88,10 @@ def route(
         )
         for deployment, snapshot in candidates
     ]
+    session = context.session
+    if profile.warms and proven(features, session):
+        think = max(now - session.last_seen, 0.0) if session is not None and session.turns else 0.0
+        views = with_warm_ups(views, proven=True, think_s=think)
     total_weight = sum(weight for _, weight in profile.scorers)
     names = [name for name, _ in profile.scorers]
     weights = [weight for _, weight in profile.scorers]

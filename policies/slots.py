@@ -253,7 +253,20 @@ class _Ram(msgspec.Struct, frozen=True):
         tokens = usable(situation.match.best_recent, hybrid)
         stats = situation.stats
         ratio = min(stats.ram_reuse.value, stats.reuse.value)
-        return cls(reuse(tokens, stats, ratio, token_exact=True), tokens, _in_ram(situation))
+        there = _in_ram(situation) and not _still_in_slot(situation)
+        return cls(reuse(tokens, stats, ratio, token_exact=True), tokens, there)
+
+
+def _still_in_slot(situation: Situation) -> bool:
+    """Whether the slot that holds the best recent prefix is processing now: llama-server saves a
+    slot's state to the RAM cache when it is idle and a task starts elsewhere, so a prompt still
+    being prefilled there (a warm-up's, ``policies.warm``), or a slot running on from it, has no
+    RAM entry yet."""
+    recent = situation.match.recent
+    if not recent:
+        return False
+    busy = {state.id for state in situation.snapshot.slots if state.is_processing}
+    return any(m.slot in busy and m.tokens >= recent for m in situation.match.slots)
 
 
 def _best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: _Ram | None, hybrid: bool) -> _Reuse:

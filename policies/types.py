@@ -142,6 +142,7 @@ class BackendSnapshot(msgspec.Struct, frozen=True):
     error: str | None = None
     prefill_backlog_s: float = 0.0  # predicted prompt processing turnout's requests there still need
     deferred_prefill_s: float = 0.0  # the same of its requests deferred for a busy llama.cpp slot
+    warming_s: float = 0.0  # of prefill_backlog_s, background warm-ups' (``policies.warm``)
     work_done: float | None = None  # a counter the engine only raises while it runs (tokens processed):
     # lower than before means it restarted, and holds nothing turnout sent it
     cache_block: int | None = None  # vLLM: the tokens its prefix cache hits come in, as it reports them
@@ -271,6 +272,19 @@ class Rejection(msgspec.Struct, frozen=True):
     window: int | None = None
 
 
+class WarmUp(msgspec.Struct, frozen=True):
+    """A llama.cpp slot to prefill this request's prompt into in the background, while the request
+    itself is served elsewhere, so the session's next turn finds it warm (``policies.warm``)."""
+
+    backend_id: str
+    slot: int
+    ready_s: float  # predicted: when the slot holds the prompt (its queue + prefill there)
+    prefill_s: float  # predicted: the prompt's prefill there (the rest of ready_s is its queue)
+    cost_s: float  # what the warm-up's prefill costs the requests arriving there meanwhile
+    cached_tokens: int = 0  # of the prompt, what the slot already holds
+    delay_s: float = 0.0  # sent this long after the request: the prompts clients wait for go first
+
+
 class Estimate(msgspec.Struct, frozen=True):
     """The cost model's prediction for one candidate.
 
@@ -302,6 +316,7 @@ class Estimate(msgspec.Struct, frozen=True):
     primed: bool = False  # made on the deployment's measurements, not priors (teaches queue_factor)
     margin_s: float = 0.0  # a decode step of the batch running there: in the objective, not the TTFT
     others_s: float = 0.0  # what sending it here is expected to add to the requests that come next
+    warm_up: WarmUp | None = None  # a llama.cpp slot warmed meanwhile for the next turn (in future_s)
 
     @property
     def objective_ttft_s(self) -> float:
@@ -347,12 +362,21 @@ class Decision(msgspec.Struct, frozen=True):
         return chosen.estimate.slot if chosen is not None and chosen.estimate is not None else None
 
     @property
+    def warm_up(self) -> WarmUp | None:
+        """The llama.cpp slot to warm in the background while the chosen candidate serves the request."""
+        chosen = self.chosen_candidate
+        return chosen.estimate.warm_up if chosen is not None and chosen.estimate is not None else None
+
+    @property
     def header(self) -> str:
         """``x-turnout-route-reason``: the reason, then why the others were dropped."""
         parts = [self.reason.value]
         chosen = self.chosen_candidate
         if chosen is not None and chosen.estimate is not None and chosen.estimate.note:
             parts.append(chosen.estimate.note)
+        warm = self.warm_up
+        if warm is not None:
+            parts.append(f"warms {warm.backend_id} slot {warm.slot} for the next turn")
         parts += [f"{r.backend_id}: {r.reason.value}" for r in self.rejected]
         return "; ".join(parts)
 
@@ -393,4 +417,5 @@ class Outcome(msgspec.Struct, frozen=True):
     shared_prefix_tokens: int  # tokens the backend could reuse by its rules (Estimate)
     stream: bool
     contended: bool = False  # other work was running or queued there when it was sent
+    shared_prefill: bool = False  # a background warm-up's prompt processing overlapped its own
     predicted: Estimate | None = None  # what the cost model expected of it, for learning to compare

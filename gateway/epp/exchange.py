@@ -181,6 +181,7 @@ class Exchange:
             await self._refuse(exc)
             return
         self.token = core.fleet.begin(in_flight(decision, core.fleet.clock.time(), routed.features))
+        core.lifecycle.warming.start(endpoint, body, routed)  # turnout's own: the next turn's slot
         url = urlsplit(upstream.url)
         headers = {":path": url.path + (f"?{url.query}" if url.query else ""), **dict(upstream.headers)}
         endpoints = self._endpoints(chosen.backend_id, headers)
@@ -308,8 +309,9 @@ class Exchange:
         self.settled = True
         core, record, routed = self.core, self.record, self.routed
         relay = self.answer.relay if self.answer is not None else None
+        shared = False
         if self.token is not None:
-            core.fleet.end(self.token)
+            shared = core.fleet.end(self.token)
             self.token = None
         record.status, record.error = status, error
         outcome = None
@@ -327,6 +329,7 @@ class Exchange:
                     ttft_s=record.ttft_s,
                     duration_s=core.fleet.clock.monotonic() - record.started,
                     stream=relay.request.stream,
+                    shared=shared,
                 )
         await core.lifecycle.settle(Completion(routed, record.request_id, status, error, outcome))
         await self._end()

@@ -58,8 +58,9 @@ from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
 from gateway.retry import after_failure, gave_up
 from gateway.routed import Routed
 from gateway.settings import Settings
+from gateway.warming import warm_deployment, warm_sent, warmed, warmed_outcome
 from policies import Endpoint
-from policies.types import Usage
+from policies.types import Usage, WarmUp
 
 T = TypeVar("T")
 
@@ -335,6 +336,35 @@ class GatewayReplay(World):
         sent = in_flight(decision, self.clock.time(), flight.routed.features)
         flight.token = self.fleet.begin(sent)
         self.dispatch(flight, decision.slot)
+        if flight.routed.warm is not None:
+            self._warm_up(flight, flight.routed.warm)
+
+    def _warm_up(self, flight: Flight, warm: WarmUp) -> None:
+        """The decision's background warm-up (``gateway.warming``): the same prompt, one token, to the
+        llama.cpp slot it names; in flight on the fleet, and in the prefix index once done."""
+        assert flight.routed is not None
+        routed, engine = flight.routed, self.engines[warm.backend_id]
+        task = SimTask(f"{flight.task.id}.warm", flight.task.prompt, Answer((ANSWER_TOKEN,), "length", None))
+        task.id_slot = warm.slot
+        token = self.fleet.begin(warm_sent(warm, routed, self.clock.time()))
+
+        task.listener = partial(self._warmed, token, warm, routed, task)
+        sent = warmed(warm, routed)
+        if sent is not None:
+            run_now(self.router.store.record_prompt(sent))
+        engine.n_tasks += 1
+        self.events.after(self.options.overhead_s + warm.delay_s, partial(engine.submit, task))
+
+    def _warmed(self, token: int, warm: WarmUp, routed: Routed, task: SimTask, update: Update) -> None:
+        if update.kind is UpdateKind.ERROR:
+            self.fleet.end(token)
+        elif update.kind is UpdateKind.DONE:
+            shared = self.fleet.end(token)
+            usage = final_usage(self.engines[warm.backend_id], task)
+            outcome = warmed_outcome(warm, routed, usage, shared=shared)
+            deployment = warm_deployment(routed, warm)
+            if outcome is not None and deployment is not None:
+                self.router.absorb_prefill(outcome, deployment)
 
     def first_token(self, flight: Flight) -> None:
         self.fleet.prefilled(flight.token)
@@ -362,11 +392,13 @@ class GatewayReplay(World):
         outcome goes to learning, the session and the decision log."""
         assert flight.routed is not None
         self.fleet.judge(flight.backend, None)
-        self.fleet.end(flight.token)
+        shared = self.fleet.end(flight.token)
         outcome = None
         if usage is not None:
             kind = self.fleet.adapter(flight.backend).kind
             ttft = None if flight.first_at is None else flight.first_at - flight.sent
             duration = self.clock.now - flight.sent
-            outcome = measured(flight.routed, kind, usage, ttft_s=ttft, duration_s=duration, stream=True)
+            outcome = measured(
+                flight.routed, kind, usage, ttft_s=ttft, duration_s=duration, stream=True, shared=shared
+            )
         run_now(self.lifecycle.settle(Completion(flight.routed, flight.task.id, 200, None, outcome)))

@@ -123,3 +123,16 @@ def roomy() -> Iterator[AgentStack]:
         yield AgentStack(stack)
     finally:
         stop_stack(stack)
+
+
+def assert_one_slot(entries: list[dict[str, Any]]) -> None:
+    """An agent's turns (decision log entries) never split across llama.cpp slots: every turn served
+    on llama.cpp, and the slot a turn on vLLM warmed (``policies.warm``), is one slot. Which engine
+    serves each turn is this rig's: the simulators run 500x faster than the time they report, and
+    the gateway measures vLLM by its wall-clock TTFT but llama.cpp by its own timings, so a streamed
+    turn makes vLLM look 500x faster once measured (tests/e2e/test_routing.py checks the choice on a
+    rig without that skew)."""
+    slots = {e["slot"] for e in entries if e["chosen"] == "llama"}
+    slots |= {e["warm_up"]["slot"] for e in entries if e.get("warm_up")}
+    assert len(slots) <= 1, slots
+    assert {e["chosen"] for e in entries} <= {"llama", "vllm"}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.agents.conftest import MODEL, AgentStack, agent_stack, wait_windows
+from tests.agents.conftest import MODEL, AgentStack, agent_stack, assert_one_slot, wait_windows
 from tests.agents.harness import paste, run_claude
 from tests.e2e.conftest import stop_stack
 
@@ -40,7 +40,7 @@ def test_claude_code_knows_the_window_and_keeps_one_slot(
     assert len(entries) >= 3
     assert {e["session"] for e in entries} == {entries[0]["session"]}
     assert {e["session_source"] for e in entries} == {"agent-header"}  # X-Claude-Code-Session-Id
-    assert {(e["chosen"], e["slot"]) for e in entries} == {("llama", entries[0]["slot"])}
+    assert_one_slot(entries)
     prompts = [e["outcome"]["prompt_tokens"] for e in entries]
     cached = [e["outcome"]["cached_tokens"] for e in entries]
     assert prompts == sorted(prompts)

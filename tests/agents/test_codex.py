@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.agents.conftest import MODEL, AgentStack, agent_stack, wait_windows
+from tests.agents.conftest import MODEL, AgentStack, agent_stack, assert_one_slot, wait_windows
 from tests.agents.harness import paste, run_codex
 from tests.e2e.conftest import stop_stack
 
@@ -46,8 +46,7 @@ def test_codex_turns_are_one_session_on_one_slot_with_growing_cache(
     assert len(entries) >= 3
     assert {e["session"] for e in entries} == {entries[0]["session"]}
     assert {e["session_source"] for e in entries} == {"agent-header"}  # Codex's session-id
-    assert {(e["chosen"], e["slot"]) for e in entries} == {(entries[0]["chosen"], entries[0]["slot"])}
-    assert entries[0]["chosen"] == "llama"  # a session that will go on takes a slot
+    assert_one_slot(entries)  # a session that will go on takes a slot, or warms one
     cached = [e["outcome"]["cached_tokens"] for e in entries if e["outcome"]]
     prompts = [e["outcome"]["prompt_tokens"] for e in entries if e["outcome"]]
     assert prompts == sorted(prompts)

@@ -128,6 +128,43 @@ def test_each_backend_says_how_many_requests_began_there_lately(fleet: Fleet) ->
     assert llama.arrivals_per_s == 0.0
 
 
+def test_a_warm_ups_prefill_is_its_own_part_of_the_backlog(fleet: Fleet) -> None:
+    """``warming_s``: what of the engine's prefill backlog background warm-ups hold (routing warms
+    another slot behind them, never beside a client's prompt in progress: ``policies.warm``)."""
+    fleet.begin(sent("llama", 0, total_s=5.0, prefill_s=2.0))
+    fleet.begin(replace(sent("llama", 1, total_s=3.0, prefill_s=3.0), warm=True))
+    llama = by_id(fleet)["llama"]
+    assert llama.prefill_backlog_s == pytest.approx(5.0)  # type: ignore[attr-defined]
+    assert llama.warming_s == pytest.approx(3.0)  # type: ignore[attr-defined]
+
+
+def test_a_warm_up_beside_a_prompt_marks_both_ways(fleet: Fleet) -> None:
+    """Requests whose prompt processing is predicted to overlap a warm-up's end as ``shared``, the
+    warm-up too: the engine's prefill timing of each spans the other's (learning leaves them out).
+    Two prompts of clients, or prompts on another engine or that begin after the warm-up's is
+    over, are not."""
+    early = fleet.begin(sent("llama", 0, total_s=5.0, prefill_s=2.0))
+    other = fleet.begin(sent("vllm", None, total_s=5.0, prefill_s=2.0))
+    client = fleet.begin(sent("llama", None, total_s=5.0, prefill_s=2.0))
+    warm = fleet.begin(replace(sent("llama", 1, total_s=3.0, prefill_s=3.0), warm=True))
+    late = fleet.begin(sent("llama", None, total_s=5.0, prefill_s=1.0))
+    after = fleet.begin(Sent("llama", None, NOW + 10.0, total_s=5.0, prefill_s=1.0))
+    assert fleet.end(early)
+    assert fleet.end(late)
+    assert fleet.end(warm)
+    assert fleet.end(client)
+    assert not fleet.end(other)  # another engine
+    assert not fleet.end(after)
+
+
+def test_a_warm_up_sent_after_a_prompt_does_not_overlap_it(fleet: Fleet) -> None:
+    """A warm-up waits for the prompts clients wait for (``WarmUp.delay_s``: its ``queue_s``)."""
+    client = fleet.begin(sent("llama", 0, total_s=5.0, prefill_s=2.0))
+    warm = fleet.begin(replace(sent("llama", 1, total_s=5.0, queue_s=2.0, prefill_s=3.0), warm=True))
+    assert not fleet.end(client)
+    assert not fleet.end(warm)
+
+
 def test_requests_queued_on_one_slot_start_when_the_one_before_ends(fleet: Fleet) -> None:
     """llama-server runs the requests pinned to one slot one after the other: a request queued
     behind another has not started, and the time it waited does not count against its own run (a

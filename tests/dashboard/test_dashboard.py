@@ -13,7 +13,7 @@ from gateway.admin.accuracy import MAX_DRAWN
 from policies.sessions import session_label
 from policies.shape import PIECE_CHARS
 from tests.dashboard.conftest import HOSTILE, screenshot
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.servers import ADMIN, ADMIN_TOKEN
 
 
@@ -391,3 +391,31 @@ def test_the_overview_says_what_routing_bought(page: Any, stack: Stack) -> None:
     assert page.locator("#bought table.bought tbody tr").count() == len(data["hours"])
     screenshot(page, "overview-bought")
     assert page.errors == []
+
+
+def test_a_decision_that_warms_a_slot_says_so(page: Any) -> None:
+    """A session's first turn answered on vLLM while its prompt warms a llama.cpp slot: the decision
+    page names the slot, when it is ready and what it costs (``policies.warm``). Its own stack: the
+    shared one has learned vLLM's speed from wall-clock streams 500x faster than the simulators
+    report llama.cpp's (tests/agents/conftest.py, ``assert_one_slot``)."""
+    running = start_stack()
+    try:
+        log_in(page, running)
+        system = " ".join(f"rule{i % 50} keeps the agent on task" for i in range(700))
+        body = {
+            "model": "m-both",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "start"}],
+            "max_tokens": 200,
+        }
+        with running.client() as client:
+            response = client.post("/v1/chat/completions", json=body, headers={"x-session-id": "warm-1"})
+        assert response.headers["x-turnout-backend"] == "vllm"
+        page.goto(running.url + f"/admin/decisions/{response.headers['x-request-id']}")
+        text = page.inner_text("p.warm-up")
+        assert "warms llama slot" in text
+        assert "for the session's next turn" in text
+        assert "(warming llama slot" in page.inner_text("table")
+        screenshot(page, "decision-warm-up")
+        assert page.errors == []
+    finally:
+        stop_stack(running)

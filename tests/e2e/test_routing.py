@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,21 +62,23 @@ def routing() -> Iterator[Stack]:
 
 
 def chat(
-    stack: Stack, messages: list[dict[str, Any]], model: str = "m-both", **headers: str
+    stack: Stack, messages: list[dict[str, Any]], model: str = "m-both", max_tokens: int = 8, **headers: str
 ) -> httpx.Response:
-    body = {"model": model, "messages": messages, "max_tokens": 8}
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens}
     with stack.client() as client:
         response = client.post("/v1/chat/completions", json=body, headers=headers)
     assert response.status_code == 200, response.text
     return response
 
 
-def agent_turns(stack: Stack, turns: int, seed: int, **headers: str) -> list[httpx.Response]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": text(200, seed)}]
+def agent_turns(
+    stack: Stack, turns: int, seed: int, system_words: int = 200, max_tokens: int = 8, **headers: str
+) -> list[httpx.Response]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": text(system_words, seed)}]
     responses = []
     for turn in range(turns):
         messages.append({"role": "user", "content": text(150, seed + turn)})
-        response = chat(stack, messages, **headers)
+        response = chat(stack, messages, max_tokens=max_tokens, **headers)
         responses.append(response)
         messages.append(response.json()["choices"][0]["message"])
     return responses
@@ -85,12 +88,28 @@ def cached(response: httpx.Response) -> int:
     return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
+def warm_ups(stack: Stack) -> list[dict[str, Any]]:
+    """The background warm-ups the llama.cpp simulator answered (``gateway.warming``)."""
+    bodies = [json.loads(body) for path, body in stack.taps["llama"].posts if path == "/v1/chat/completions"]
+    return [b for b in bodies if b.get("max_tokens") == 1 and not b.get("stream")]
+
+
 def test_agent_session_sticks_to_its_slot_and_reuse_grows(routing: Stack) -> None:
-    responses = agent_turns(routing, 6, seed=1, **{"x-session-id": "agent-1"})
-    assert {r.headers["x-turnout-backend"] for r in responses} == {"llama"}
-    assert len({r.headers["x-turnout-slot"] for r in responses}) == 1
-    reuse = [cached(r) for r in responses]
-    assert reuse[0] == 0
+    """The first turn is answered on vLLM (faster than a cold slot) while its prompt is prefilled
+    into a free llama.cpp slot in the background; every later turn finds that slot warm."""
+    session = {"x-session-id": "agent-1"}
+    # answers long enough for the warm-up to be ready before the next turn (a short one leaves no
+    # time: the turn then starts cold on the slot, as without warm-ups)
+    responses = agent_turns(routing, 6, seed=1, system_words=1500, max_tokens=200, **session)
+    first, later = responses[0], responses[1:]
+    assert first.headers["x-turnout-backend"] == "vllm"
+    assert "warms llama slot" in first.headers["x-turnout-route-reason"]
+    (warm,) = warm_ups(routing)
+    assert warm["id_slot"] == int(later[0].headers["x-turnout-slot"])
+    assert {r.headers["x-turnout-backend"] for r in later} == {"llama"}
+    assert len({r.headers["x-turnout-slot"] for r in later}) == 1
+    reuse = [cached(r) for r in later]
+    assert reuse[0] > 0  # the warm-up's prompt
     assert all(later > earlier for earlier, later in itertools.pairwise(reuse))
     assert "warm slot" in responses[-1].headers["x-turnout-route-reason"]
     assert responses[-1].headers["x-turnout-session-source"] == "header"

@@ -100,6 +100,14 @@ def test_the_documented_custom_profile_loads(tmp_path: Path) -> None:
     assert dict(profile.scorers) == {"ttft": 1.0, "kv-headroom": 0.3}
 
 
+def test_a_profile_of_your_own_warms_only_when_it_says_so(tmp_path: Path) -> None:
+    text = 'profile = "p"\n[[profiles]]\nname = "p"\nscorers = { ttft = 1.0 }\n'
+    assert not load_settings(write(tmp_path, text + GOOD)).routing_profile().warms
+    warms = text.replace("scorers", "warms = true\nscorers")
+    assert load_settings(write(tmp_path, warms + GOOD)).routing_profile().warms
+    assert load_settings(write(tmp_path, GOOD)).routing_profile().warms  # the default: cost
+
+
 def test_profile_with_unknown_scorer_names_it(tmp_path: Path) -> None:
     text = 'profile = "p"\n[[profiles]]\nname = "p"\nscorers = { nope = 1.0 }\n' + GOOD
     with pytest.raises(ConfigError, match=r"profiles\.0: profile 'p': unknown scorer 'nope'"):

@@ -124,6 +124,18 @@ def test_learning_reads_llama_timings() -> None:
     assert stats.decode_tok_s.value == 20 / 0.2
 
 
+def test_llama_timings_shared_with_a_warm_up_do_not_teach_the_prefill_rate() -> None:
+    """llama-server batches a warm-up's prompt with the request's (``policies.warm``): its
+    ``prompt_ms`` spans both (issue #45: one such sample taught a quarter of the engine's rate)."""
+    outcome = Outcome(
+        "llama", "m", EngineKind.LLAMACPP, Usage(1000, 21, 900, 50.0, 200.0), 0.06, 0.3, 3600, 0, True
+    )
+    shared = learn(LearnedState(), replace(outcome, shared_prefill=True), LLAMA)
+    stats = shared.for_deployment(LLAMA, EngineKind.LLAMACPP)
+    assert stats.prefill_tok_s.value == 3000  # still the prior
+    assert stats.decode_tok_s.value == 20 / 0.2  # its decode steps were its own
+
+
 def test_learning_ignores_nonsense() -> None:
     outcome = Outcome(
         "llama", "m", EngineKind.LLAMACPP, Usage(1000, 21, 0, 1e-9, 200.0), 0.06, 0.3, 0, 0, True

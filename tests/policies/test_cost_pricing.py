@@ -29,9 +29,11 @@ from policies.slots import keep_chance
 from policies.types import (
     Decision,
     Estimate,
+    PrefixMatch,
     SessionSource,
     SessionView,
     SlotLease,
+    SlotMatch,
     SlotState,
 )
 from tests.policies.cost_helpers import (
@@ -166,8 +168,9 @@ class TestKeepChance:
         assert keep_chance(SessionView("new"), {}, slots=0, live_sessions=8) == 1.0
 
     @staticmethod
-    def first_turn(live_sessions: int) -> str | None:
-        """A named session's first turn (16k tokens); slot 0 idle and free, slot 1 held; vLLM idle."""
+    def first_turn(live_sessions: int, warms: bool = True) -> str | None:
+        """A named session's first turn (16k tokens); slot 0 idle and free, slot 1 held; vLLM idle:
+        where it and its next turns go (``vllm+warm``: served on vLLM, slot 0 warmed meanwhile)."""
         now = 100.0
         llama = idle_llama(now)
         request = RequestFeatures("m", Endpoint.CHAT, 16_000, 256, True, "new", SessionSource.HEADER)
@@ -177,15 +180,21 @@ class TestKeepChance:
             matches={"llama": NOTHING},
             live_sessions=live_sessions,
         )
-        decision = route(request, [llama, vllm_snapshot()], BUILTIN_PROFILES["cost"], now, context)
+        profile = replace(BUILTIN_PROFILES["cost"], warms=warms)
+        decision = route(request, [llama, vllm_snapshot()], profile, now, context)
         assert decision.chosen is not None
-        return decision.chosen.backend_id
+        warm = decision.warm_up
+        return decision.chosen.backend_id + (f"+warm {warm.slot}" if warm is not None else "")
 
     def test_a_free_slot_is_taken_while_sessions_fit_and_left_when_they_do_not(self) -> None:
-        """Two live sessions on two slots: the newcomer pins the free slot for its next turns. Eight:
-        the pin likely goes to another session before it pays off; vLLM's faster first turn wins."""
-        assert self.first_turn(live_sessions=2) == "llama"
-        assert self.first_turn(live_sessions=8) == "vllm"
+        """Two live sessions on two slots: the newcomer pins the free slot for its next turns (cold
+        now, without warm-ups). Eight: the pin likely goes to another session before it pays off;
+        vLLM's faster first turn wins."""
+        assert self.first_turn(live_sessions=2, warms=False) == "llama"
+        assert self.first_turn(live_sessions=8, warms=False) == "vllm"
+
+    def test_with_warm_ups_the_free_slot_is_warmed_while_vllm_serves(self) -> None:
+        assert self.first_turn(live_sessions=2) == "vllm+warm 0"
 
 
 class TestFirstTurnFollowUp:
@@ -259,3 +268,58 @@ class TestWhatItCostsTheNextRequests:
         """The slot is the session's: the requests that come next would not have taken it."""
         snapshot = replace(llama_snapshot(), arrivals_per_s=0.4)
         assert llama(session=SESSION, snapshot=snapshot).others_s == 0.0
+
+
+class TestTheNextTurnsQueue:
+    """``future_s`` is the next turn behind the part of this turn's queue that lasts: all of it,
+    except on llama.cpp a wait for the session's own slot, a RAM restore and the warm-ups' prefill
+    in the engine (``_Objective.lasting``)."""
+
+    def test_vllm_meets_its_queue_again(self) -> None:
+        snapshot = replace(vllm_snapshot(running=1), prefill_backlog_s=2.0)
+        busy = estimate(features(), VLLM, snapshot, session=SESSION, leases=(), learned=LearnedState())
+        idle = estimate(
+            features(), VLLM, vllm_snapshot(1), session=SESSION, leases=(), learned=LearnedState()
+        )
+        assert busy.future_s == pytest.approx(idle.future_s + busy.queue_s - idle.queue_s)
+
+    def test_an_idle_llama_slot_behind_prompts_meets_them_again_but_not_warm_ups(self) -> None:
+        fresh = replace(SESSION, backend_id=None, slot=None)
+        backlog = replace(llama_snapshot(), prefill_backlog_s=2.0)
+        behind = llama(NOTHING, (), session=fresh, snapshot=backlog)
+        clear = llama(NOTHING, (), session=fresh)
+        assert behind.queue_s == pytest.approx(2.0)
+        assert behind.future_s == pytest.approx(clear.future_s + 2.0)
+        warming = llama(NOTHING, (), session=fresh, snapshot=replace(backlog, warming_s=1.5))
+        assert warming.queue_s == pytest.approx(2.0)
+        assert warming.future_s == pytest.approx(clear.future_s + 0.5)  # a warm-up runs once
+
+    def test_the_sessions_own_slot_busy_with_its_warm_up_is_waited_for_once(self) -> None:
+        snapshot = replace(
+            llama_snapshot((True, False)), slots=(SlotState(0, 32768, True, 1.5), SlotState(1, 32768, False))
+        )
+        waits = llama(HELD, (SlotLease(0, "s", 1.0, 9000),), snapshot=snapshot)
+        idle = llama(HELD, (SlotLease(0, "s", 1.0, 9000),))
+        assert (waits.slot, waits.queue_s) == (0, pytest.approx(1.5))
+        assert waits.future_s == pytest.approx(idle.future_s)
+
+    def test_a_ram_restore_is_this_turns_only(self) -> None:
+        match = PrefixMatch(
+            (SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000
+        )
+        leases = (SlotLease(0, "other", 1.0, 500), SlotLease(1, "third", 2.0, 500))
+        restored = llama(match, leases)
+        assert restored.source == "ram"
+        assert restored.queue_s > 0
+        cold = llama(NOTHING, ())  # the same session's turn on a free slot: no queue, nothing cached
+        assert (cold.queue_s, cold.expected_cached_tokens) == (0.0, 0)
+        assert restored.future_s == pytest.approx(cold.future_s)  # both leave the prompt in the slot
+
+    def test_a_slot_busy_with_another_sessions_work_is_waited_for_again(self) -> None:
+        snapshot = replace(
+            llama_snapshot((True, True)), slots=(SlotState(0, 32768, True), SlotState(1, 32768, True))
+        )
+        waits = llama(NOTHING, (), session=replace(SESSION, backend_id=None, slot=None), snapshot=snapshot)
+        free = llama(NOTHING, (), session=replace(SESSION, backend_id=None, slot=None))
+        assert waits.queue_s > 0
+        assert waits.future_s == pytest.approx(free.future_s + waits.queue_s)

@@ -1,0 +1,77 @@
+"""Background warm-ups in the virtual replay (``gateway.warming``, ``policies.warm``): a named
+session's first turn answered on vLLM while its prompt is prefilled into a llama.cpp slot, so its
+next turn there is warm; what the engine and the decision log say of it."""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+
+from gateway.replay.fleets import default_fleet
+from gateway.replay.traces import TraceRequest
+from gateway.replay.virtual import GatewayReplay, run_now
+from gateway.replay.workstation import StackOptions
+
+MODEL = "replay"
+BLOCK = 512
+
+
+def conversation(turns: int = 3, start: int = 8000, growth: int = 2000) -> list[TraceRequest]:
+    """One agent's turns (a session id), each resending the conversation and adding ``growth``."""
+    out = []
+    for turn in range(turns):
+        tokens = start + turn * growth
+        out.append(TraceRequest(turn * 2.0, "agent", MODEL, tokens, tuple(range(tokens // BLOCK + 1)), 300))
+    return out
+
+
+def replay(profile: str, requests: list[TraceRequest]) -> tuple[list, list[dict]]:  # type: ignore[type-arg]
+    world = GatewayReplay(requests, default_fleet(MODEL, profile), StackOptions(model=MODEL).sim_configs())
+    results = world.run()
+    decisions = run_now(world.router.store.decisions(100))
+    return results, sorted(decisions, key=lambda d: int(d["request_id"].split(".")[0][1:]))
+
+
+def test_the_first_turn_is_answered_on_vllm_and_the_next_finds_its_slot_warm() -> None:
+    results, decisions = replay("cost", conversation())
+    first, second, third = results
+    assert first.backend == "vllm"
+    warm = decisions[0]["warm_up"]
+    assert warm is not None
+    assert warm["backend"] == "llama"
+    assert (second.backend, decisions[1]["slot"]) == ("llama", warm["slot"])
+    assert second.cached_tokens > 0.9 * first.prompt_tokens  # the warm-up's prompt, reused
+    assert third.backend == "llama"
+    assert third.cached_tokens > 0.9 * second.prompt_tokens
+
+
+def test_warming_beats_the_cold_first_turn_it_replaces() -> None:
+    """Without warm-ups the same session starts cold on llama.cpp (its look-ahead says its slot will
+    pay): its first TTFT is the whole cold prefill; with them, vLLM's, and the rest as warm."""
+    warmed, _ = replay("cost", conversation())
+    world = GatewayReplay(
+        conversation(), default_fleet(MODEL, "cost"), StackOptions(model=MODEL).sim_configs()
+    )
+    world.router.profile = replace(world.router.profile, warms=False)
+    cold = world.run()
+    assert cold[0].backend == "llama"
+    assert cold[0].cached_tokens == 0
+    assert warmed[0].ttft_s is not None
+    assert cold[0].ttft_s is not None
+    assert warmed[0].ttft_s < cold[0].ttft_s / 2
+    assert sum(r.ttft_s or 0 for r in warmed) < sum(r.ttft_s or 0 for r in cold)
+
+
+def test_the_published_routers_never_warm() -> None:
+    _, decisions = replay("dynamo-kv", conversation())
+    assert all(d["warm_up"] is None for d in decisions)
+
+
+def test_a_warm_up_is_in_flight_on_the_engine_as_any_request() -> None:
+    """The llama.cpp engine model ran it: one more task than the requests it answered, and the
+    slot's prompt came from it (the served requests there reused it)."""
+    requests = conversation(turns=2)
+    world = GatewayReplay(requests, default_fleet(MODEL, "cost"), StackOptions(model=MODEL).sim_configs())
+    results = world.run()
+    answered = sum(1 for r in results if r.backend == "llama")
+    assert world.engines["llama"].n_tasks == answered + 1
+    assert not world.fleet.load()  # nothing left in flight: the warm-up ended too
