@@ -95,6 +95,36 @@ def test_a_session_keeps_its_llama_slot_through_envoy(epp: EppStack) -> None:
     assert cached[2] > cached[1]
 
 
+def test_the_picker_warms_the_slot_of_a_session_it_sends_to_vllm(epp: EppStack) -> None:
+    """Envoy carries the turn to vLLM; the picker itself prefills the prompt into a llama.cpp slot
+    (``gateway.warming``), and the session's next turn, through Envoy, finds it there."""
+    system = " ".join(f"rule{i % 50} keeps the agent on task" for i in range(700))
+    history = [{"role": "system", "content": system}, {"role": "user", "content": "start"}]
+    headers = {"x-session-id": "epp-warm"}
+    with epp.client() as client:
+        first = client.post(
+            "/v1/chat/completions",
+            json={"model": "m-both", "messages": history, "max_tokens": 200},
+            headers=headers,
+        )
+        assert first.status_code == 200, first.text
+        assert first.headers["x-turnout-backend"] == "vllm"
+        assert "warms llama slot" in first.headers["x-turnout-route-reason"]
+        deadline = time.monotonic() + 30
+        while not any(json.loads(body).get("max_tokens") == 1 for body in epp.taps["llama"].requests):
+            assert time.monotonic() < deadline, "no warm-up reached llama-server"
+            time.sleep(0.05)
+        history += [first.json()["choices"][0]["message"], {"role": "user", "content": "next"}]
+        second = client.post(
+            "/v1/chat/completions",
+            json={"model": "m-both", "messages": history, "max_tokens": 8},
+            headers=headers,
+        )
+    assert second.status_code == 200, second.text
+    assert second.headers["x-turnout-backend"] == "llama"
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
 def test_errors_come_back_in_the_clients_api(epp: EppStack) -> None:
     with epp.client() as client:
         unknown = client.post("/v1/chat/completions", json=chat("no-such-model"))
