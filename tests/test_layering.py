@@ -86,7 +86,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.replicas",
         ),
     ),
-    ("lifecycle", ("gateway.retry", "gateway.completion", "gateway.lifecycle")),
+    ("lifecycle", ("gateway.retry", "gateway.completion", "gateway.warming", "gateway.lifecycle")),
     ("core", ("gateway.core",)),
     (
         "front ends without HTTP",
