@@ -87,6 +87,14 @@ def warmed_outcome(warm: WarmUp, routed: Routed, usage: Usage | None, *, shared:
     )
 
 
+def learn_from(router: Router, warm: WarmUp, routed: Routed, usage: Usage | None, *, shared: bool) -> None:
+    """A finished warm-up's prefill rate to the router (``warmed_outcome``)."""
+    outcome = warmed_outcome(warm, routed, usage, shared=shared)
+    deployment = warm_deployment(routed, warm)
+    if outcome is not None and deployment is not None:
+        router.absorb_prefill(outcome, deployment)
+
+
 def warm_deployment(routed: Routed, warm: WarmUp) -> Deployment | None:
     """The warmed backend's deployment among the decision's candidates."""
     for candidate in routed.decision.candidates:
@@ -131,10 +139,7 @@ class Warming:
             relay = ResponseRelay(upstream, await adapter.send(upstream), self.fleet.clock.monotonic)
             await relay.body()
             ended, shared = True, self.fleet.end(token)
-            outcome = warmed_outcome(warm, routed, relay.usage, shared=shared)
-            deployment = warm_deployment(routed, warm)
-            if outcome is not None and deployment is not None:
-                self.router.absorb_prefill(outcome, deployment)
+            learn_from(self.router, warm, routed, relay.usage, shared=shared)
             log.debug("warm_up.done", backend=warm.backend_id, slot=warm.slot)
         except UpstreamError as exc:
             log.warning("warm_up.failed", backend=warm.backend_id, slot=warm.slot, error=exc.message)

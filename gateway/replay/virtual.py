@@ -58,7 +58,7 @@ from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
 from gateway.retry import after_failure, gave_up
 from gateway.routed import Routed
 from gateway.settings import Settings
-from gateway.warming import warm_deployment, warm_sent, warmed, warmed_outcome
+from gateway.warming import learn_from, warm_sent, warmed
 from policies import Endpoint
 from policies.types import Usage, WarmUp
 
@@ -361,10 +361,7 @@ class GatewayReplay(World):
         elif update.kind is UpdateKind.DONE:
             shared = self.fleet.end(token)
             usage = final_usage(self.engines[warm.backend_id], task)
-            outcome = warmed_outcome(warm, routed, usage, shared=shared)
-            deployment = warm_deployment(routed, warm)
-            if outcome is not None and deployment is not None:
-                self.router.absorb_prefill(outcome, deployment)
+            learn_from(self.router, warm, routed, usage, shared=shared)
 
     def first_token(self, flight: Flight) -> None:
         self.fleet.prefilled(flight.token)

@@ -10,7 +10,7 @@ from policies import (
     EngineKind,
 )
 from policies.cost import estimate
-from policies.learning import PRIMED_SAMPLES, SPREAD, Ewma, LearnedState, learn
+from policies.learning import PRIMED_SAMPLES, SPREAD, Ewma, LearnedState, learn, learn_prefill
 from policies.types import (
     Estimate,
     Outcome,
@@ -134,6 +134,26 @@ def test_llama_timings_shared_with_a_warm_up_do_not_teach_the_prefill_rate() -> 
     stats = shared.for_deployment(LLAMA, EngineKind.LLAMACPP)
     assert stats.prefill_tok_s.value == 3000  # still the prior
     assert stats.decode_tok_s.value == 20 / 0.2  # its decode steps were its own
+
+
+def test_a_warm_up_teaches_the_prefill_rate_and_nothing_else() -> None:
+    """``learn_prefill``: a warm-up's one-token answer and its duration say nothing of the model's
+    answers or the engine's service time; its prompt, processed alone, says how fast it prefills."""
+    outcome = Outcome(
+        "llama", "m", EngineKind.LLAMACPP, Usage(8000, 1, 0, 4000.0, 0.0), None, 4.0, 0, 0, stream=False
+    )
+    state = learn_prefill(LearnedState(), outcome, LLAMA)
+    stats = state.for_deployment(LLAMA, EngineKind.LLAMACPP)
+    prior = LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP)
+    assert stats.prefill_tok_s.value == 8000 / 4.0
+    assert (stats.decode_tok_s, stats.service_s, stats.reuse) == (
+        prior.decode_tok_s,
+        prior.service_s,
+        prior.reuse,
+    )
+    assert state.models == LearnedState().models  # no answer length, no chars per token
+    shared = learn_prefill(LearnedState(), replace(outcome, shared_prefill=True), LLAMA)
+    assert shared == LearnedState()
 
 
 def test_learning_ignores_nonsense() -> None:
