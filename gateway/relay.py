@@ -121,6 +121,7 @@ class Relay:
         """Shut down gently: refuse new requests (503), let those in flight finish for ``grace_s``,
         then end the streams still running with their API's error event."""
         self.draining = True
+        await self.lifecycle.warming.close()  # no client waits for a warm-up: not worth the grace
         await self._settled(grace_s, poll_s)
         for dog in list(self._streams):
             dog.expire("turnout is shutting down")

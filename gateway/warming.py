@@ -20,6 +20,7 @@ learning (:func:`warmed_outcome`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,12 +125,17 @@ class Warming:
         token = self.fleet.begin(warm_sent(warm, routed, self.fleet.clock.time()))
         task = asyncio.create_task(self._run(upstream, token, warm, routed))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._done, token))
+
+    def _done(self, token: int, task: asyncio.Task[None]) -> None:
+        """The task ended, however: off the fleet (a task cancelled before it ran never reached
+        ``_run``'s own ``finally``; ``Fleet.end`` of an ended request is nothing)."""
+        self._tasks.discard(task)
+        self.fleet.end(token)
 
     async def _run(self, upstream: Any, token: int, warm: WarmUp, routed: Routed) -> None:
         adapter = self.fleet.adapter(warm.backend_id)
         relay: ResponseRelay | None = None
-        ended = False
         try:
             sent = warmed(warm, routed)
             if sent is not None:
@@ -138,14 +144,11 @@ class Warming:
                 await asyncio.sleep(warm.delay_s)
             relay = ResponseRelay(upstream, await adapter.send(upstream), self.fleet.clock.monotonic)
             await relay.body()
-            ended, shared = True, self.fleet.end(token)
-            learn_from(self.router, warm, routed, relay.usage, shared=shared)
+            learn_from(self.router, warm, routed, relay.usage, shared=self.fleet.end(token))
             log.debug("warm_up.done", backend=warm.backend_id, slot=warm.slot)
         except UpstreamError as exc:
             log.warning("warm_up.failed", backend=warm.backend_id, slot=warm.slot, error=exc.message)
         finally:
-            if not ended:
-                self.fleet.end(token)
             if relay is not None:
                 await relay.aclose()
 
