@@ -116,10 +116,21 @@ def test_agent_session_sticks_to_its_slot_and_reuse_grows(routing: Stack) -> Non
 
 
 def test_implicit_session_without_any_header(routing: Stack) -> None:
+    """Recognised by its content, the conversation settles on one llama.cpp slot: its first turn may
+    go where it is fastest (it may be a one-off), its second may be answered on vLLM while it warms
+    that slot (it has proven to continue), every turn after is there."""
     responses = agent_turns(routing, 5, seed=2)
     assert all(r.headers["x-turnout-session-source"] == "implicit" for r in responses)
-    later = responses[1:]
-    assert {r.headers["x-turnout-backend"] for r in later} == {"llama"}
+    backends = [r.headers["x-turnout-backend"] for r in responses]
+    settled = backends.index("llama")
+    assert settled <= 2, backends
+    if settled == 2:
+        assert "warms llama slot" in responses[1].headers["x-turnout-route-reason"]
+    later = responses[settled:]
+    assert len(later) >= 3
+    assert {r.headers["x-turnout-backend"] for r in later} == {"llama"}, [
+        (r.headers["x-turnout-backend"], r.headers["x-turnout-route-reason"]) for r in responses
+    ]
     assert len({r.headers["x-turnout-slot"] for r in later}) == 1
     assert [cached(r) for r in later[1:]] == sorted(cached(r) for r in later[1:])
     assert cached(later[-1]) > 0

@@ -48,7 +48,8 @@ async def warming_up(urls: dict[str, str], stop: bool) -> tuple[int, int, bool]:
         await core.fleet.start()
         try:
             routed = await core.lifecycle.route(dict(BODY), Endpoint.CHAT, {"x-session-id": "warm"})
-            assert routed.warm is not None and routed.warm.backend_id == "llama"
+            assert routed.warm is not None
+            assert routed.warm.backend_id == "llama"
             warming = core.lifecycle.warming
             warming.start(Endpoint.CHAT, BODY, routed)
             started = (warming.running, core.fleet.own("llama").requests)
