@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from backends.base import UpstreamRequest
 from backends.errors import UpstreamError
 from backends.fleet import Fleet
 from backends.inflight import Sent
@@ -133,7 +134,7 @@ class Warming:
         self._tasks.discard(task)
         self.fleet.end(token)
 
-    async def _run(self, upstream: Any, token: int, warm: WarmUp, routed: Routed) -> None:
+    async def _run(self, upstream: UpstreamRequest, token: int, warm: WarmUp, routed: Routed) -> None:
         adapter = self.fleet.adapter(warm.backend_id)
         relay: ResponseRelay | None = None
         try:
@@ -148,6 +149,8 @@ class Warming:
             log.debug("warm_up.done", backend=warm.backend_id, slot=warm.slot)
         except UpstreamError as exc:
             log.warning("warm_up.failed", backend=warm.backend_id, slot=warm.slot, error=exc.message)
+        except Exception as exc:  # a task of its own: nothing else would see it, and nothing waits on it
+            log.warning("warm_up.failed", backend=warm.backend_id, slot=warm.slot, error=repr(exc))
         finally:
             if relay is not None:
                 await relay.aclose()

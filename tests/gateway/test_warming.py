@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from backends.sim import SimConfig, create_sim_app
 from gateway.core import build_core
@@ -73,3 +74,31 @@ def test_stopping_cancels_the_warm_ups_in_flight(engines: dict[str, str]) -> Non
     """The gateway stopping, or draining (``Relay.drain``: no client waits for a warm-up), ends them
     at once and takes them off the fleet."""
     assert asyncio.run(warming_up(engines, stop=True)) == (1, 1, True)
+
+
+def test_a_warm_up_that_fails_is_logged_and_leaves_nothing_in_flight(engines: dict[str, str]) -> None:
+    """The engine went away between the decision and the warm-up: nothing but the warm slot is lost."""
+    llama = ServerThread(
+        create_sim_app(SimConfig(kind="llamacpp", model="up-llama", time_scale=1.0, slots=2))
+    )
+    llama.start()
+
+    async def scenario() -> tuple[bool, bool]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            core = build_core(stack_settings({**engines, "llama": llama.url}), client=client)
+            await core.fleet.start()
+            try:
+                routed = await core.lifecycle.route(dict(BODY), Endpoint.CHAT, {"x-session-id": "gone"})
+                llama.stop()  # refused from now on
+                with capture_logs() as logs:
+                    core.lifecycle.warming.start(Endpoint.CHAT, BODY, routed)
+                    for _ in range(200):
+                        if not core.lifecycle.warming.running:
+                            break
+                        await asyncio.sleep(0.05)
+                failed = any(entry["event"] == "warm_up.failed" for entry in logs)
+                return failed, core.fleet.own("llama").requests == 0
+            finally:
+                await core.fleet.stop()
+
+    assert asyncio.run(scenario()) == (True, True)
