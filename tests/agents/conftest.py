@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -136,3 +137,27 @@ def assert_one_slot(entries: list[dict[str, Any]]) -> None:
     slots |= {e["warm_up"]["slot"] for e in entries if e.get("warm_up")}
     assert len(slots) <= 1, slots
     assert {e["chosen"] for e in entries} <= {"llama", "vllm"}
+
+
+WARM_UP_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def client_requests(stack: AgentStack) -> list[bytes]:
+    """The request bodies the engines received for the agent, without turnout's own background
+    warm-ups (``gateway.warming``: the same prompt, one output token, not streamed)."""
+    out = []
+    for tap in stack.stack.taps.values():
+        for body in tap.requests:
+            try:
+                data = json.loads(body)
+            except ValueError:
+                out.append(body)
+                continue
+            warm = (
+                isinstance(data, dict)
+                and not data.get("stream")
+                and any(data.get(f) == 1 for f in WARM_UP_FIELDS)
+            )
+            if not warm:
+                out.append(body)
+    return out

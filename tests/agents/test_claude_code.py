@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from tests.agents.conftest import MODEL, AgentStack, agent_stack, assert_one_slot, wait_windows
+from tests.agents.conftest import (
+    MODEL,
+    AgentStack,
+    agent_stack,
+    assert_one_slot,
+    client_requests,
+    wait_windows,
+)
 from tests.agents.harness import paste, run_claude
 from tests.e2e.conftest import stop_stack
 
@@ -23,7 +30,7 @@ def messages(stack: AgentStack, since: int = 0) -> list[dict[str, Any]]:
 
 
 def compactions(stack: AgentStack) -> int:
-    return sum(COMPACTION_PROMPT in body for tap in stack.stack.taps.values() for body in tap.requests)
+    return sum(COMPACTION_PROMPT in body for body in client_requests(stack))
 
 
 def test_claude_code_knows_the_window_and_keeps_one_slot(

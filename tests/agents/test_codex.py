@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.agents.conftest import MODEL, AgentStack, agent_stack, assert_one_slot, wait_windows
+from tests.agents.conftest import (
+    MODEL,
+    AgentStack,
+    agent_stack,
+    assert_one_slot,
+    client_requests,
+    wait_windows,
+)
 from tests.agents.harness import paste, run_codex
 from tests.e2e.conftest import stop_stack
 
@@ -79,7 +86,7 @@ def prompts(stack: AgentStack) -> list[int]:
 
 def compactions(stack: AgentStack) -> int:
     """Codex's compaction requests the engines received."""
-    return sum(COMPACTION_PROMPT in body for tap in stack.stack.taps.values() for body in tap.requests)
+    return sum(COMPACTION_PROMPT in body for body in client_requests(stack))
 
 
 @pytest.mark.timeout(1200)
