@@ -14,7 +14,7 @@ it); it has no decision log entry of its own (the decision that asked for it say
 The relay and the Envoy picker run their warm-ups as tasks of :class:`Warming` (ended with the
 gateway); the virtual replay dispatches the same request to its engine model
 (``gateway.replay.virtual``), with the same in-flight note (:func:`warm_sent`), index record and
-learning (:func:`warmed_outcome`).
+learning (:func:`learn_from`).
 """
 
 from __future__ import annotations
@@ -78,23 +78,16 @@ def warmed(warm: WarmUp, routed: Routed) -> SentPrompt | None:
     return SentPrompt(warm.backend_id, warm.slot, chain, routed.features.prompt_tokens, key)
 
 
-def warmed_outcome(warm: WarmUp, routed: Routed, usage: Usage | None, *, shared: bool) -> Outcome | None:
-    """What a finished warm-up teaches: the engine's prefill rate from its own timings
+def learn_from(router: Router, warm: WarmUp, routed: Routed, usage: Usage | None, *, shared: bool) -> None:
+    """What a finished warm-up teaches the router: the engine's prefill rate from its own timings
     (``Router.absorb_prefill``); nothing where a client's prompt ran beside it (``shared``)."""
     deployment = warm_deployment(routed, warm)
     if usage is None or shared or deployment is None:
-        return None
-    return Outcome(
+        return
+    outcome = Outcome(
         warm.backend_id, deployment.model, EngineKind.LLAMACPP, usage, None, 0.0, 0, 0, stream=False
     )
-
-
-def learn_from(router: Router, warm: WarmUp, routed: Routed, usage: Usage | None, *, shared: bool) -> None:
-    """A finished warm-up's prefill rate to the router (``warmed_outcome``)."""
-    outcome = warmed_outcome(warm, routed, usage, shared=shared)
-    deployment = warm_deployment(routed, warm)
-    if outcome is not None and deployment is not None:
-        router.absorb_prefill(outcome, deployment)
+    router.absorb_prefill(outcome, deployment)
 
 
 def warm_deployment(routed: Routed, warm: WarmUp) -> Deployment | None:
