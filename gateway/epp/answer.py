@@ -67,8 +67,10 @@ class Answer:
         buffered: bool,
         api: str,
         anthropic: bool,
+        answered_by: str | None = None,
     ) -> None:
         self.upstream, self.response, self.fleet, self.write = upstream, response, fleet, write
+        self.answered_by = answered_by or upstream.backend_id  # a fallback's, if the data plane fell back
         self.relay = ResponseRelay(upstream, response, fleet.clock.monotonic)
         self.buffered, self.api, self.anthropic = buffered, api, anthropic
         self._held: list[bytes] = []  # BUFFERED mode: the whole answer goes back at once
@@ -100,11 +102,11 @@ class Answer:
                     await self._send(events, False)
             else:
                 tail = await relay.body()
-            fleet.judge(upstream.backend_id, None)
+            fleet.judge(self.answered_by, None)
         except UpstreamStreamError as exc:
             error = exc.message
-            fleet.judge(exc.backend_id, exc.message)
-            failed = UpstreamFailed(f"backend {exc.backend_id} failed: {exc.message}")
+            fleet.judge(self.answered_by, exc.message)
+            failed = UpstreamFailed(f"backend {self.answered_by} failed: {exc.message}")
             if upstream.stream:
                 tail = stream_error_event(self.api, failed)
             else:

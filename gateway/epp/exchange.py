@@ -262,16 +262,18 @@ class Exchange:
                 added["x-turnout-backend"] = record.backend = self.served_by
                 added["x-turnout-fallback-from"] = upstream.backend_id
             foreign = self.served_by is None  # not one the picker named: its answer passes untouched
+        answered_by = self.served_by or upstream.backend_id  # the engine whose answer this is
         if not 200 <= status < 300 or foreign:
-            if status >= 500:
-                self.core.fleet.judge(upstream.backend_id, f"answered {status} through the data plane")
-                record.error = f"backend {upstream.backend_id} answered {status}"
+            if status >= 500 and not foreign:  # a foreign engine is none of the fleet's to judge
+                self.core.fleet.judge(answered_by, f"answered {status} through the data plane")
+                record.error = f"backend {answered_by} answered {status}"
             await self.write(wire.response_headers(added))  # its body goes back untouched
             return
         buffered = self.response_mode == wire.BUFFERED_MODE
         answer = self.answer = Answer(
             upstream, EnvoyResponse(status, headers), self.core.fleet, self.write,
             buffered=buffered, api=stream_api(routed.features.endpoint), anthropic=self.anthropic,
+            answered_by=answered_by,
         )  # fmt: skip
         self.pump = asyncio.create_task(answer.run(self._answered, self._prefilled))
         await self.write(wire.response_headers(added, ("content-length",)))

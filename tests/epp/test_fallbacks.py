@@ -1,7 +1,7 @@
 """Fallback endpoints (``turnout epp --fallbacks N``): which engines can take the primary's very
 request, in what order; then through a real Envoy running deploy/envoy/envoy-fallbacks.yaml, a
 primary that refuses connections is stepped over to the fallback the picker named, and never to one
-it did not name."""
+it did not name; the circuit breakers judge the engine that answered, not the one predicted."""
 
 from __future__ import annotations
 
@@ -103,12 +103,33 @@ def test_no_decision_no_fallbacks() -> None:
 # --- through Envoy -------------------------------------------------------------------------------
 
 
+class Failing:
+    """ASGI wrapper: while ``failing``, every inference POST is answered 500 (an engine's own error)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.failing = app, False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if not (self.failing and scope["type"] == "http" and scope["path"].startswith("/v1/")):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps({"error": {"message": "engine broke", "type": "internal_error"}}).encode()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 500, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
 @dataclass
 class Replicas:
     envoy: Envoy
     picker: PickerThread
     taps: dict[str, Tap]
     servers: dict[str, ServerThread]
+    failing: dict[str, Failing]
+
+    def failures(self, backend: str) -> int:
+        """The picker's circuit breaker's count of ``backend``'s failures in a row."""
+        return int(self.picker.core.fleet.breakers[backend].failures)
 
 
 def replica_settings(urls: dict[str, str]) -> Settings:
@@ -131,7 +152,8 @@ def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Replica
         "vllm-b": SimConfig(kind="vllm", model="up-vllm", time_scale=0.002),
         "llama": SimConfig(kind="llamacpp", model="up-llama", time_scale=0.002, slots=2),
     }
-    taps = {name: Tap(create_sim_app(config)) for name, config in configs.items()}
+    failing = {name: Failing(create_sim_app(config)) for name, config in configs.items()}
+    taps = {name: Tap(app) for name, app in failing.items()}
     servers = {name: ServerThread(tap).start() for name, tap in taps.items()}
     urls = {name: server.url for name, server in servers.items()}
     picker = PickerThread(replica_settings(urls), fallbacks=request.param).start()
@@ -139,7 +161,7 @@ def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Replica
     envoy = Envoy(tmp_path, picker.port, engines=engines).start()
     try:
         envoy.picker_healthy()
-        yield Replicas(envoy, picker, taps, servers)
+        yield Replicas(envoy, picker, taps, servers, failing)
     finally:
         envoy.stop()
         picker.stop()
@@ -168,6 +190,27 @@ def test_a_primary_that_refuses_connections_falls_back_to_the_named_replica(repl
         assert answered.json()["model"] == "m-vllm"  # the relay's rewrites still applied
         sent = json.loads(replicas.taps[other].requests[-1])
         assert sent["model"] == "up-vllm"  # the very request prepared for the primary
+    # the primary failed once, and the fallback's answer does not clear it: it was not the primary's
+    assert replicas.failures(primary) == 1
+    assert replicas.failures(other) == 0
+
+
+@pytest.mark.parametrize("replicas", [1], indirect=True, ids=["fallbacks-1"])
+def test_a_fallbacks_own_error_is_judged_against_the_fallback(replicas: Replicas) -> None:
+    with httpx.Client(base_url=replicas.envoy.url, timeout=30) as client:
+        first = client.post("/v1/chat/completions", json=ask("m-vllm"))
+        assert first.status_code == 200, first.text
+        primary = first.headers["x-turnout-backend"]
+        other = next(name for name in ("vllm-a", "vllm-b") if name != primary)
+        replicas.servers[primary].stop()
+        replicas.failing[other].failing = True
+        answered = client.post("/v1/chat/completions", json=ask("m-vllm"))
+    assert answered.status_code == 500, answered.text
+    assert answered.json()["error"]["message"] == "engine broke"  # the engine's own body, untouched
+    assert answered.headers["x-turnout-backend"] == other
+    assert answered.headers["x-turnout-fallback-from"] == primary
+    assert replicas.failures(other) == 1  # its 500 is its own
+    assert replicas.failures(primary) == 1  # refused the connection: the fall-back itself, counted once
 
 
 def test_no_compatible_fallback_no_retry_elsewhere(replicas: Replicas) -> None:
