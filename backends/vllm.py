@@ -60,4 +60,5 @@ class VllmAdapter(Adapter):
             prefix_cache_hits=metrics.prefix_cache_hits,
             work_done=metrics.tokens_total,
             cache_block=metrics.cache_block,
+            cache_tokens=metrics.cache_tokens,
         )

@@ -1,7 +1,8 @@
 """How far the cost model's predictions are from what the engines would really have given, per decision.
 
-    .venv/bin/python bench/predictions.py chat|mixed|contention-N|agent [--profile cost] [--worst 10]
-                                          [--seed N]
+    .venv/bin/python bench/predictions.py ROW [--profile cost] [--worst 10] [--seed N]
+
+(ROW: any row of bench/routing.py; the Mooncake rows at their load.)
 
 Replays a workload of bench/routing.py in virtual time (``gateway.replay.virtual``). When each request
 is routed, every engine model is asked what the request would get there at that moment
@@ -29,8 +30,8 @@ from backends.sim.llama_engine import LlamaEngine
 from backends.sim.vllm_engine import VllmEngine
 from backends.sim.whatif import whatif_slots, whatif_vllm
 from gateway.logging import configure_logging
-from gateway.replay.fleets import default_fleet, fleet_from_file, sim_configs
-from gateway.replay.traces import TraceRequest, with_model
+from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
+from gateway.replay.traces import TraceRequest, rate_for_load, with_model, with_rate
 from gateway.replay.virtual import GatewayReplay, run_now
 
 QUEUE_BANDS = ((0.0, 0.001), (0.001, 1.0), (1.0, 3.0), (3.0, float("inf")))
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("workload", choices=[w.name for w in WORKLOADS if w.load is None])
+    parser.add_argument("workload", choices=[w.name for w in WORKLOADS])
     parser.add_argument("--profile", default="cost")
     parser.add_argument("--worst", type=int, default=10, help="decisions to show (the costliest)")
     parser.add_argument(
@@ -83,7 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if workload.fleet
         else default_fleet(MODEL, args.profile)
     )
-    world = Observed(requests, settings, sim_configs(settings, MODEL))
+    state = settings.state.model_copy(update={"decision_log_size": 2 * len(requests)})
+    settings = settings.model_copy(update={"state": state})  # every decision kept, not the newest 1000
+    configs = sim_configs(settings, MODEL)
+    if workload.load is not None:  # the Mooncake rows: arrivals at the row's load, as bench/routing.py
+        requests = with_rate(
+            requests, rate_for_load(requests, workload.load, capacity(settings, MODEL, configs))
+        )
+    world = Observed(requests, settings, configs)
     world.truth = {}
     results = world.run()
     decisions: list[dict[str, Any]] = run_now(world.router.store.decisions(len(requests) * 4))

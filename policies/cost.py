@@ -20,18 +20,26 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                prediction was 3x its first token), it is kept in the objective as a margin that grows
                with the batch running there: without it, the routing benchmark's chat rows lost 0.8%
                and mixed 2.2% of mean TTFT (docs/benchmarks.md, 2026-12-04)
-    others   = what the request costs the ones that come next (``others_s``), OTHERS_SHARE of:
-               vLLM: rate * prefill * (queue + prefill): each request arriving while this one waits
-               and prefills waits for its prefill (prompts are processed in order);
-               llama.cpp, a one-off (no proven session): rate / slots * run * (queue + run): each
-               arriving for its slot meanwhile waits for its whole run (run = total - queue);
+    others   = what the request costs the ones that come next (``others_s``), ``held_s``:
+               OTHERS_SHARE * rate * hold * (queue + hold): each request arriving while this one
+               waits and holds the engine waits for its hold (prompts are processed in order);
+               vLLM: hold = its prefill;
+               llama.cpp, a one-off (no proven session): rate / slots, hold = its whole run (each
+               arriving for its slot waits for it; run = total - queue);
                a session's turn on llama.cpp: 0 (the slot is the session's: later one-offs would not
                have had it);
-               rate = turnout's requests begun on the backend per second lately (``arrivals_per_s``,
-               ``backends.inflight``). Issue #45: without it, an agent's turn re-prefilling 30k tokens
-               on vLLM (5 s) held every one-shot behind it, and a one-off took a llama.cpp slot for a
-               slow answer while later ones queued; with it, contention-4's mean TTFT fell 10% over
-               32 draws, 2.027 -> 1.818 s (docs/benchmarks.md, 2026-12-05)
+               rate = turnout's requests begun per second lately on the candidate's engine kind,
+               the mean over the candidates of that kind (``arrivals_per_s``, ``backends.inflight``;
+               ``policies.route.pooled_arrivals``: the requests to come are the router's to place).
+               Issue #45: without it, an agent's turn re-prefilling 30k tokens on vLLM (5 s) held
+               every one-shot behind it, and a one-off took a llama.cpp slot for a slow answer while
+               later ones queued; with it, contention-4's mean TTFT fell 10% over 32 draws, 2.027 ->
+               1.818 s. Each replica's own rate (a few requests in 30 s on a large fleet) was noise
+               that sent long prompts behind an 18 s queue where an 8 s one was free, for a replica
+               that had seen fewer requests lately. Counting half the hold for those arriving during
+               it (their mean wait) was tried: contention-4 to -8 2-4% slower and mixed's seed 7 1.11x
+               the best peer: the requests a hold delays delay the next ones in turn, which the whole
+               hold stands for (docs/benchmarks.md, 2026-12-05)
 
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
                there (both engines process earlier prompt chunks first; ``backends.inflight``);
@@ -51,7 +59,12 @@ and each engine's semantics. Of a prefix of ``n`` tokens an engine reuses at mos
 
 - llama.cpp: per slot, what it holds or what the RAM prompt cache gives back (``policies.slots``).
 - vLLM: the longest prefix sent there lately, in whole learned blocks, times ``reuse`` (a cache that
-  never hit predicts nothing).
+  never hit predicts nothing), if its prefix cache still holds it: the cache drops its least recently
+  used blocks, so a prefix is expected gone once more tokens were sent there since it was
+  (``prefix_cache_span``) than the KV cache holds (``BackendSnapshot.cache_tokens``, from
+  ``vllm:cache_config_info``). On 8 vLLM replicas of the Mooncake trace, a prefix sent minutes before
+  was predicted there: long prompts went to "hits" that re-prefilled 50k tokens, 18 s late
+  (mooncake-8vllm's p90 was 1.02x the best peer's; docs/benchmarks.md, 2026-12-05).
 
 **Slots** (llama.cpp): every slot is an option, with its own queue and, when it is taken from
 another session, an eviction cost; the best objective wins (``policies.slots``).
@@ -122,9 +135,21 @@ def others_s(snapshot: BackendSnapshot, prefill: float, queue: float, run: float
     if snapshot.kind is EngineKind.LLAMACPP:
         if pinned:
             return 0.0
-        per_slot = rate / max(snapshot.total_slots or 1, 1)
-        return OTHERS_SHARE * per_slot * run * (queue + run)
-    return OTHERS_SHARE * rate * prefill * (queue + prefill)
+        return held_s(rate / max(snapshot.total_slots or 1, 1), queue, run)
+    return held_s(rate, queue, prefill)
+
+
+def held_s(rate: float, queue: float, hold: float) -> float:
+    """What holding an engine (or a slot) for ``hold`` seconds after ``queue`` costs the requests
+    arriving there at ``rate`` meanwhile: OTHERS_SHARE of them wait for it (module docstring)."""
+    return OTHERS_SHARE * rate * hold * (queue + hold)
+
+
+def prefix_cache_span(match: PrefixMatch) -> int:
+    """Tokens sent to a vLLM backend since the matched prefix was, and the prefix: what its prefix
+    cache must hold for the prefix to be there still (it drops its least recently used blocks; a
+    prefix inside a longer prompt, a shared system prompt, was sent with the newest of them)."""
+    return match.recent_age + match.recent if match.recent else 0
 
 
 def expected_output(features: RequestFeatures, learned: LearnedState) -> int:
@@ -250,12 +275,18 @@ def estimate(
             ),
         )
     else:
-        cached = reuse(
+        potential = reuse(
             situation.match.recent, stats, stats.reuse.value, token_exact=False, reported=snapshot.cache_block
         )
+        bound = snapshot.cache_tokens
+        held = bound is None or prefix_cache_span(situation.match) <= bound  # not dropped since
+        cached = potential if held else 0
         waiting = snapshot.queued * stats.service_s.value / max(snapshot.running, 1)
         queue = max(waiting, snapshot.prefill_backlog_s)
-        option = SlotOption(None, cached, "prefix-cache" if cached else "none", queue, features.prompt_tokens)
+        option = SlotOption(
+            None, cached, "prefix-cache" if cached else "none", queue, features.prompt_tokens,
+            usable=situation.match.recent if held else 0,
+        )  # fmt: skip
     prompt = features.prompt_tokens
     cached = max(0, min(option.cached, prompt - 1))
     decode_step = decode_step_s(deployment, stats, snapshot.running)
@@ -268,7 +299,7 @@ def estimate(
     ttft = queue + prefill + interleaved
     total = ttft + (expected_output(features, learned) - 1) * decode_step
     # what the engine could reuse by its rules: learning measures how much of it it really did
-    shared = option.usable if snapshot.kind is EngineKind.LLAMACPP else situation.match.recent
+    shared = option.usable
     return Estimate(
         expected_cached_tokens=cached,
         queue_s=queue,

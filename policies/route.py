@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from msgspec.structs import replace
+
 from policies.context import RoutingContext
 from policies.cost import estimate
 from policies.filters import Candidate
@@ -39,6 +41,23 @@ def _clamp(value: float) -> float:
     return 1.0 if value > 1.0 else value if value > 0.0 else 0.0
 
 
+def pooled_arrivals(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Each candidate's ``arrivals_per_s`` as the mean of its engine kind's among the candidates: the
+    requests to come are the router's to place, and interchangeable engines share them; one engine's
+    own recent count (a few requests in ``ARRIVALS_WINDOW_S`` on a large fleet) is noise, and priced
+    by it a long prompt went behind an 18 s queue where an 8 s one was free (mooncake-8vllm)."""
+    rates: dict[EngineKind, list[float]] = {}
+    for _, snapshot in candidates:
+        rates.setdefault(snapshot.kind, []).append(snapshot.arrivals_per_s)
+    mean = {kind: sum(values) / len(values) for kind, values in rates.items()}
+    return [
+        (deployment, replace(snapshot, arrivals_per_s=mean[snapshot.kind]))
+        if snapshot.arrivals_per_s != mean[snapshot.kind]
+        else (deployment, snapshot)
+        for deployment, snapshot in candidates
+    ]
+
+
 def route(
     features: RequestFeatures,
     snapshots: Sequence[BackendSnapshot],
@@ -63,6 +82,7 @@ def route(
         if not candidates:
             return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
 
+    candidates = pooled_arrivals(candidates)
     slots = sum(s.total_slots or len(s.slots) for _, s in candidates if s.kind is EngineKind.LLAMACPP)
     keep = keep_chance(context.session, context.leases, slots, context.live_sessions)
     follow = context.follow_rate if free_slot([s for _, s in candidates], context.leases) else 0.0

@@ -147,6 +147,8 @@ class BackendSnapshot(msgspec.Struct, frozen=True):
     # lower than before means it restarted, and holds nothing turnout sent it
     cache_block: int | None = None  # vLLM: the tokens its prefix cache hits come in, as it reports them
     # (None: prefix caching off, or not reported; turnout then learns it from the hits)
+    cache_tokens: int | None = None  # vLLM: the tokens its KV cache holds, the bound of its prefix cache
+    # (it drops its least recently used blocks; None: not reported, no bound assumed)
     circuit: str = "closed"  # closed, or open / half-open while its circuit breaker keeps requests away
     circuit_blocks: bool = False  # no request may go there now (open, or half-open with its trial out)
     arrivals_per_s: float = 0.0  # turnout's requests begun here per second lately (``backends.inflight``)

@@ -14,7 +14,8 @@ candidate (the lowest ``future_s``) on a slot that evicts no one offers
 
     warm future = that candidate's future_s + how late the warm-up would be ready
                   (its queue + prefill, past this turn's predicted end there: the next turn waits)
-    cost        = OTHERS_SHARE * rate * prefill * (queue + prefill)   (the llama.cpp engine's arrivals)
+    cost        = OTHERS_SHARE * rate * prefill * (queue + prefill)   (the llama.cpp engine's arrivals,
+                  ``policies.cost.held_s``)
 
 and the candidate takes it when ``horizon * (future_s - warm future) > cost``: its ``future_s``
 becomes the warm future, its ``others_s`` grows by the cost, and ``warm_up`` names the slot. The
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 from msgspec.structs import replace
 
-from policies.cost import OTHERS_SHARE
+from policies.cost import held_s
 from policies.types import BackendSnapshot, EngineKind, Estimate, WarmUp
 from policies.views import CandidateView
 
@@ -41,7 +42,7 @@ def warm_up_cost(view: CandidateView) -> float:
     there meanwhile (module docstring)."""
     estimate = view.estimate
     rate = view.snapshot.arrivals_per_s
-    return OTHERS_SHARE * rate * estimate.prefill_s * (estimate.queue_s + estimate.prefill_s)
+    return held_s(rate, estimate.queue_s, estimate.prefill_s)
 
 
 def serving_s(snapshot: BackendSnapshot) -> float:

@@ -18,6 +18,9 @@ class VllmMetrics:
     cache_block: int | None = None
     """Tokens its prefix cache hits come in (``vllm:cache_config_info``); None: prefix caching off, or
     not reported."""
+    cache_tokens: int | None = None
+    """Tokens its KV cache holds, the prefix cache's bound (``vllm:cache_config_info``); None: prefix
+    caching off, or not reported."""
 
 
 def parse_metrics(text: str) -> VllmMetrics:
@@ -39,6 +42,7 @@ def parse_metrics(text: str) -> VllmMetrics:
         prefix_cache_hits=totals.get("vllm:prefix_cache_hits_total"),
         tokens_total=_sum(totals, "vllm:prompt_tokens_total", "vllm:generation_tokens_total"),
         cache_block=_cache_block(samples),
+        cache_tokens=_cache_tokens(samples),
     )
 
 
@@ -59,6 +63,25 @@ def _cache_block(samples: list[Sample]) -> int | None:
             return None
         sizes = [int(labels[name]) for name in BLOCK_LABELS if labels.get(name, "").isdigit()]
         return max(sizes) if sizes and max(sizes) > 0 else None
+    return None
+
+
+def _cache_tokens(samples: list[Sample]) -> int | None:
+    """``kv_cache_size_tokens`` where the server says it (newer vLLM: what its KV cache holds, a hybrid
+    model's layers counted), else ``num_gpu_blocks * block_size``; when prefix caching is on."""
+    for sample in samples:
+        if sample.name != "vllm:cache_config_info":
+            continue
+        labels = dict(sample.labels)
+        if labels.get("enable_prefix_caching") != "True":
+            return None
+        size = labels.get("kv_cache_size_tokens", "")
+        if size.isdigit() and int(size) > 0:
+            return int(size)
+        blocks, block = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        if blocks.isdigit() and block.isdigit() and int(blocks) * int(block) > 0:
+            return int(blocks) * int(block)
+        return None
     return None
 
 

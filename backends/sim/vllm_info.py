@@ -73,7 +73,11 @@ def metrics_text(engine: VllmEngine) -> str:
         out.append(_family(f"{name}_total", doc, "counter", [(base, value)]))
         out.append(_family(f"{name}_created", doc, "gauge", [(base, engine.created)]))
     config = engine.config
-    cache = f'block_size="{config.cache_block_size}",enable_prefix_caching="{config.prefix_caching}"'
+    pool = engine.kv_pool_tokens
+    cache = (
+        f'block_size="{config.cache_block_size}",enable_prefix_caching="{config.prefix_caching}",'
+        f'num_gpu_blocks="{pool // max(config.cache_block_size, 1)}",kv_cache_size_tokens="{pool}"'
+    )
     doc = "Information of the LLMEngine CacheConfig"
     out.append(_family("vllm:cache_config_info", doc, "gauge", [(cache, 1.0)]))
     success = [(f'{base},finished_reason="{r}"', float(engine.request_success[r])) for r in FINISH_REASONS]

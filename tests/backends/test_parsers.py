@@ -59,6 +59,16 @@ def test_vllm_reports_the_block_its_prefix_cache_hits_come_in() -> None:
     assert vllm.parse_metrics(info.format(a="528", h="None", on="False")).cache_block is None
 
 
+def test_vllm_reports_what_its_kv_cache_holds() -> None:
+    """The prefix cache's bound: ``kv_cache_size_tokens`` where the server says it (the recording's
+    hybrid model: 883,011), else ``num_gpu_blocks * block_size``; none with prefix caching off."""
+    assert vllm.parse_metrics(fixture("vllm_metrics.txt")).cache_tokens == 883_011
+    info = 'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{n}",enable_prefix_caching="{on}"}} 1.0'
+    assert vllm.parse_metrics(info.format(n="4096", on="True")).cache_tokens == 65_536
+    assert vllm.parse_metrics(info.format(n="None", on="True")).cache_tokens is None
+    assert vllm.parse_metrics(info.format(n="4096", on="False")).cache_tokens is None
+
+
 def test_vllm_metrics_of_an_idle_server_without_counters() -> None:
     assert vllm.parse_metrics("") == vllm.VllmMetrics(0, 0, None, None, None)
 

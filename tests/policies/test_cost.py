@@ -7,6 +7,7 @@ import pytest
 from msgspec.structs import replace
 
 from policies import (
+    Architecture,
     BackendSnapshot,
     Endpoint,
     EngineKind,
@@ -19,6 +20,7 @@ from policies.pricing import prefill_s
 from policies.sessions import session_label
 from policies.slots import Situation, llama_options
 from policies.types import (
+    Estimate,
     Outcome,
     PrefixMatch,
     SessionSource,
@@ -322,6 +324,34 @@ class TestReuse:
             features(), VLLM, snapshot, session=SESSION, leases=(), learned=LearnedState(), match=HELD
         )
         assert fresh.expected_cached_tokens == 0  # a hybrid model's reuse is learned from a first hit
+
+
+class TestVllmPrefixCacheHoldsSoMuch:
+    """vLLM's prefix cache drops its least recently used blocks: a prefix sent long ago (more tokens
+    sent there since than its KV cache holds, ``cache_tokens`` from ``vllm:cache_config_info``) is
+    expected gone. On 8 vLLM replicas of the Mooncake trace, predicting every old prefix still there
+    sent long prompts to "hits" that re-prefilled 50k tokens (mooncake-8vllm)."""
+
+    DENSE = replace(VLLM, architecture=Architecture.DENSE)
+
+    def on_vllm(self, age: int, cache_tokens: int | None = 300_000) -> Estimate:
+        match = PrefixMatch(recent=20_000, recent_whole=True, recent_held=20_000, recent_age=age)
+        snapshot = replace(vllm_snapshot(), cache_block=16, cache_tokens=cache_tokens)
+        request = replace(features(24_000), session_key=None)
+        return estimate(
+            request, self.DENSE, snapshot, session=None, leases=(), learned=LearnedState(), match=match
+        )
+
+    def test_a_prefix_is_expected_while_the_cache_holds_what_was_sent_since(self) -> None:
+        young, old = self.on_vllm(10_000), self.on_vllm(290_000)  # 20k of its own + what came after
+        assert young.expected_cached_tokens > 15_000
+        assert young.source == "prefix-cache"
+        assert young.shared_prefix_tokens == 20_000  # what learning measures its reuse against
+        assert (old.expected_cached_tokens, old.source, old.shared_prefix_tokens) == (0, "none", 0)
+        assert old.ttft_s > young.ttft_s + 2
+
+    def test_no_bound_reported_none_assumed(self) -> None:
+        assert self.on_vllm(10_000_000, cache_tokens=None).expected_cached_tokens > 15_000
 
 
 def test_the_worked_example_of_docs_routing() -> None:

@@ -258,6 +258,33 @@ class TestWhatItCostsTheNextRequests:
         assert one_off.others_s == pytest.approx(OTHERS_SHARE * 0.4 / 2 * run * (one_off.queue_s + run))
         assert one_off.others_s > 0
 
+    def test_replicas_share_the_arrivals_to_come(self) -> None:
+        """Interchangeable engines are priced at their kind's mean arrival rate: the requests to come
+        are the router's to place. Priced by each replica's own recent count, a long prompt went
+        behind a 3 s queue for a replica that had seen fewer requests, where a 1 s queue was free."""
+
+        def replica(name: str, backlog_s: float, arrivals: float) -> BackendSnapshot:
+            deployment = replace(VLLM, backend_id=name)
+            return replace(
+                vllm_snapshot(running=2), backend_id=name, deployments=(deployment,),
+                prefill_backlog_s=backlog_s, arrivals_per_s=arrivals,
+            )  # fmt: skip
+
+        quiet_but_queued, busy_but_free = replica("a", 3.0, 0.02), replica("b", 1.0, 0.6)
+        request = replace(features(30_000), session_key=None)
+        decision = route(request, [quiet_but_queued, busy_but_free], BUILTIN_PROFILES["cost"], 0.0)
+        assert decision.chosen is not None
+        assert decision.chosen.backend_id == "b"
+        a, b = (c.estimate for c in decision.candidates)
+        assert a is not None
+        assert b is not None
+        rate = (0.02 + 0.6) / 2
+        assert a.others_s == pytest.approx(OTHERS_SHARE * rate * a.prefill_s * (a.queue_s + a.prefill_s))
+        assert b.others_s == pytest.approx(OTHERS_SHARE * rate * b.prefill_s * (b.queue_s + b.prefill_s))
+        own = estimate(request, quiet_but_queued.deployments[0], quiet_but_queued, session=None,
+                       leases=(), learned=LearnedState())  # fmt: skip
+        assert own.others_s < a.others_s  # its own count alone made the queued replica look cheap
+
     def test_a_token_count_costs_no_one(self) -> None:
         snapshot = replace(vllm_snapshot(running=1), arrivals_per_s=0.5)
         count = replace(features(30_000), endpoint=Endpoint.COUNT_TOKENS)

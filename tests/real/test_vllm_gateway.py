@@ -164,7 +164,10 @@ def test_learned_cache_stats_follow_the_engine(gateway: Gateway, real: VllmServe
     ]
     assert all(cached >= 2 * block for _, cached, _ in rows[2:]), rows
     assert misses == [], rows
-    assert gateway.app.state.core.fleet.snapshots()[0].cache_block == block  # what /metrics says
+    snapshot = gateway.app.state.core.fleet.snapshots()[0]
+    assert snapshot.cache_block == block  # what /metrics says
+    # and what its KV cache holds (the prefix cache's bound): this conversation fits, as predicted
+    assert (snapshot.cache_tokens or 0) > sum(prompt for prompt, _, _ in rows), snapshot.cache_tokens
     if misses:
         # Known gap of the cost model (policies/cost.py, policies/learning.py): after one hit the
         # learned block is that hit's size (the gcd of one sample, here 2 engine blocks), and the

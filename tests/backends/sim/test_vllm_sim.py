@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from backends.parsers import vllm
 from backends.sim.engine_base import BatchEngine
 from backends.sim.events import EventKind
 from backends.sim.task import SimTask
@@ -180,6 +181,21 @@ class TestPrefixCache:
                 complete(client, list(range(1000, 1700)))["usage"]["prompt_tokens_details"]["cached_tokens"]
                 == 592
             )
+
+    def test_the_cache_drops_its_least_recently_used_blocks_and_says_how_much_it_holds(self) -> None:
+        """The KV pool (3x the window: 3,000 tokens here) bounds the prefix cache, as
+        ``vllm:cache_config_info`` reports it (``kv_cache_size_tokens``, ``num_gpu_blocks``): a prefix
+        is there until more than that was cached after it (turnout's ``cache_tokens``)."""
+        first = list(range(1000, 1600))
+        with running("vllm", architecture="dense", context_window=1000) as (client, _):
+            assert vllm.parse_metrics(client.get("/metrics").text).cache_tokens == 3000
+            complete(client, first)
+            for n in range(3):  # 1,800 tokens more: it is still there
+                complete(client, list(range(20_000 + 1000 * n, 20_600 + 1000 * n)))
+            assert complete(client, first)["usage"]["prompt_tokens_details"]["cached_tokens"] == 592
+            for n in range(6):  # 3,600 tokens more: dropped
+                complete(client, list(range(40_000 + 1000 * n, 40_600 + 1000 * n)))
+            assert complete(client, first)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
 class TestErrors:
