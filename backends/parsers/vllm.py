@@ -52,36 +52,33 @@ a hybrid model's attention block may be set larger than configured, and cache hi
 more tokens still)."""
 
 
+def _cache_config(samples: list[Sample]) -> dict[str, str] | None:
+    """``vllm:cache_config_info``'s labels when prefix caching is on; None when off, or not reported."""
+    for sample in samples:
+        if sample.name == "vllm:cache_config_info":
+            labels = dict(sample.labels)
+            return labels if labels.get("enable_prefix_caching") == "True" else None
+    return None
+
+
 def _cache_block(samples: list[Sample]) -> int | None:
     """The largest of :data:`BLOCK_LABELS` that is a number, when prefix caching is on. The largest:
     what turnout learns of the hits can only lower it (a greatest common divisor), never raise it."""
-    for sample in samples:
-        if sample.name != "vllm:cache_config_info":
-            continue
-        labels = dict(sample.labels)
-        if labels.get("enable_prefix_caching") != "True":
-            return None
-        sizes = [int(labels[name]) for name in BLOCK_LABELS if labels.get(name, "").isdigit()]
-        return max(sizes) if sizes and max(sizes) > 0 else None
-    return None
+    labels = _cache_config(samples) or {}
+    sizes = [int(labels[name]) for name in BLOCK_LABELS if labels.get(name, "").isdigit()]
+    return max(sizes) if sizes and max(sizes) > 0 else None
 
 
 def _cache_tokens(samples: list[Sample]) -> int | None:
     """``kv_cache_size_tokens`` where the server says it (newer vLLM: what its KV cache holds, a hybrid
     model's layers counted), else ``num_gpu_blocks * block_size``; when prefix caching is on."""
-    for sample in samples:
-        if sample.name != "vllm:cache_config_info":
-            continue
-        labels = dict(sample.labels)
-        if labels.get("enable_prefix_caching") != "True":
-            return None
-        size = labels.get("kv_cache_size_tokens", "")
-        if size.isdigit() and int(size) > 0:
-            return int(size)
-        blocks, block = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
-        if blocks.isdigit() and block.isdigit() and int(blocks) * int(block) > 0:
-            return int(blocks) * int(block)
-        return None
+    labels = _cache_config(samples) or {}
+    size = labels.get("kv_cache_size_tokens", "")
+    if size.isdigit() and int(size) > 0:
+        return int(size)
+    blocks, block = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    if blocks.isdigit() and block.isdigit() and int(blocks) * int(block) > 0:
+        return int(blocks) * int(block)
     return None
 
 
