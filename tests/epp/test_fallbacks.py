@@ -173,13 +173,19 @@ def ask(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
 
+def primary_stopped(replicas: Replicas, client: httpx.Client) -> tuple[str, str]:
+    """The replica the picker chose for a first request, stopped (it refuses connections now; the
+    picker's probe has not seen it), and the other one."""
+    first = client.post("/v1/chat/completions", json=ask("m-vllm"))
+    assert first.status_code == 200, first.text
+    primary = first.headers["x-turnout-backend"]
+    replicas.servers[primary].stop()
+    return primary, next(name for name in ("vllm-a", "vllm-b") if name != primary)
+
+
 def test_a_primary_that_refuses_connections_falls_back_to_the_named_replica(replicas: Replicas) -> None:
     with httpx.Client(base_url=replicas.envoy.url, timeout=30) as client:
-        first = client.post("/v1/chat/completions", json=ask("m-vllm"))
-        assert first.status_code == 200, first.text
-        primary = first.headers["x-turnout-backend"]
-        other = next(name for name in ("vllm-a", "vllm-b") if name != primary)
-        replicas.servers[primary].stop()  # refuses connections now; the picker's probe has not seen it
+        primary, other = primary_stopped(replicas, client)
         answered = client.post("/v1/chat/completions", json=ask("m-vllm"))
         if replicas.picker.fallbacks == 0:
             assert answered.status_code == 503  # Envoy's own: one endpoint named, and it refused
@@ -198,11 +204,7 @@ def test_a_primary_that_refuses_connections_falls_back_to_the_named_replica(repl
 @pytest.mark.parametrize("replicas", [1], indirect=True, ids=["fallbacks-1"])
 def test_a_fallbacks_own_error_is_judged_against_the_fallback(replicas: Replicas) -> None:
     with httpx.Client(base_url=replicas.envoy.url, timeout=30) as client:
-        first = client.post("/v1/chat/completions", json=ask("m-vllm"))
-        assert first.status_code == 200, first.text
-        primary = first.headers["x-turnout-backend"]
-        other = next(name for name in ("vllm-a", "vllm-b") if name != primary)
-        replicas.servers[primary].stop()
+        primary, other = primary_stopped(replicas, client)
         replicas.failing[other].failing = True
         answered = client.post("/v1/chat/completions", json=ask("m-vllm"))
     assert answered.status_code == 500, answered.text
