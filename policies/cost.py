@@ -275,18 +275,15 @@ def estimate(
             ),
         )
     else:
-        potential = reuse(
-            situation.match.recent, stats, stats.reuse.value, token_exact=False, reported=snapshot.cache_block
-        )
         bound = snapshot.cache_tokens
         held = bound is None or prefix_cache_span(situation.match) <= bound  # not dropped since
-        cached = potential if held else 0
+        shared = situation.match.recent if held else 0
+        cached = reuse(shared, stats, stats.reuse.value, token_exact=False, reported=snapshot.cache_block)
         waiting = snapshot.queued * stats.service_s.value / max(snapshot.running, 1)
         queue = max(waiting, snapshot.prefill_backlog_s)
         option = SlotOption(
-            None, cached, "prefix-cache" if cached else "none", queue, features.prompt_tokens,
-            usable=situation.match.recent if held else 0,
-        )  # fmt: skip
+            None, cached, "prefix-cache" if cached else "none", queue, features.prompt_tokens, usable=shared
+        )
     prompt = features.prompt_tokens
     cached = max(0, min(option.cached, prompt - 1))
     decode_step = decode_step_s(deployment, stats, snapshot.running)
