@@ -27,7 +27,15 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                llama.cpp, a one-off (no proven session): rate / slots, hold = its whole run (each
                arriving for its slot waits for it; run = total - queue);
                a session's turn on llama.cpp: 0 (the slot is the session's: later one-offs would not
-               have had it);
+               have had it), but a session leaving the llama.cpp backend that holds its state (its
+               last turn's slot there) pays its prefill as on vLLM: it re-prefills its conversation
+               in the steps every slot there shares. Issue #45: without it, with two agents a slot
+               on 8 llama-servers, a session whose slot the other agent was using moved to a shorter
+               queue elsewhere 85 times in 388 requests (dynamo-kv's sessions: 12), re-prefilling
+               20-30k tokens each time, and the fleet prefilled 3.6M tokens to dynamo-kv's 2.6M
+               (mean TTFT 1.14x its); charged on every session's llama.cpp turn, agents' turns on
+               the workstation rows left llama.cpp's warm slots for vLLM (contention-4 1.84 ->
+               2.12 s);
                rate = turnout's requests begun per second lately on the candidate's engine kind,
                the mean over the candidates of that kind (``arrivals_per_s``, ``backends.inflight``;
                ``policies.route.pooled_arrivals``: the requests to come are the router's to place).
@@ -88,6 +96,7 @@ an agent's first turn can start where its conversation will be cheap, one-off tr
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 from policies.learning import DeploymentStats, LearnedState
@@ -126,16 +135,27 @@ def queue_factor(snapshot: BackendSnapshot, stats: DeploymentStats) -> float:
     return 1.0 if snapshot.kind is EngineKind.LLAMACPP else stats.queue_factor.value
 
 
-def others_s(snapshot: BackendSnapshot, prefill: float, queue: float, run: float, pinned: bool) -> float:
+class Seat(enum.Enum):
+    """Whose llama.cpp slot a request takes, for what it costs the requests that come next."""
+
+    ONE_OFF = "one-off"  # a request no session is proven to follow: it holds the slot for its run
+    SESSION = "session"  # a session's turn on the backend holding its state: the slot is the session's
+    MOVED = "moved"  # a session's turn leaving another llama.cpp backend that holds its state
+
+
+def others_s(snapshot: BackendSnapshot, prefill: float, queue: float, run: float, seat: Seat) -> float:
     """What sending the request here is expected to add to the requests that come next (module
     docstring): on vLLM its prefill, to each arriving while it waits and prefills; on a llama.cpp slot
-    its whole run, to each arriving for that slot meanwhile, unless it is a session's turn on a slot
-    that is its own (``pinned``)."""
+    a one-off's whole run, to each arriving for that slot meanwhile; a session's turn on the backend
+    holding its state nothing; a session's turn moved from another llama.cpp backend its prefill, as
+    on vLLM: it re-prefills there a conversation another engine holds, in the steps every slot of
+    the engine shares."""
     rate = snapshot.arrivals_per_s
     if snapshot.kind is EngineKind.LLAMACPP:
-        if pinned:
+        if seat is Seat.SESSION:
             return 0.0
-        return held_s(rate / max(snapshot.total_slots or 1, 1), queue, run)
+        if seat is Seat.ONE_OFF:
+            return held_s(rate / max(snapshot.total_slots or 1, 1), queue, run)
     return held_s(rate, queue, prefill)
 
 
@@ -322,5 +342,16 @@ def estimate(
         margin_s=decode_step,
         others_s=0.0  # a token count holds nothing
         if features.endpoint is Endpoint.COUNT_TOKENS
-        else others_s(snapshot, prefill, queue, total - queue, proven(features, session) or option.mine),
+        else others_s(snapshot, prefill, queue, total - queue, _seat(features, session, option, snapshot)),
     )
+
+
+def _seat(
+    features: RequestFeatures, session: SessionView | None, option: SlotOption, snapshot: BackendSnapshot
+) -> Seat:
+    """Whose llama.cpp slot the request runs on, for ``others_s``."""
+    if not (proven(features, session) or option.mine):
+        return Seat.ONE_OFF
+    if session is not None and session.slot is not None and session.backend_id != snapshot.backend_id:
+        return Seat.MOVED
+    return Seat.SESSION

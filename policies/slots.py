@@ -335,6 +335,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
     count = snapshot.total_slots or len(snapshot.slots)
     holders = {lease.slot: lease for lease in situation.leases}
     own = next((lease for lease in situation.leases if session and lease.session_key == session.key), None)
+    situation = _taken_over(situation, holders, own)
     hybrid = situation.deployment.architecture is Architecture.HYBRID
     states = {state.id: state for state in snapshot.slots}
     matches = {match.slot: match for match in situation.match.slots}
@@ -385,6 +386,38 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
     if not options or session is None:
         options.append(_unpinned(features, situation, ram))
     return options
+
+
+def _taken_over(situation: Situation, holders: Mapping[int, SlotLease], own: SlotLease | None) -> Situation:
+    """The slots as this prompt will find them once the work sent there has run. The prefix index
+    records a prompt when its request ends, a lease moves when a request is routed: a slot the index
+    says holds this session's previous prompt (``whole``) but that another session has leased since
+    runs, or is about to run, that session's turn over it. When this prompt gets there, the slot
+    holds the other session's prompt (``lease.tokens``), sharing with this one what the prompts of
+    sessions on this backend share (``shared``: the most any other slot's prompt shares with it, a
+    system prompt), and the RAM cache is not counted on either: llama-server saved this session's
+    state there only if the other turn consulted it (it reuses a slot that keeps half of what it
+    holds as it is), and a deferred task takes a slot the moment it frees, before an idle slot is
+    saved; turnout sees neither. Issue #45: with two sessions a slot on 8 llama-servers, turns waited
+    10 s for their "warm" slot behind the other session's turn and re-prefilled 20k tokens there,
+    12 s later than predicted; counting on the RAM cache instead, contention-32-8llama's mean TTFT
+    was 1.35x dynamo-kv's (docs/benchmarks.md, 2026-12-05)."""
+    match = situation.match
+    stale = {
+        m.slot: lease
+        for m in match.slots
+        if m.whole and (lease := holders.get(m.slot)) is not None and lease is not own
+    }
+    if not stale:
+        return situation
+    shared = max((m.tokens for m in match.slots if not m.whole), default=0)
+    slots = tuple(
+        SlotMatch(m.slot, shared, held=stale[m.slot].tokens) if m.slot in stale else m for m in match.slots
+    )
+    seen = msgspec.structs.replace(
+        match, slots=slots, recent=min(shared, match.recent), recent_whole=False, recent_held=0, recent_age=0
+    )
+    return msgspec.structs.replace(situation, match=seen)
 
 
 def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> SlotOption:

@@ -296,6 +296,20 @@ class TestWhatItCostsTheNextRequests:
         snapshot = replace(llama_snapshot(), arrivals_per_s=0.4)
         assert llama(session=SESSION, snapshot=snapshot).others_s == 0.0
 
+    def test_a_session_leaving_another_llama_server_costs_its_prefill_there(self) -> None:
+        """Its conversation is held on the llama-server it leaves: re-prefilled here, it takes the
+        steps every slot of this engine shares, as a prompt on vLLM does (issue #45: with two agents
+        a slot on 8 llama-servers, sessions left for shorter queues and the fleet prefilled 40% more
+        than dynamo-kv's). A session coming from vLLM, or new, has no llama.cpp state to leave."""
+        snapshot = replace(llama_snapshot(), arrivals_per_s=0.4)
+        moved = llama(NOTHING, session=replace(SESSION, backend_id="llama-b"), snapshot=snapshot)
+        expected = OTHERS_SHARE * 0.4 * moved.prefill_s * (moved.queue_s + moved.prefill_s)
+        assert moved.others_s == pytest.approx(expected)
+        assert moved.others_s > 1.0
+        from_vllm = replace(SESSION, backend_id="vllm", slot=None)
+        assert llama(NOTHING, session=from_vllm, snapshot=snapshot).others_s == 0.0
+        assert llama(NOTHING, session=SESSION, snapshot=snapshot).others_s == 0.0
+
 
 class TestTheNextTurnsQueue:
     """``future_s`` is the next turn behind the part of this turn's queue that lasts: all of it,
