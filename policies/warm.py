@@ -12,8 +12,10 @@ llama-server runs every slot's prompt chunks in the same batches).
 For each candidate that is not llama.cpp and expects more turns (``horizon``), the best llama.cpp
 candidate (the lowest ``future_s``) on a slot that evicts no one offers
 
-    warm future = that candidate's future_s + how late the warm-up would be ready
-                  (its queue + prefill, past this turn's predicted end there: the next turn waits)
+    warm future = that candidate's future_s + late / horizon
+    late        = how late the warm-up would be ready (its queue + prefill, past this turn's
+                  predicted end there and the session's think time): the next turn waits that
+                  long, once; the turns after it find the slot warm
     cost        = OTHERS_SHARE * rate * prefill * (queue + prefill)   (the llama.cpp engine's arrivals,
                   ``policies.cost.held_s``)
 
@@ -71,7 +73,7 @@ def offer(view: CandidateView, slot_view: CandidateView, think_s: float = 0.0) -
     if not estimate.horizon:
         return None
     late = max(0.0, warm.ttft_s - estimate.total_s - think_s)
-    future = warm.future_s + late
+    future = warm.future_s + late / estimate.horizon
     cost = warm_up_cost(slot_view)
     if estimate.horizon * (estimate.future_s - future) <= cost:
         return None
