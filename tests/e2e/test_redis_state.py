@@ -23,6 +23,7 @@ from policies.features import extract
 from policies.types import Endpoint
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.latency_proxy import LatencyProxy
+from tests.placement import assert_one_slot
 from tests.redis_server import RedisServer
 from tests.servers import ADMIN, ServerThread
 
@@ -102,8 +103,7 @@ def test_turns_alternating_between_two_replicas_stay_on_one_slot(stack: Stack) -
             finished(url, turns=n + 1)  # a turn is shared once its answer has ended
     finally:
         second.stop()
-    placed = {(a.headers["x-turnout-backend"], a.headers["x-turnout-slot"]) for a in answers}
-    assert len(placed) == 1, [a.headers["x-turnout-route-reason"] for a in answers]
+    assert_one_slot(answers)
     cached = [a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
     prompts = [a.json()["usage"]["prompt_tokens"] for a in answers]
     assert all(c >= 0.9 * p for c, p in zip(cached[1:], prompts, strict=False))  # each turn reused the last

@@ -14,6 +14,7 @@ import pytest
 from backends.sim import SimConfig, create_sim_app
 from tests.e2e.conftest import stack_settings
 from tests.epp.envoy import Envoy, PickerThread
+from tests.placement import assert_one_slot
 from tests.redis_server import RedisServer
 from tests.servers import ServerThread
 
@@ -90,8 +91,7 @@ def test_two_pickers_over_redis_agree_on_the_slot(
             envoy.stop()
         for picker in pickers:
             picker.stop()
-    placed = {(a.headers["x-turnout-backend"], a.headers.get("x-turnout-slot")) for a in answers}
-    assert len(placed) == 1, [a.headers["x-turnout-route-reason"] for a in answers]
+    assert_one_slot(answers)
     cached = [a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
     prompts = [a.json()["usage"]["prompt_tokens"] for a in answers]
     assert all(c >= 0.9 * p for c, p in zip(cached[1:], prompts, strict=False))  # each turn reused the last
