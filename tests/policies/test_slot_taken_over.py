@@ -21,7 +21,7 @@ PROMPT = 22_000  # a's next turn: that prompt, the answer and a new message
 BUSY_S = 3.0  # what slot 0 still needs for the turn running there
 
 
-def next_turn(holder: str, *, in_ram: bool = False, other_slot: bool = True) -> Estimate:
+def next_turn(holder: str, *, in_ram: bool = False, other_slot: bool = True, last_slot: int = 0) -> Estimate:
     """Session a's next turn; slot 0 (a's, by the index) is leased to ``holder`` and busy for
     ``BUSY_S``; with ``other_slot``, slot 1 runs session c's turn, about to end, and holds nothing
     of the prompt."""
@@ -43,7 +43,9 @@ def next_turn(holder: str, *, in_ram: bool = False, other_slot: bool = True) -> 
         RequestFeatures("m", Endpoint.CHAT, PROMPT, 200, True, "a", SessionSource.HEADER),
         LLAMA,
         snapshot,
-        session=SessionView("a", backend_id="llama", slot=0, turns=3, prompt_tokens=HELD, last_seen=NOW - 1),
+        session=SessionView(
+            "a", backend_id="llama", slot=last_slot, turns=3, prompt_tokens=HELD, last_seen=NOW - 1
+        ),
         leases=leases[:count],
         learned=LearnedState(),
         match=match,
@@ -79,3 +81,12 @@ def test_the_ram_cache_is_not_counted_on_for_a_state_the_other_turn_may_have_kep
     young = next_turn("b", in_ram=True)
     assert young.expected_cached_tokens == 0
     assert "slot was lost" in young.note
+
+
+def test_another_sessions_slot_holding_a_prefix_of_the_prompt_holds_it() -> None:
+    """Only the slot of the session's last turn can hold its prompt without it: another session's
+    slot whose index record is a prefix of this prompt holds what that session's finished request
+    left there (the same prompt sent twice, a conversation forked from it), and reuses it."""
+    repeated = next_turn("b", other_slot=False, last_slot=1)
+    assert repeated.slot == 0
+    assert repeated.expected_cached_tokens > 0.9 * HELD
