@@ -407,20 +407,12 @@ def _taken_over(situation: Situation, holders: Mapping[int, SlotLease], own: Slo
     match, session = situation.match, situation.session
     if session is None or session.slot is None or session.backend_id != situation.snapshot.backend_id:
         return situation
-    stale = {
-        m.slot: lease
-        for m in match.slots
-        if m.slot == session.slot
-        and m.whole
-        and (lease := holders.get(m.slot)) is not None
-        and lease is not own
-    }
-    if not stale:
+    last, lease = match.slot(session.slot), holders.get(session.slot)
+    if not last.whole or lease is None or lease is own:
         return situation
     shared = max((m.tokens for m in match.slots if not m.whole), default=0)
-    slots = tuple(
-        SlotMatch(m.slot, shared, held=stale[m.slot].tokens) if m.slot in stale else m for m in match.slots
-    )
+    taken = SlotMatch(last.slot, shared, held=lease.tokens)
+    slots = tuple(taken if m.slot == last.slot else m for m in match.slots)
     seen = msgspec.structs.replace(
         match, slots=slots, recent=min(shared, match.recent), recent_whole=False, recent_held=0, recent_age=0
     )
