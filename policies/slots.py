@@ -36,14 +36,16 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
 
 A restore from the RAM cache adds ``ram_restore_s(cached)`` to the queue of the request itself.
 
-Naming no slot is an option too (``_unpinned``): llama-server then gives the request a slot itself
-(``_lands``: the most similar idle one, else the least recently used idle one, else the first to
-free), restoring its state from the RAM cache, and it pays the eviction cost of the session holding
-that slot (the holder's wait too when it lands on a slot busy with its holder's turn). Ties go to a
-named slot. A request without a session takes only an idle, free slot by name, so llama-server's own
-LRU choice cannot evict a session's warm slot; a session waiting for a busy engine may be better
-off with the first slot to free than with one named slot (issue #45: on 8 llama-servers of 2 slots
-with an agent a slot, 0.94x dynamo-kv's mean TTFT with this option, 1.03x without).
+A request without a session (or with no slot to name) may also name none (``_unpinned``):
+llama-server then gives it a slot itself (``_lands``: the most similar idle one, else the least
+recently used idle one, else the first to free), restoring its state from the RAM cache, and it pays
+the eviction cost of the session holding that slot (the holder's wait too when it lands on a slot
+busy with its holder's turn). Ties go to a named slot. By name such a request takes only an idle,
+free slot, so llama-server's own LRU choice cannot evict a session's warm slot. A session's turn
+always names a slot: unpinned, it would wait in llama-server's deferred queue until a slot frees
+with no task pinned to it (a freed slot takes the oldest task pinned to it first, and one deferred
+task is retried per release), the longest wait on a fleet whose requests turnout pins. (Issue #45:
+offered to sessions on contention-32-8llama, it was never chosen; docs/benchmarks.md.)
 """
 
 from __future__ import annotations

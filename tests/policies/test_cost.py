@@ -208,6 +208,26 @@ class TestReuse:
             in expired.note
         )
 
+    def test_a_sessions_turn_always_names_a_slot(self) -> None:
+        """Both slots busy with other sessions' turns: a session's turn waits for a named one. Left to
+        llama-server it would wait until a slot frees with no task pinned to it, and turnout pins
+        every other turn (policies.slots)."""
+        busy = replace(
+            llama_snapshot((True, True)),
+            slots=(SlotState(0, 32768, True, 3.0), SlotState(1, 32768, True, 1.0)),
+        )
+        leases = (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.0, 9000))
+        newcomer = SessionView("c", prompt_tokens=0, turns=0)
+        situation = Situation(busy, LLAMA, LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP), NOTHING,
+                              newcomer, leases, 10.0, 600.0)  # fmt: skip
+        options = llama_options(features(), situation)
+        assert sorted(option.slot for option in options if option.slot is not None) == [0, 1]
+        assert all(option.slot is not None for option in options)
+        assert llama(NOTHING, leases, session=newcomer, snapshot=busy).slot == 1
+        one_off = Situation(busy, LLAMA, LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP), NOTHING,
+                            None, leases, 10.0, 600.0)  # fmt: skip
+        assert [option.slot for option in llama_options(features(), one_off)] == [None]
+
     def test_a_busy_slot_waits_for_its_request_not_for_the_other_slots_prompts(self) -> None:
         """llama-server runs the other slots' prompt chunks in the steps that decode the running
         request, and that request's predicted rest (``busy_s``) is the wait; an idle slot waits
