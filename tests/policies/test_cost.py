@@ -218,14 +218,11 @@ class TestReuse:
         )
         leases = (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.0, 9000))
         newcomer = SessionView("c", prompt_tokens=0, turns=0)
-        situation = Situation(busy, LLAMA, LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP), NOTHING,
-                              newcomer, leases, 10.0, 600.0)  # fmt: skip
-        options = llama_options(features(), situation)
-        assert sorted(option.slot for option in options if option.slot is not None) == [0, 1]
-        assert all(option.slot is not None for option in options)
+        stats = LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP)
+        situation = Situation(busy, LLAMA, stats, NOTHING, newcomer, leases, 10.0, 600.0)
+        assert [option.slot for option in llama_options(features(), situation)] == [0, 1]
         assert llama(NOTHING, leases, session=newcomer, snapshot=busy).slot == 1
-        one_off = Situation(busy, LLAMA, LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP), NOTHING,
-                            None, leases, 10.0, 600.0)  # fmt: skip
+        one_off = replace(situation, session=None)
         assert [option.slot for option in llama_options(features(), one_off)] == [None]
 
     def test_a_busy_slot_waits_for_its_request_not_for_the_other_slots_prompts(self) -> None:
