@@ -403,8 +403,8 @@ def _taken_over(situation: Situation, holders: Mapping[int, SlotLease], own: Slo
     state there only if the other turn consulted it (it reuses a slot that keeps half of what it
     holds as it is), and a deferred task takes a slot the moment it frees, before an idle slot is
     saved; the engine tells turnout of neither. Issue #45: with two sessions a slot on 8
-    llama-servers, turns waited 10 s for their "warm" slot behind the other session's turn and re-prefilled 20k tokens there,
-    12 s later than predicted; counting on the RAM cache instead, contention-32-8llama's mean TTFT
+    llama-servers, turns waited 10 s for their "warm" slot behind the other session's turn and
+    re-prefilled 20k tokens there, 12 s later than predicted; counting on the RAM cache instead, contention-32-8llama's mean TTFT
     was 1.35x dynamo-kv's (docs/benchmarks.md, 2026-12-05). Past ~12k tokens the other turn does
     consult the cache and the state comes back, which this under-predicts; counting it where the
     prompts' sizes say so routed worse (docs/benchmarks.md, "2026-12-05 (late night)")."""
