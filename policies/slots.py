@@ -394,20 +394,20 @@ def _taken_over(situation: Situation, holders: Mapping[int, SlotLease], own: Slo
     """The slots as this prompt will find them once the work sent there has run. The prefix index
     records a prompt when its request ends, a lease moves when a request is routed: the slot this
     session's last turn ran on, which the index says still holds that prompt (``whole``), but which
-    another session has leased since, runs, or is about to run, that session's turn over it. (Only
-    that slot: another slot holding a prefix of this prompt holds what its holder's finished request
-    left there, a prompt this one repeats.) When this prompt gets there, the slot
-    holds the other session's prompt (``lease.tokens``), sharing with this one what the prompts of
-    sessions on this backend share (``shared``: the most any other slot's prompt shares with it, a
-    system prompt), and the RAM cache is not counted on either: llama-server saved this session's
-    state there only if the other turn consulted it (it reuses a slot that keeps half of what it
-    holds as it is), and a deferred task takes a slot the moment it frees, before an idle slot is
-    saved; the engine tells turnout of neither. Issue #45: with two sessions a slot on 8
-    llama-servers, turns waited 10 s for their "warm" slot behind the other session's turn and
-    re-prefilled 20k tokens there, 12 s later than predicted; counting on the RAM cache instead, contention-32-8llama's mean TTFT
-    was 1.35x dynamo-kv's (docs/benchmarks.md, 2026-12-05). Past ~12k tokens the other turn does
-    consult the cache and the state comes back, which this under-predicts; counting it where the
-    prompts' sizes say so routed worse (docs/benchmarks.md, "2026-12-05 (late night)")."""
+    another session has leased since, runs, or is about to run, that session's turn over it. (Only that
+    slot: another slot holding a prefix of this prompt holds what its holder's finished request left
+    there, a prompt this one repeats.) When this prompt gets there, the slot holds the other session's
+    prompt (``lease.tokens``), sharing with this one what the prompts of sessions on this backend share
+    (``shared``: the most any other slot's prompt shares with it, a system prompt), and the RAM cache is
+    not counted on either: llama-server saved this session's state there only if the other turn
+    consulted it (it reuses a slot that keeps half of what it holds as it is), and a deferred task takes
+    a slot the moment it frees, before an idle slot is saved; the engine tells turnout of neither. Issue
+    #45: with two sessions a slot on 8 llama-servers, turns waited 10 s for their "warm" slot behind the
+    other session's turn and re-prefilled 20k tokens there, 12 s later than predicted; counting on the
+    RAM cache instead, contention-32-8llama's mean TTFT was 1.35x dynamo-kv's (docs/benchmarks.md,
+    2026-12-05). Past ~12k tokens the other turn does consult the cache and the state comes back, which
+    this under-predicts; counting it where the prompts' sizes say so routed worse (docs/benchmarks.md,
+    "2026-12-05 (late night)")."""
     match, session = situation.match, situation.session
     if session is None or session.slot is None or session.backend_id != situation.snapshot.backend_id:
         return situation
