@@ -11,6 +11,16 @@ predicted for the same candidates. It prints, per backend, the predictions' bias
 error (predicted - true TTFT) overall and by the predicted queue, how often the predicted cached tokens
 were right, and how many decisions chose a candidate worse than the best one at that moment (and what
 that cost), then the worst of those. The numbers are simulated seconds: one run is the answer.
+
+Then the same for the candidate each decision chose, against what its request really got
+(``against the outcome``), by the predicted queue and by where the cached tokens were expected to come
+from. The two differ where the moment of the decision is not the moment the request starts: the
+what-if of a busy llama.cpp slot counts the work ahead on that slot alone (not the other slots'
+prompts and decode steps that share the server meanwhile, nor what arrives later), and restores
+nothing from the RAM cache there (the slot is not idle now; when it frees, the request may load its
+conversation back). On a saturated llama-server the first section's numbers are then far from what
+happened (issue #45, contention-32-8llama's seed 8: cached tokens right in 3,124 of 3,128 what-ifs,
+while the chosen candidates reused 14,205 tokens a request more than predicted).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from backends.sim.vllm_engine import VllmEngine
 from backends.sim.whatif import whatif_slots, whatif_vllm
 from gateway.logging import configure_logging
 from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
+from gateway.replay.results import Result
 from gateway.replay.traces import TraceRequest, rate_for_load, with_model, with_rate
 from gateway.replay.virtual import GatewayReplay, run_now
 
@@ -130,7 +141,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for lost, request_id, chosen, best in sorted(worse, reverse=True)[: args.worst]:
         print(f"    {request_id}: chose {chosen}, best {best}, +{lost:.2f} s")
+    _against_outcomes(decisions, results)
     return 0
+
+
+def _against_outcomes(decisions: Sequence[dict[str, Any]], results: Sequence[Result]) -> None:
+    """The chosen candidates' predicted TTFT and cached tokens against their requests' results
+    (module docstring), by predicted queue and by the expected cache source."""
+    rows: list[tuple[float, str, float, int]] = []  # queue, source, TTFT error, cached error
+    for entry in decisions:
+        result = results[int(entry["request_id"].split(".")[0].removeprefix("r"))]
+        picked = (entry["chosen"], entry["slot"])
+        candidate = next((c for c in entry["candidates"] if (c["backend"], c.get("slot")) == picked), None)
+        if result.ttft_s is None or candidate is None or "predicted_ttft_s" not in candidate:
+            continue
+        rows.append(
+            (
+                candidate["queue_s"],
+                candidate.get("cache_source") or "-",
+                candidate["predicted_ttft_s"] - result.ttft_s,
+                candidate["expected_cached_tokens"] - result.cached_tokens,
+            )
+        )
+    print(f"  against the outcome (the chosen candidate, predicted - real): {_outcome(rows)}")
+    for low, high in QUEUE_BANDS:
+        if band := [r for r in rows if low <= r[0] < high]:
+            print(f"    predicted queue {low:g}-{high:g} s: {_outcome(band)}")
+    for source in sorted({r[1] for r in rows}):
+        print(f"    cached from {source}: {_outcome([r for r in rows if r[1] == source])}")
+
+
+def _outcome(rows: Sequence[tuple[float, str, float, int]]) -> str:
+    if not rows:
+        return "-"
+    cached = [r[3] for r in rows]
+    return (
+        f"{_stats([r[2] for r in rows])}; cached tokens bias {statistics.mean(cached):+.0f}, "
+        f"mae {statistics.mean(map(abs, cached)):.0f}"
+    )
 
 
 if __name__ == "__main__":
