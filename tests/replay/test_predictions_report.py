@@ -11,9 +11,13 @@ import pytest
 
 from gateway.replay.results import Result
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import predictions  # bench/ holds scripts, not a package
+BENCH = str(Path(__file__).resolve().parents[2] / "bench")
+sys.path.insert(0, BENCH)  # bench/ holds scripts, not a package
+try:
+    import predictions
+finally:  # its modules (routing, state, ...) must not shadow anything for the tests after this one
+    while BENCH in sys.path:
+        sys.path.remove(BENCH)
 
 
 def result(index: int, ttft_s: float, cached: int) -> Result:
@@ -47,7 +51,10 @@ def test_the_chosen_candidate_is_held_against_its_requests_result(capsys: pytest
     assert "cached from none: n 1, bias -5.000 s, mae 5.000 s; cached tokens bias -3000" in out
 
 
-def test_every_decision_of_a_replay_is_joined_to_its_result(capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_decision_of_a_replay_is_joined_to_its_result(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(predictions, "configure_logging", lambda *_: None)  # global: the suite's own stays
     assert predictions.main(["contention-1", "--seed", "1", "--worst", "1"]) == 0
     out = capsys.readouterr().out
     decided = re.search(r"decisions worse than the best at that moment: \d+ of (\d+)", out)
