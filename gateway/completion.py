@@ -9,7 +9,8 @@ The steps, in order (``STEPS``):
 3. ``timeline``: the session's timeline entry, at the prefill rate believed when it was routed;
 4. ``learning``: the outcome goes to learning (``Router.absorb``);
 5. ``next_session``: the session's next state and what the engine now holds (``SentPrompt``);
-6. ``write`` (always last): the prefix index record, the session, its timeline and the decision
+6. ``turn_ended``: the session stays at home on its backend a little longer (``gateway.live.Homes``);
+7. ``write`` (always last): the prefix index record, the session, its timeline and the decision
    log entry, one batch (``StateStore.finish_turn``); a request with no outcome writes its entry only.
 
 The relay (``gateway.lifecycle``) and the virtual replay settle through the same pipeline. The request's
@@ -27,7 +28,7 @@ from gateway.routed import Routed
 from gateway.routing import Router
 from gateway.state import SentPrompt
 from gateway.timeline import turn_record
-from policies.types import EngineKind, Outcome, ScoredCandidate, SessionView, Usage
+from policies.types import Endpoint, EngineKind, Outcome, ScoredCandidate, SessionView, Usage
 
 
 @dataclass(slots=True)
@@ -118,7 +119,13 @@ def next_session(router: Router, done: Completion) -> None:
     )
 
 
-STEPS: tuple[Step, ...] = (log_entry, record_traffic, timeline, learning, next_session)
+def turn_ended(router: Router, done: Completion) -> None:
+    session = done.routed.session
+    if session is not None and done.routed.features.endpoint is not Endpoint.COUNT_TOKENS:
+        router.homes.ended(session.key, done.at)
+
+
+STEPS: tuple[Step, ...] = (log_entry, record_traffic, timeline, learning, next_session, turn_ended)
 
 
 async def write(router: Router, done: Completion) -> None:

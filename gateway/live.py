@@ -1,14 +1,27 @@
-"""Which sessions are live: the ones that sent a turn lately, counted per gateway process.
+"""Which sessions are live, and where they are at home: counted per gateway process.
 
 Routing weighs a new slot pin by the chance it lasts (``policies.slots.keep_chance``), which needs
 how many sessions compete for the slots. A session counts from its turn until ``window`` seconds of
 silence; the count is this process's (replicas on one Redis each count what they route).
+
+A llama-server with more active sessions than slots is crowded (``policies.homes``): ``Homes`` counts,
+per backend, the sessions with a turn in flight there or one that ended there less than ``ACTIVE_S``
+ago, incrementally (routing reads the counts on every decision).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter, deque
+
 MAX_TRACKED = 100_000
 """A bound on the bookkeeping (a dict entry per session): beyond it the longest silent go first."""
+ACTIVE_S = 10.0
+"""How long after its turn ends a session still counts as at home on that turn's backend: an agent's
+next turn follows its tool calls within seconds, and one silent for longer competes for no slot now.
+(Issue #45, contention-32-8llama over 32 draws: counting a session for 5, 10, 15 or 60 s after its
+turn gave a mean TTFT of 7.85, 7.83, 7.85, 7.78 s, p90 15.59, 15.55, 15.60, 15.61 s; 60 s made
+contention-8's llama-server look crowded by agents gone quiet, 2.538 -> 2.617 s; docs/benchmarks.md.)"""
 
 
 class LiveSessions:
@@ -35,6 +48,82 @@ class LiveSessions:
                 break
             del self._seen[oldest]
         return len(self._seen)
+
+
+class _Home:
+    """Where a session is at home, when its latest turn was placed and its number, and how many of
+    its turns run."""
+
+    __slots__ = ("at", "backend", "running", "turn")
+
+    def __init__(self, backend: str, at: float, turn: int, running: int) -> None:
+        self.backend, self.at, self.turn, self.running = backend, at, turn, running
+
+
+class Homes:
+    """Where the active sessions are (module docstring): a session counts on the backend its latest
+    turn was sent to while any of its turns runs and ``active_s`` after the last one ends, unless
+    another follows. A turn whose end never came holds its session there ``stale_s`` at most, and
+    the most recently placed ``max_tracked`` sessions are kept."""
+
+    def __init__(
+        self, active_s: float = ACTIVE_S, stale_s: float = 600.0, max_tracked: int = MAX_TRACKED
+    ) -> None:
+        self.active_s = active_s
+        self.stale_s = stale_s
+        self.max_tracked = max_tracked
+        self._homes: dict[str, _Home] = {}  # oldest placed first
+        self._counts: Counter[str] = Counter()
+        self._ends: deque[tuple[float, str, int]] = deque()  # (ended at, session, its latest turn then)
+        self._turns = itertools.count()
+
+    def placed(self, key: str, backend: str, now: float, *, again: bool = False) -> None:
+        """A turn of ``key`` was sent to ``backend`` at ``now``: the session is at home there, the turn
+        running. ``again``: the same request re-routed (after a refusal), not one more turn."""
+        home = self._homes.pop(key, None)
+        running = 0 if again else 1
+        if home is not None:
+            self._uncount(home.backend)
+            running += home.running
+        self._homes[key] = _Home(backend, now, next(self._turns), max(running, 1))
+        self._counts[backend] += 1
+        if len(self._homes) > self.max_tracked:
+            self._leave(next(iter(self._homes)))
+
+    def ended(self, key: str, now: float) -> None:
+        """A turn of ``key`` ended at ``now``: once none runs, the session stays ``active_s`` more."""
+        home = self._homes.get(key)
+        if home is None:
+            return
+        home.running = max(home.running - 1, 0)
+        if home.running == 0:
+            self._ends.append((now, key, home.turn))
+
+    def counts(self, now: float, excluding: str | None = None) -> dict[str, int]:
+        """Sessions at home on each backend at ``now``, ``excluding`` one (the session being routed)."""
+        horizon = now - self.active_s
+        while self._ends and self._ends[0][0] < horizon:
+            _, key, turn = self._ends.popleft()
+            home = self._homes.get(key)
+            if home is not None and home.turn == turn and home.running == 0:  # no turn since
+                self._leave(key)
+        while self._homes and next(iter(self._homes.values())).at < now - self.stale_s:
+            self._leave(next(iter(self._homes)))
+        counts = dict(self._counts)
+        home = self._homes.get(excluding) if excluding is not None else None
+        if home is not None:
+            counts[home.backend] -= 1
+        return {backend: n for backend, n in counts.items() if n > 0}
+
+    def _leave(self, key: str) -> None:
+        home = self._homes.pop(key, None)
+        if home is not None:
+            self._uncount(home.backend)
+
+    def _uncount(self, backend: str) -> None:
+        self._counts[backend] -= 1
+        if self._counts[backend] <= 0:
+            del self._counts[backend]
 
 
 FOLLOW_WINDOW = 100

@@ -17,8 +17,9 @@ from policies.features import SIZE_FLOOR_HEADER
 from policies.types import Rejection
 
 PROMPT_PARAM = {Endpoint.COMPLETIONS: "prompt", Endpoint.RESPONSES: "input"}
-NOT_ASKED = (Reason.PINNED, Reason.KEEPS_MODEL)
-"""Rejections that say which of a group's members was not asked, not why a request cannot be served."""
+NOT_ASKED = (Reason.PINNED, Reason.KEEPS_MODEL, Reason.STAYS_HOME)
+"""Rejections that say which candidates were not asked (a group's members, another llama-server than
+a session's crowded home), not why a request cannot be served."""
 
 
 def refusals(decision: Decision) -> tuple[Rejection, ...]:

@@ -20,7 +20,7 @@ from msgspec.structs import replace
 from backends.clock import Clock
 from backends.fleet import Fleet
 from gateway.decisions import moved
-from gateway.live import FollowUps, LiveSessions
+from gateway.live import FollowUps, Homes, LiveSessions
 from gateway.refusals import too_long_everywhere
 from gateway.routed import Routed
 from gateway.router_views import RouterHistory
@@ -122,6 +122,8 @@ class Router:
         self._generations: dict[str, int] = {}  # the fleet's restart counts this router has acted on
         self.live = LiveSessions(lease_idle_s)
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
+        self.homes = Homes(stale_s=lease_idle_s)
+        """Where the active sessions are at home: a crowded llama-server's turns share its slots."""
         self.follow_ups = FollowUps()
         """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
         self.history = RouterHistory()
@@ -259,6 +261,7 @@ class Router:
             drained=self.drained,
             pins=MappingProxyType(dict(self.pins)),
             live_sessions=self.live.count(self.clock.time()),
+            homes=self.homes.counts(now, excluding=session.key if session is not None else None),
             follow_rate=self.follow_ups.rate,
             routers={s.backend_id: self.history.view(self.fleet, s.backend_id, now) for s in snapshots}
             if history
@@ -278,6 +281,11 @@ class Router:
         routed = await self._warm(routed)
         if routed.decision.chosen is not None and features.endpoint is not Endpoint.COUNT_TOKENS:
             self.history.sent(routed.decision.chosen.backend_id, self.clock.time())
+            if session is not None and proven(features, session):
+                again = bool(excluded or overflowed)  # a re-route: the same turn
+                self.homes.placed(
+                    session.key, routed.decision.chosen.backend_id, self.clock.time(), again=again
+                )
         move = moved(routed)
         if move is not None and session is not None:
             log.info("session.moved", session=session_label(session.key), **move)

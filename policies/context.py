@@ -27,6 +27,10 @@ class RoutingContext(msgspec.Struct, frozen=True):
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S
     drained: frozenset[str] = frozenset()  # backends an admin drained: no new requests
     live_sessions: int = 0  # sessions that sent a turn within ``lease_idle_s``, this one included
+    homes: Mapping[str, int] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    """Backend -> the other active sessions at home there: a turn in flight there, or one that ended
+    there seconds ago (``gateway.live.Homes``; this request's session not counted). ``policies.homes``
+    reads it: a llama-server with more of them than slots is crowded."""
     follow_rate: float = 0.0
     """The chance a conversation known only by its content comes back after its first turn (learned
     by the gateway: ``gateway.live.FollowUps``); weighs a first turn's look-ahead while a slot is free."""

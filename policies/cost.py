@@ -267,13 +267,16 @@ def estimate(
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S,
     keep: float = 1.0,
     follow: float = 0.0,
+    sharing: int = 0,
 ) -> Estimate:
     """Predict this candidate's reuse and timing (see the module docstring for the formulas);
     ``keep``: the chance a slot pinned now lasts (``policies.slots.keep_chance``); ``follow``: the
-    chance a session not yet proven to continue has a next turn (0: no look-ahead)."""
+    chance a session not yet proven to continue has a next turn (0: no look-ahead); ``sharing``: the
+    active sessions at home on a crowded llama-server (``policies.homes``: its turns share its slots;
+    0: not crowded)."""
     stats = learned.for_deployment(deployment, snapshot.kind)
     situation = Situation(
-        snapshot, deployment, stats, match or PrefixMatch(), session, leases, now, lease_idle_s
+        snapshot, deployment, stats, match or PrefixMatch(), session, leases, now, lease_idle_s, sharing
     )
     chance = 1.0 if proven(features, session) else follow if session is not None else 0.0
     horizon = LOOKAHEAD_TURNS * keep * chance

@@ -11,12 +11,13 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from policies.filters import FILTERS
 from policies.scorers import SCORERS
-from policies.stages import PICKERS
+from policies.stages import FILTER_NAMES, PICKERS
 from policies.types import Reason
 
 DEFAULT_FILTERS = ("engine-supports", "healthy", "context-fits")
+COST_FILTERS = (*DEFAULT_FILTERS, "stays-home")
+"""The cost profiles' filters: a crowded llama-server keeps its sessions (``policies.homes``)."""
 
 
 class ProfileError(ValueError):
@@ -58,8 +59,10 @@ def build_profile(
     if picker not in PICKERS:
         raise ProfileError(f"profile {name!r}: unknown picker {picker!r}; known: {sorted(PICKERS)}")
     for filter_name in filters:
-        if filter_name not in FILTERS:
-            raise ProfileError(f"profile {name!r}: unknown filter {filter_name!r}; known: {sorted(FILTERS)}")
+        if filter_name not in FILTER_NAMES:
+            raise ProfileError(
+                f"profile {name!r}: unknown filter {filter_name!r}; known: {sorted(FILTER_NAMES)}"
+            )
     if not scorers:
         raise ProfileError(f"profile {name!r}: needs at least one scorer")
     for scorer_name, weight in scorers.items():
@@ -83,10 +86,15 @@ def build_profile(
 
 BUILTIN_PROFILES: dict[str, Profile] = {
     "cost": build_profile(
-        "cost", scorers={"ttft": 1.0, "session-affinity": 0.001}, reason=Reason.LOWEST_TTFT, warms=True
+        "cost",
+        filters=COST_FILTERS,
+        scorers={"ttft": 1.0, "session-affinity": 0.001},
+        reason=Reason.LOWEST_TTFT,
+        warms=True,
     ),
     "cost-completion": build_profile(
         "cost-completion",
+        filters=COST_FILTERS,
         scorers={"completion": 1.0, "session-affinity": 0.001},
         reason=Reason.LOWEST_COMPLETION,
         warms=True,

@@ -15,6 +15,7 @@ from msgspec.structs import replace
 from policies.context import RoutingContext
 from policies.cost import estimate
 from policies.filters import Candidate
+from policies.homes import sharing
 from policies.ledger import IDLE
 from policies.profiles import Profile
 from policies.scorers import SCORERS
@@ -102,6 +103,7 @@ def route(
                 lease_idle_s=context.lease_idle_s,
                 keep=keep,
                 follow=follow,
+                sharing=sharing(snapshot, context.homes, context.session),
             ),
             match=context.matches.get(snapshot.backend_id),
             router=context.routers.get(snapshot.backend_id, IDLE),

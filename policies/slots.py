@@ -36,16 +36,23 @@ Every slot is an option (``llama_options``); the cost model picks the best objec
 
 A restore from the RAM cache adds ``ram_restore_s(cached)`` to the queue of the request itself.
 
+On a **crowded** llama-server (more active sessions at home there than slots: ``policies.homes``) a
+session's turn names a slot only to start now: every option that waits is dropped and it may name
+none instead, taking the first slot to free and its conversation from the RAM cache (its slot holds
+another session's by then); a first turn and a one-off likewise. So every waiting task there is
+unpinned, and llama-server serves them in arrival order.
+
 A request without a session (or with no slot to name) may also name none (``_unpinned``):
 llama-server then gives it a slot itself (``_lands``: the most similar idle one, else the least
 recently used idle one, else the first to free), restoring its state from the RAM cache, and it pays
 the eviction cost of the session holding that slot (the holder's wait too when it lands on a slot
 busy with its holder's turn). Ties go to a named slot. By name such a request takes only an idle,
-free slot, so llama-server's own LRU choice cannot evict a session's warm slot. A session's turn
-always names a slot: unpinned, it would wait in llama-server's deferred queue until a slot frees
-with no task pinned to it (a freed slot takes the oldest task pinned to it first, and one deferred
-task is retried per release), the longest wait on a fleet whose requests turnout pins. (Issue #45:
-offered to sessions on contention-32-8llama, it was never chosen; docs/benchmarks.md.)
+free slot, so llama-server's own LRU choice cannot evict a session's warm slot. Elsewhere than on a
+crowded llama-server a session's turn always names a slot: unpinned, it would wait in llama-server's
+deferred queue until a slot frees with no task pinned to it (a freed slot takes the oldest task
+pinned to it first, and one deferred task is retried per release), the longest wait where turnout
+pins the others. (Issue #45: offered beside the pinned options on contention-32-8llama, it was never
+chosen; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ class Situation(msgspec.Struct, frozen=True):
     leases: Sequence[SlotLease]
     now: float
     lease_idle_s: float
+    sharing: int = 0  # the active sessions at home there when more than its slots (``policies.homes``)
 
 
 def keep_chance(
@@ -154,6 +162,7 @@ class SlotOption(msgspec.Struct, frozen=True):
     lost: bool = False  # the session's slot no longer holds its prompt
     restore_s: float = 0.0  # loading ``cached`` back from the RAM cache (in ``queue_s``)
     lands: int | None = None  # no slot named (``slot`` None): the one llama-server is expected to give
+    sharing: int = 0  # the sessions sharing a crowded server's slots (why no slot is named)
 
     @property
     def waits(self) -> bool:
@@ -170,7 +179,12 @@ class SlotOption(msgspec.Struct, frozen=True):
                 f"warm slot {slot}" if self.source == "slot" else f"slot {slot} ({self.source} reuse)"
             )
         if self.waits:
-            notes.append(f"waits ~{self.queue_s - self.restore_s:.1f} s for slot {slot}")
+            wait = self.queue_s - self.restore_s
+            if slot is not None:
+                notes.append(f"waits ~{wait:.1f} s for slot {slot}")
+            else:
+                shared = f": {self.sharing} sessions share its slots" if self.sharing else ""
+                notes.append(f"waits ~{wait:.1f} s for the first slot to free (no slot named{shared})")
         if self.evicts is not None:
             taken = f"slot {slot}" if slot is not None else f"slot {self.lands} (llama-server's pick)"
             holder = f"session {session_label(self.evicts)}"
@@ -385,7 +399,12 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
                 restore_s=restore,
             )
         )  # fmt: skip
-    if not options or session is None:
+    if situation.sharing and session is not None:
+        options = [option for option in options if not option.waits]  # pinned: only to start now
+        options.append(
+            msgspec.structs.replace(_unpinned(features, situation, ram), sharing=situation.sharing)
+        )
+    elif not options or session is None:
         options.append(_unpinned(features, situation, ram))
     return options
 

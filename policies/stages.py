@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from policies.context import RoutingContext
 from policies.filters import FILTERS, Candidate, FilterResult
+from policies.homes import stays_home
 from policies.peers import PEER_PICKERS
 from policies.types import Deployment, Reason, Rejection, RequestFeatures, ScoredCandidate
 from policies.views import CandidateView, Pick
@@ -105,8 +106,17 @@ AFTER_PROFILE: tuple[tuple[str, Stage], ...] = (
 among the members large enough."""
 
 
+CONTEXT_FILTERS: dict[str, Stage] = {"stays-home": stays_home}
+"""Filters a profile may name that read the routing context (``policies.homes``: the cost profiles)."""
+FILTER_NAMES = frozenset(FILTERS) | frozenset(CONTEXT_FILTERS)
+"""Every filter a profile may name."""
+
+
 def profile_filter(name: str) -> Stage:
-    """A profile's filter (``policies.filters.FILTERS``) as a stage: it reads no context."""
+    """A profile's filter as a stage: one of ``CONTEXT_FILTERS`` as it is, one of
+    ``policies.filters.FILTERS`` reading no context."""
+    if name in CONTEXT_FILTERS:
+        return CONTEXT_FILTERS[name]
     check = FILTERS[name]
 
     def stage(

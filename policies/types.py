@@ -72,6 +72,7 @@ class Reason(StrEnum):
     PREFERRED_ENGINE = "preferred-engine"
     NO_CANDIDATE = "no-eligible-backend"
     KEEPS_MODEL = "conversation-keeps-its-model"
+    STAYS_HOME = "session-stays-home"  # a crowded llama-server keeps its sessions (policies.homes)
     BELOW_SIZE_FLOOR = "below-size-floor"
     PINNED = "group-pinned"
     DEFAULT_MEMBER = "default-member"

@@ -23,10 +23,12 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "Refactor the par
 
 def test_the_steps_run_in_their_order() -> None:
     names = [step.__name__ for step in STEPS]
-    assert names == ["log_entry", "record_traffic", "timeline", "learning", "next_session"]
+    assert names == ["log_entry", "record_traffic", "timeline", "learning", "next_session", "turn_ended"]
 
 
-async def scenario(outcome_given: bool) -> tuple[MemoryStore, list[tuple[str, int | None]]]:
+async def scenario(
+    outcome_given: bool, homes: list[dict[str, int]] | None = None
+) -> tuple[MemoryStore, list[tuple[str, int | None]]]:
     clock = VirtualClock(100.0)
     store = MemoryStore(clock=clock.time)
     async with httpx.AsyncClient() as client:
@@ -41,6 +43,8 @@ async def scenario(outcome_given: bool) -> tuple[MemoryStore, list[tuple[str, in
         router = Router(fleet, store, BUILTIN_PROFILES["cost"])
         features = extract(BODY, Endpoint.CHAT, model="m", headers={"x-session-id": "agent-1"})
         routed = await router.route(features, BODY)
+        if homes is not None:
+            homes.append(router.homes.counts(clock.time()))
         usage = Usage(features.prompt_tokens, 64, 0)
         outcome = Outcome("llama", "m", EngineKind.LLAMACPP, usage, 2.0, 30.0, len(str(BODY)), 0, True)
         seen: list[tuple[str, int | None]] = []
@@ -54,6 +58,11 @@ async def scenario(outcome_given: bool) -> tuple[MemoryStore, list[tuple[str, in
         )
         await settle(router, done, steps)
         assert done.at == clock.time()
+        if homes is not None:
+            clock.advance_to(clock.monotonic() + router.homes.active_s - 1.0)
+            homes.append(router.homes.counts(clock.time()))
+            clock.advance_to(clock.monotonic() + 2.0)
+            homes.append(router.homes.counts(clock.time()))
         if outcome_given:
             assert router.learned.deployments["llama/m"].prefill_tok_s.samples == 1
     return store, seen
@@ -75,3 +84,12 @@ def test_a_request_without_an_answer_writes_its_decision_only() -> None:
     (entry,) = asyncio.run(store.decisions(10))
     assert entry["status"] == 502
     assert entry["outcome"] is None
+
+
+def test_a_turn_s_end_starts_its_session_s_last_seconds_at_home() -> None:
+    """Routed, the session is at home on its backend; settled, it stays ``active_s`` more
+    (``gateway.live.Homes``: a crowded llama-server's count), answered or not."""
+    for answered in (True, False):
+        homes: list[dict[str, int]] = []
+        asyncio.run(scenario(outcome_given=answered, homes=homes))
+        assert homes == [{"llama": 1}, {"llama": 1}, {}]

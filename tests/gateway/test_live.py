@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.live import FollowUps, LiveSessions
+from gateway.live import FollowUps, Homes, LiveSessions
 
 
 def test_a_session_counts_until_its_window_of_silence_ends() -> None:
@@ -47,3 +47,66 @@ def test_a_second_turn_cannot_outnumber_the_first_turns() -> None:
     for _ in range(5):
         follow.second_turn()  # second turns of conversations this process never saw start
     assert follow.rate == 0.5  # (0 + 1) / (0 + 2): nothing counted
+
+
+def test_a_session_is_at_home_while_its_turn_runs_and_seconds_after() -> None:
+    homes = Homes(active_s=10.0)
+    homes.placed("a", "llama-0", 0.0)
+    homes.placed("b", "llama-0", 0.0)
+    homes.placed("c", "llama-1", 0.0)
+    assert homes.counts(0.0) == {"llama-0": 2, "llama-1": 1}
+    assert homes.counts(500.0) == {"llama-0": 2, "llama-1": 1}  # in flight: no end yet
+    homes.ended("a", 500.0)
+    assert homes.counts(509.0) == {"llama-0": 2, "llama-1": 1}
+    assert homes.counts(511.0) == {"llama-0": 1, "llama-1": 1}  # a went quiet
+    assert homes.counts(511.0, excluding="b") == {"llama-1": 1}  # the session being routed
+    assert homes.counts(511.0, excluding="a") == {"llama-0": 1, "llama-1": 1}  # not at home: nothing
+
+
+def test_a_turn_that_follows_keeps_the_session_at_home_and_a_move_takes_it_along() -> None:
+    homes = Homes(active_s=10.0)
+    homes.placed("a", "llama-0", 0.0)
+    homes.ended("a", 0.0)
+    homes.placed("a", "llama-1", 0.0)  # its next turn, on another server
+    assert homes.counts(1.0) == {"llama-1": 1}
+    assert homes.counts(20.0) == {"llama-1": 1}  # the first turn's end does not send it away
+    homes.ended("a", 30.0)
+    assert homes.counts(41.0) == {}
+
+
+def test_a_session_with_turns_in_parallel_stays_until_the_last_one_ends() -> None:
+    """Two turns of one session in flight at once (an agent's parallel calls): the session counts
+    once, and stays until ``active_s`` after both ended."""
+    homes = Homes(active_s=10.0)
+    homes.placed("a", "llama-0", 0.0)
+    homes.placed("a", "llama-0", 0.0)
+    assert homes.counts(0.0) == {"llama-0": 1}
+    homes.ended("a", 1.0)  # one of them: the other still runs
+    assert homes.counts(30.0) == {"llama-0": 1}
+    homes.ended("a", 31.0)
+    assert homes.counts(40.0) == {"llama-0": 1}
+    assert homes.counts(41.5) == {}
+
+
+def test_the_homes_bookkeeping_is_bounded() -> None:
+    homes = Homes(max_tracked=3)
+    for n in range(5):
+        homes.placed(f"s{n}", "llama-0", float(n))  # turns whose end never comes
+    assert homes.counts(5.0) == {"llama-0": 3}
+
+
+def test_a_turn_whose_end_never_came_goes_stale() -> None:
+    homes = Homes(stale_s=600.0)
+    homes.placed("a", "llama-0", 0.0)
+    homes.placed("b", "llama-0", 100.0)
+    assert homes.counts(599.0) == {"llama-0": 2}
+    assert homes.counts(601.0) == {"llama-0": 1}
+
+
+def test_a_re_route_moves_the_turn_without_counting_another() -> None:
+    homes = Homes(active_s=10.0)
+    homes.placed("a", "llama-0", 0.0)
+    homes.placed("a", "llama-1", 0.5, again=True)  # llama-0 refused it: the same turn, elsewhere
+    assert homes.counts(1.0) == {"llama-1": 1}
+    homes.ended("a", 2.0)  # its one end
+    assert homes.counts(12.5) == {}

@@ -225,6 +225,29 @@ class TestReuse:
         one_off = replace(situation, session=None)
         assert [option.slot for option in llama_options(features(), one_off)] == [None]
 
+    def test_on_a_crowded_server_a_turn_that_would_wait_names_no_slot(self) -> None:
+        """More active sessions at home than slots (``policies.homes``): a turn names a slot only to
+        start now; one that would wait takes the first slot to free, in llama-server's arrival
+        order, and restores its conversation from the RAM cache (issue #45)."""
+        busy = replace(
+            llama_snapshot((True, True)),
+            slots=(SlotState(0, 32768, True, 3.0), SlotState(1, 32768, True, 1.0)),
+        )
+        leases = (SlotLease(0, "a", 9.0, 9000), SlotLease(1, "b", 9.0, 9000))
+        stats = LearnedState().for_deployment(LLAMA, EngineKind.LLAMACPP)
+        in_ram = PrefixMatch(  # the slots hold the others' conversations, the RAM cache this one's
+            (SlotMatch(0, 0), SlotMatch(1, 0)), recent=9000, recent_whole=True, recent_held=9000
+        )
+        crowded = Situation(busy, LLAMA, stats, in_ram, SESSION, leases, 10.0, 600.0, sharing=3)
+        options = llama_options(features(), crowded)
+        assert [option.slot for option in options] == [None]
+        assert (options[0].source, options[0].lands) == ("ram", 1)  # the first to free
+        assert "for the first slot to free (no slot named: 3 sessions share its slots)" in options[0].note()
+        one_idle = replace(busy, slots=(busy.slots[0], SlotState(1, 32768, False)))
+        options = llama_options(features(), replace(crowded, snapshot=one_idle))
+        assert [option.slot for option in options] == [1, None]  # the idle one, by name: it starts now
+        assert [option.slot for option in llama_options(features(), replace(crowded, sharing=0))] == [0, 1]
+
     def test_a_busy_slot_waits_for_its_request_not_for_the_other_slots_prompts(self) -> None:
         """llama-server runs the other slots' prompt chunks in the steps that decode the running
         request, and that request's predicted rest (``busy_s``) is the wait; an idle slot waits
