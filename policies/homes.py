@@ -31,13 +31,8 @@ from collections.abc import Mapping, Sequence
 
 from policies.context import RoutingContext
 from policies.filters import Candidate, FilterResult
-from policies.slots import proven
+from policies.slots import proven, slots_of
 from policies.types import BackendSnapshot, EngineKind, Reason, Rejection, RequestFeatures, SessionView
-
-
-def slots_of(snapshot: BackendSnapshot) -> int:
-    """The backend's llama.cpp slots (at least one)."""
-    return max(snapshot.total_slots or len(snapshot.slots), 1)
 
 
 def at_home(snapshot: BackendSnapshot, homes: Mapping[str, int], session: SessionView | None) -> int:

@@ -122,6 +122,11 @@ def keep_chance(
     return min(1.0, slots / max(live_sessions, 1))
 
 
+def slots_of(snapshot: BackendSnapshot) -> int:
+    """The backend's llama.cpp slots (at least one)."""
+    return max(snapshot.total_slots or len(snapshot.slots), 1)
+
+
 def free_slot(snapshots: Sequence[BackendSnapshot], leases: Mapping[str, Sequence[SlotLease]]) -> bool:
     """Whether some llama.cpp slot is idle and held by no session: pinning a first turn there
     takes nothing from anyone."""
@@ -449,7 +454,7 @@ def _unpinned(features: RequestFeatures, situation: Situation, ram: _Ram) -> Slo
     snapshot, stats = situation.snapshot, situation.stats
     idle = [s.id for s in snapshot.slots if not s.is_processing]
     free = idle if snapshot.queued == 0 else []  # requests already queued take the idle slots first
-    count = max(snapshot.total_slots or len(snapshot.slots) or 1, 1)
+    count = slots_of(snapshot)
     if free:
         queue, deferred = snapshot.prefill_backlog_s, 0.0
     else:
