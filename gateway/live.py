@@ -128,6 +128,30 @@ class Homes:
 
 FOLLOW_WINDOW = 100
 """First turns the follow-up rate remembers (exponentially: older ones weigh less)."""
+FAMILY_PRIOR = 1.0
+"""How many first turns the global follow-up rate counts for in a prompt family's (the family's own
+rate starts there and moves off it with each of its first turns). Issue #45, contention-2-nosession
+over 32 draws: 0.5 and 1 gave a mean TTFT of 1.136 s (was 1.155) and a worst draw 1.10x the best
+peer's (was 1.12x); 2 and 4 gave 1.138 and 1.147 s, seed 15 still 1.12x (docs/benchmarks.md)."""
+MAX_FAMILIES = 10_000
+"""A bound on the prompt families tracked (a dict entry each); beyond it the least recently seen go."""
+
+
+class _Counts:
+    """Decayed first turns and the follow-ups among them."""
+
+    __slots__ = ("first", "followed")
+
+    def __init__(self) -> None:
+        self.first = 0.0
+        self.followed = 0.0
+
+    def first_turn(self, decay: float) -> None:
+        self.first = self.first * decay + 1.0
+        self.followed *= decay
+
+    def second_turn(self) -> None:
+        self.followed = min(self.followed + 1.0, self.first)
 
 
 class FollowUps:
@@ -136,20 +160,50 @@ class FollowUps:
     chance while a llama.cpp slot is free (``policies.context.RoutingContext.follow_rate``).
 
     Counts decay by ``1 - 1 / window`` per first turn, so the rate follows the traffic of the last
-    ``window`` or so; it starts at 1/2 (one imagined follow-up in two first turns)."""
+    ``window`` or so; it starts at 1/2 (one imagined follow-up in two first turns).
 
-    def __init__(self, window: int = FOLLOW_WINDOW) -> None:
+    The rate is also kept per prompt family (``policies.prefix.PromptChain.family``: the first 4 KB,
+    an agent harness's tool list and system prompt), where traffic of both kinds shares one gateway:
+    an agent's first turn follows its harness's record, a one-off request its own prompt's. A family's
+    rate is its follow-ups over its first turns with the global rate counted as ``prior`` first turns
+    of it (the mean of a beta prior of that weight): a family seen once is at the global rate, one
+    seen often at its own."""
+
+    def __init__(
+        self, window: int = FOLLOW_WINDOW, prior: float = FAMILY_PRIOR, max_families: int = MAX_FAMILIES
+    ) -> None:
         self._decay = 1.0 - 1.0 / window
-        self._first = 0.0
-        self._followed = 0.0
+        self.prior = prior
+        self.max_families = max_families
+        self._all = _Counts()
+        self._families: dict[int, _Counts] = {}
 
-    def first_turn(self) -> None:
-        self._first = self._first * self._decay + 1.0
-        self._followed *= self._decay
+    def first_turn(self, family: int | None = None) -> None:
+        self._all.first_turn(self._decay)
+        if family is not None:
+            counts = self._families.pop(family, None) or _Counts()
+            self._families[family] = counts  # the most recently seen last
+            counts.first_turn(self._decay)
+            if len(self._families) > self.max_families:
+                del self._families[next(iter(self._families))]
 
-    def second_turn(self) -> None:
-        self._followed = min(self._followed + 1.0, self._first)
+    def second_turn(self, family: int | None = None) -> None:
+        """A conversation's second turn (its family, the first turn's: it extends that prompt)."""
+        self._all.second_turn()
+        counts = self._families.get(family) if family is not None else None
+        if counts is not None:
+            counts.second_turn()
 
     @property
     def rate(self) -> float:
-        return (self._followed + 1.0) / (self._first + 2.0)
+        """Over every family."""
+        return (self._all.followed + 1.0) / (self._all.first + 2.0)
+
+    def rate_for(self, family: int | None) -> float:
+        """The chance a first turn of ``family``, counted already (``first_turn``), comes back: its
+        family's record but for itself, weighed with the global rate (class docstring)."""
+        counts = self._families.get(family) if family is not None else None
+        if counts is None:
+            return self.rate
+        earlier = max(counts.first - 1.0, 0.0)
+        return (counts.followed + self.prior * self.rate) / (earlier + self.prior)

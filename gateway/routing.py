@@ -262,7 +262,7 @@ class Router:
             pins=MappingProxyType(dict(self.pins)),
             live_sessions=self.live.count(self.clock.time()),
             homes=self.homes.counts(now, excluding=session.key if session is not None else None),
-            follow_rate=self.follow_ups.rate,
+            follow_rate=self.follow_ups.rate_for(chain.family),
             routers={s.backend_id: self.history.view(self.fleet, s.backend_id, now) for s in snapshots}
             if history
             else MappingProxyType({}),
@@ -315,9 +315,9 @@ class Router:
             self.live.touch(session.key, self.clock.time())  # it competes for slots from now on
         if session is not None and features.session_source is SessionSource.IMPLICIT and not excluded:
             if session.turns == 0:  # counted once per request (a re-route excludes a backend)
-                self.follow_ups.first_turn()
+                self.follow_ups.first_turn(features.chain.family)
             elif session.turns == 1:
-                self.follow_ups.second_turn()
+                self.follow_ups.second_turn(features.chain.family)
         profile = self.group_profiles.get(features.model, self.profile) if features.members else self.profile
         for _ in range(CLAIM_ATTEMPTS):
             snapshots, context = await self._context(session, excluded, features.chain, profile.history)

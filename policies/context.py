@@ -33,7 +33,8 @@ class RoutingContext(msgspec.Struct, frozen=True):
     reads it: a llama-server with more of them than slots is crowded."""
     follow_rate: float = 0.0
     """The chance a conversation known only by its content comes back after its first turn (learned
-    by the gateway: ``gateway.live.FollowUps``); weighs a first turn's look-ahead while a slot is free."""
+    by the gateway per prompt family: ``gateway.live.FollowUps``); weighs a first turn's look-ahead
+    while a slot is free."""
     pins: Mapping[str, str] = msgspec.field(default_factory=lambda: MappingProxyType({}))
     """Model group -> the one member an admin pinned it to (its other members get no requests)."""
     routers: Mapping[str, RouterView] = msgspec.field(default_factory=lambda: MappingProxyType({}))

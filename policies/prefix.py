@@ -26,6 +26,12 @@ import msgspec
 
 CHUNK_BYTES = 1024
 """Bytes per chunk (about 280 tokens of English or code)."""
+FAMILY_CHUNKS = 4
+"""The chunks that make a prompt's family (4 KB: the tool list and the start of the system prompt, the
+same on every request of one agent harness and, in the routing benchmark's contention rows, of every
+agent; a one-off prompt's own text elsewhere): ``gateway.live.FollowUps`` learns per family how often a
+first turn comes back. The contention rows without session ids gave the same result for 1, 2, 4, 8
+and 16 chunks (docs/benchmarks.md, 2026-12-05, ninth session)."""
 HASH_BYTES = 8
 
 
@@ -130,6 +136,12 @@ class PromptChain:
     @property
     def chunks(self) -> int:
         return len(self.hashes)
+
+    @property
+    def family(self) -> int | None:
+        """The prompt's family (``FAMILY_CHUNKS``): the hash of its first chunks, the whole prompt's
+        full chunks when it is shorter; None under one chunk."""
+        return self.hashes[min(FAMILY_CHUNKS, len(self.hashes)) - 1] if self.hashes else None
 
     def prefix_digest(self, length: int) -> int | None:
         """The digest of this prompt's first ``length`` bytes (None when it is shorter)."""

@@ -57,3 +57,53 @@ def test_a_named_session_holds_its_slot() -> None:
     slot, leases = asyncio.run(first_turn({"x-session-id": "agent-1"}))
     assert slot is not None
     assert leases == ["h:agent-1"]  # the header's key
+
+
+SYSTEM = "You are a coding agent. Tools: read_file, write_file, run_tests, grep. " * 120  # ~8 KB
+
+
+async def look_ahead(bodies: list[dict[str, object]], follows: int) -> list[float]:
+    """The look-ahead (turns) of each body routed as a first turn, after ``follows`` conversations
+    with the first body's system prompt came back for a second turn and as many one-offs did not."""
+    async with httpx.AsyncClient() as client:
+        fleet = Fleet(
+            [BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9", deployments=(DEPLOYMENT,))],
+            client,
+        )
+        fleet.observe(
+            BackendSnapshot(
+                "llama",
+                EngineKind.LLAMACPP,
+                Health.READY,
+                time.time(),
+                (DEPLOYMENT,),
+                slots=(SlotState(0, 65536, False), SlotState(1, 65536, False)),
+                total_slots=2,
+            )
+        )
+        router = Router(fleet, MemoryStore(), BUILTIN_PROFILES["cost"])
+        agents = extract(bodies[0], Endpoint.CHAT, model="m", headers={}).chain.family
+        for n in range(follows):
+            router.follow_ups.first_turn(agents)
+            router.follow_ups.second_turn(agents)
+            router.follow_ups.first_turn(hash(f"one-off {n}"))
+        out = []
+        for body in bodies:
+            features = extract(body, Endpoint.CHAT, model="m", headers={})
+            features, session = await router.resolve_session(features)
+            best = (await router.decide(features, session)).decision.chosen_candidate
+            assert best is not None
+            assert best.estimate is not None
+            out.append(best.estimate.horizon)
+        return out
+
+
+def test_a_first_turn_looks_ahead_by_its_prompt_familys_follow_up_rate() -> None:
+    """Agents' first turns (one harness's system prompt) come back, one-off requests do not: each
+    first turn bets on its next turns by its own family's record, not by the two kinds' mix."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix issue #12"}]
+    agent = {"model": "m", "messages": messages}
+    one_off = {"model": "m", "messages": [{"role": "user", "content": "Translate this letter. " * 400}]}
+    agent_turns, one_off_turns = asyncio.run(look_ahead([agent, one_off], follows=20))
+    assert agent_turns > 2.5  # LOOKAHEAD_TURNS (3) x a rate near 1
+    assert one_off_turns < 1.6  # a family never seen: the global rate, about 1/2 here

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.live import FollowUps, Homes, LiveSessions
 
 
@@ -47,6 +49,55 @@ def test_a_second_turn_cannot_outnumber_the_first_turns() -> None:
     for _ in range(5):
         follow.second_turn()  # second turns of conversations this process never saw start
     assert follow.rate == 0.5  # (0 + 1) / (0 + 2): nothing counted
+
+
+AGENT, CHAT = 1, 2  # two prompt families: an agent harness's system prompt, a chat UI's
+
+
+def test_each_prompt_family_learns_its_own_follow_up_rate() -> None:
+    follow = FollowUps(window=100)
+    for _ in range(20):  # one gateway, both kinds of traffic: the global rate is their mix
+        follow.first_turn(AGENT)
+        follow.second_turn(AGENT)
+        follow.first_turn(CHAT)
+    assert 0.4 < follow.rate < 0.6
+    follow.first_turn(AGENT)
+    assert follow.rate_for(AGENT) > 0.95  # the agents' first turns look ahead...
+    follow.first_turn(CHAT)
+    assert follow.rate_for(CHAT) < 0.05  # ...the one-offs' do not
+
+
+def test_a_new_family_starts_at_the_global_rate_and_moves_off_it_with_its_own_turns() -> None:
+    follow = FollowUps(window=100, prior=1.0)
+    for _ in range(10):
+        follow.first_turn(CHAT)
+    follow.first_turn(AGENT)  # a harness never seen: counted, then asked
+    assert follow.rate_for(AGENT) == pytest.approx(follow.rate)
+    follow.second_turn(AGENT)
+    follow.first_turn(AGENT)  # the next agent: one follow-up in one earlier first turn, plus the prior
+    decay = 1.0 - 1.0 / 100  # the earlier turn weighs a little less
+    assert follow.rate_for(AGENT) == pytest.approx((decay + follow.rate) / (decay + 1.0))
+    assert follow.rate_for(None) == follow.rate  # a prompt under one chunk has no family
+
+
+def test_a_second_turn_of_a_family_never_seen_counts_only_globally() -> None:
+    follow = FollowUps()
+    follow.first_turn(CHAT)
+    follow.second_turn(AGENT)  # its first turn was routed by another replica, or dropped
+    assert follow.rate == pytest.approx(2 / 3)
+    follow.first_turn(AGENT)
+    assert follow.rate_for(AGENT) == pytest.approx(follow.rate)
+
+
+def test_the_families_tracked_are_bounded_least_recently_seen_first_out() -> None:
+    follow = FollowUps(max_families=2)
+    follow.first_turn(AGENT)
+    follow.second_turn(AGENT)
+    follow.first_turn(CHAT)
+    follow.first_turn(AGENT)  # seen again: now the most recent
+    follow.first_turn(3)  # over the bound: CHAT goes
+    assert follow.rate_for(CHAT) == follow.rate  # forgotten: the global rate
+    assert follow.rate_for(AGENT) > follow.rate  # kept
 
 
 def test_a_session_is_at_home_while_its_turn_runs_and_seconds_after() -> None:
