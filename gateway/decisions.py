@@ -123,6 +123,7 @@ def decision_entry(
         "slot": decision.slot,
         "warm_up": _warm_up(routed.warm),
         "reason": _shown_in(decision.header, evicted, redact),
+        "follow_up_rate": round(decision.follow_rate, 3) if decision.follow_rate is not None else None,
         "candidates": [
             {
                 "backend": c.deployment.backend_id,

@@ -133,4 +133,5 @@ def route(
         tuple(scored),
         tuple(rejected),
         pinned=profile.pins_slots,
+        follow_rate=context.follow_rate if session is not None and not proven(features, session) else None,
     )

@@ -351,6 +351,9 @@ class Decision(msgspec.Struct, frozen=True):
     rejected: tuple[Rejection, ...] = ()
     pinned: bool = True
     """The request goes to the chosen candidate's llama.cpp slot (False: the engine picks one)."""
+    follow_rate: float | None = None
+    """A first turn known only by its content: the chance it comes back that its look-ahead was
+    weighed by (``RoutingContext.follow_rate``, its prompt family's); None for any other request."""
 
     @property
     def chosen_candidate(self) -> ScoredCandidate | None:

@@ -25,12 +25,14 @@ def log_in(page: Any, stack: Stack) -> None:
     page.wait_for_url(stack.url + "/admin")
 
 
-def ask(stack: Stack, model: str = "m-both", stream: bool = True, **headers: str) -> str:
+def ask(
+    stack: Stack, model: str = "m-both", stream: bool = True, content: str = "hello", **headers: str
+) -> str:
     """One request, its id; streamed by default: its first token is observed, so the charts draw its
     TTFT (a non-streamed one is settled, recorded and logged before its answer is sent)."""
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0)
     response = client.chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=4, stream=stream,
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=4, stream=stream,
         extra_headers=headers,
     )  # fmt: skip
     if stream:
@@ -73,6 +75,28 @@ def test_a_request_appears_on_the_live_decisions_page(page: Any, stack: Stack) -
     assert chart.get_attribute("points")  # predicted vs actual TTFT, drawn
     assert page.locator(".chart circle.actual").count() >= 1
     screenshot(page, "overview")
+    assert page.errors == []
+
+
+def test_a_first_turn_known_by_content_says_how_often_its_kind_came_back(page: Any, stack: Stack) -> None:
+    log_in(page, stack)
+    request_id = ask(stack, content="Summarise this changelog.")  # no session id, a prompt never seen
+    decision = httpx.get(stack.url + "/admin/api/decisions/" + request_id, headers=ADMIN).json()
+    assert decision["session_source"] == "implicit"
+    rate = decision["follow_up_rate"]
+    assert 0.0 < rate < 1.0
+    page.goto(f"{stack.url}/admin/decisions/{request_id}")
+    text = page.inner_text("p.follow-up")
+    assert f"came back for a second turn {rate * 100:.0f}% of the time lately" in text
+    looks_ahead = any(c.get("look_ahead_turns", 0) > 0 for c in decision["candidates"])
+    assert ("its next turns are weighed by that chance" in text) == looks_ahead
+    screenshot(page, "decision-first-turn")
+    named = ask(stack, **{"x-session-id": "named-1"})
+    assert (
+        httpx.get(stack.url + "/admin/api/decisions/" + named, headers=ADMIN).json()["follow_up_rate"] is None
+    )
+    page.goto(f"{stack.url}/admin/decisions/{named}")
+    assert page.locator("p.follow-up").count() == 0
     assert page.errors == []
 
 

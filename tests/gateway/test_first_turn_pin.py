@@ -20,27 +20,25 @@ DEPLOYMENT = Deployment("m", "llama", "m", 65536, Architecture.HYBRID)
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Refactor the parser. " * 2000}]}
 
 
+def llama_router(client: httpx.AsyncClient, store: MemoryStore) -> Router:
+    """A cost router whose one backend is an idle llama-server of two slots."""
+    fleet = Fleet(
+        [BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9", deployments=(DEPLOYMENT,))], client
+    )
+    slots = (SlotState(0, 65536, False), SlotState(1, 65536, False))
+    fleet.observe(
+        BackendSnapshot(
+            "llama", EngineKind.LLAMACPP, Health.READY, time.time(), (DEPLOYMENT,), slots=slots, total_slots=2
+        )
+    )
+    return Router(fleet, store, BUILTIN_PROFILES["cost"])
+
+
 async def first_turn(headers: dict[str, str]) -> tuple[int | None, list[str]]:
     """Route one first turn with llama.cpp the only backend; its slot and the leases afterwards."""
     store = MemoryStore()
     async with httpx.AsyncClient() as client:
-        fleet = Fleet(
-            [BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9", deployments=(DEPLOYMENT,))],
-            client,
-        )
-        slots = (SlotState(0, 65536, False), SlotState(1, 65536, False))
-        fleet.observe(
-            BackendSnapshot(
-                "llama",
-                EngineKind.LLAMACPP,
-                Health.READY,
-                time.time(),
-                (DEPLOYMENT,),
-                slots=slots,
-                total_slots=2,
-            )
-        )
-        router = Router(fleet, store, BUILTIN_PROFILES["cost"])
+        router = llama_router(client, store)
         features = extract(BODY, Endpoint.CHAT, model="m", headers=headers)
         features, session = await router.resolve_session(features)
         routed = await router.decide(features, session)
@@ -66,22 +64,7 @@ async def look_ahead(bodies: list[dict[str, object]], follows: int) -> list[floa
     """The look-ahead (turns) of each body routed as a first turn, after ``follows`` conversations
     with the first body's system prompt came back for a second turn and as many one-offs did not."""
     async with httpx.AsyncClient() as client:
-        fleet = Fleet(
-            [BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9", deployments=(DEPLOYMENT,))],
-            client,
-        )
-        fleet.observe(
-            BackendSnapshot(
-                "llama",
-                EngineKind.LLAMACPP,
-                Health.READY,
-                time.time(),
-                (DEPLOYMENT,),
-                slots=(SlotState(0, 65536, False), SlotState(1, 65536, False)),
-                total_slots=2,
-            )
-        )
-        router = Router(fleet, MemoryStore(), BUILTIN_PROFILES["cost"])
+        router = llama_router(client, MemoryStore())
         agents = extract(bodies[0], Endpoint.CHAT, model="m", headers={}).chain.family
         for n in range(follows):
             router.follow_ups.first_turn(agents)

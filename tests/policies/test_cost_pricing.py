@@ -233,6 +233,14 @@ class TestFirstTurnFollowUp:
         held = (SlotLease(0, "a", 99.0, 9000), SlotLease(1, "b", 99.0, 9000))
         assert self.chosen(self.first_turn(follow_rate=0.8, held=held)) == ("vllm", 0.0)
 
+    def test_the_decision_says_which_chance_it_weighed(self) -> None:
+        assert self.first_turn(follow_rate=0.8).follow_rate == 0.8  # the dashboard shows it
+        now = 100.0
+        named = RequestFeatures("m", Endpoint.CHAT, 8_000, 256, True, "h:1", SessionSource.HEADER)
+        context = RoutingContext(session=SessionView("h:1"), follow_rate=0.8)
+        decision = route(named, [idle_llama(now), vllm_snapshot()], BUILTIN_PROFILES["cost"], now, context)
+        assert decision.follow_rate is None  # a named session is expected to continue: no bet
+
 
 class TestWhatItCostsTheNextRequests:
     """``others_s``: a request holds what later ones need (vLLM's prompt processing, a llama.cpp
