@@ -30,8 +30,14 @@ Per deployment (``backend/model``):
 - ``queue_factor``: how much longer than predicted a predicted queue really was,
   ``(ttft - predicted ttft + predicted queue) / modelled queue`` on streams that were predicted to
   wait at least ``MIN_QUEUE_S`` (clamped to ``[1/QUEUE_SPREAD, QUEUE_SPREAD]``): queues build on
-  queues, and a saturated engine's waits are longer than the sum of their parts. Only predictions
-  made on the deployment's own measurements teach it (``Estimate.primed``: ``PRIMED_SAMPLES``
+  queues, and a saturated engine's waits are longer than the sum of their parts. A factor, it is
+  averaged in log space from its prior, 1 (``Ewma.update_factor``): the first sample moves it by
+  ``ALPHA`` like any other instead of replacing it. Replacing it, one first token that came before
+  the predicted prefill (a sample below 0, clamped to 0.1) scaled every vLLM queue by 0.1 until the
+  next sample; under chat load the next came only when an answer ended, seconds of congestion
+  later: the chat workload's draw 36 sent 82% of its requests to vLLM, predicted at ~1 s and
+  answered at 2-4.5 s (1.31x llm-d's mean TTFT; docs/benchmarks.md, 2026-12-05, ninth session).
+  Only predictions made on the deployment's own measurements teach it (``Estimate.primed``: ``PRIMED_SAMPLES``
   outcomes in), and only queues predicted at least as long as the rest of the TTFT: one made on
   priors is off by what the priors are, and a short queue's sample by the prefill prediction's
   error, not by what the queue model misses; a burst of either would scale every later queue by
@@ -118,6 +124,17 @@ class Ewma(msgspec.Struct, frozen=True):
             low, high = self.prior / SPREAD, self.prior * SPREAD
         sample = min(max(sample, low), high)
         value = sample if self.samples == 0 else self.value + ALPHA * (sample - self.value)
+        return Ewma(value, self.prior, self.samples + 1, self.ratio)
+
+    def update_factor(self, sample: float, spread: float) -> Ewma:
+        """For a multiplicative factor (``queue_factor``): ``sample`` clamped to ``[1/spread,
+        spread]`` of the prior and averaged in log space, starting from the prior. The first
+        sample does not replace the prior: one sample is one sample."""
+        if not math.isfinite(sample) or self.value <= 0:
+            return self
+        sample = min(max(sample, self.prior / spread), self.prior * spread)  # a first token before
+        # the predicted prefill (below 0) counts as the floor: the queue model over-predicted
+        value = math.exp(math.log(self.value) + ALPHA * (math.log(sample) - math.log(self.value)))
         return Ewma(value, self.prior, self.samples + 1, self.ratio)
 
 
@@ -267,7 +284,7 @@ def _queue_sample(outcome: Outcome, predicted: Estimate) -> float | None:
         or queue < max(MIN_QUEUE_S, rest)
     ):
         return None
-    return min(max((outcome.ttft_s - rest) / queue, 1 / QUEUE_SPREAD), QUEUE_SPREAD)
+    return (outcome.ttft_s - rest) / queue  # clamped by Ewma.update_factor
 
 
 def learn_prefill(state: LearnedState, outcome: Outcome, deployment: Deployment) -> LearnedState:
@@ -309,7 +326,7 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
             stats = replace(stats, reuse=stats.reuse.update(ratio))
     sample = _queue_sample(outcome, predicted)
     if sample is not None:
-        stats = replace(stats, queue_factor=stats.queue_factor.update(sample))
+        stats = replace(stats, queue_factor=stats.queue_factor.update_factor(sample, QUEUE_SPREAD))
     if predicted.ram_tokens and usage.cached_tokens is not None:
         stats = replace(stats, ram_tokens=_ram_capacity(stats.ram_tokens, outcome, predicted))
     model = state.for_model(deployment.model)

@@ -10,7 +10,16 @@ from policies import (
     EngineKind,
 )
 from policies.cost import estimate
-from policies.learning import PRIMED_SAMPLES, SPREAD, Ewma, LearnedState, learn, learn_prefill
+from policies.learning import (
+    ALPHA,
+    PRIMED_SAMPLES,
+    QUEUE_SPREAD,
+    SPREAD,
+    Ewma,
+    LearnedState,
+    learn,
+    learn_prefill,
+)
 from policies.types import (
     Estimate,
     Outcome,
@@ -51,22 +60,40 @@ def test_a_restore_that_came_grows_the_ram_cache() -> None:
 
 
 def test_a_queue_longer_than_predicted_teaches_the_queue_factor() -> None:
-    """Predicted 1 s of queue (of 1.5 s TTFT) on vLLM and waited 3 s: later queues count three
-    times there. A llama.cpp slot's queue is modelled whole and teaches nothing (its waits spread
-    with the unknown answers ahead; a factor learned there scaled every later wait up)."""
+    """Predicted 1 s of queue (of 1.5 s TTFT) on vLLM and waited 3 s, again and again: later queues
+    count three times there. A llama.cpp slot's queue is modelled whole and teaches nothing (its
+    waits spread with the unknown answers ahead; a factor learned there scaled every later wait up)."""
     predicted = Estimate(0, queue_s=1.0, ttft_s=1.5, total_s=2.0, modelled_queue_s=1.0, primed=True)
     outcome = Outcome(
         "vllm", "m", EngineKind.VLLM, Usage(1000, 8, 0), 3.5, 4.0, 0, 0, True, predicted=predicted
     )
     learned = learn(LearnedState(), outcome, VLLM)
-    assert learned.for_deployment(VLLM, EngineKind.VLLM).queue_factor.value == pytest.approx(3.0)
+    assert learned.for_deployment(VLLM, EngineKind.VLLM).queue_factor.value == pytest.approx(3.0**ALPHA)
+    for _ in range(30):
+        learned = learn(learned, outcome, VLLM)
+    assert learned.for_deployment(VLLM, EngineKind.VLLM).queue_factor.value == pytest.approx(3.0, rel=1e-3)
     queued = estimate(
         features(), VLLM, vllm_snapshot(running=4, queued=2), session=None, leases=(), learned=learned
     )
-    assert queued.queue_s == pytest.approx(3.0 * queued.modelled_queue_s)
+    assert queued.queue_s == pytest.approx(3.0 * queued.modelled_queue_s, rel=1e-3)
     on_llama = replace(outcome, backend_id="llama", kind=EngineKind.LLAMACPP)
     stats = learn(LearnedState(), on_llama, LLAMA).for_deployment(LLAMA, EngineKind.LLAMACPP)
     assert stats.queue_factor.samples == 0
+
+
+def test_one_odd_sample_does_not_set_the_queue_factor() -> None:
+    """The first token came before the predicted prefill was done (0.65 s where 0.75 s of prefill
+    followed 0.89 s of predicted backlog): the sample is below 0, the factor's floor. It moves the
+    factor by ALPHA in log space, as any later sample would, not to the floor: set to 0.1, every vLLM
+    queue counted a tenth until the next sample, and under load that came seconds of congestion
+    later (the chat workload's draw 36: 1.31x llm-d's mean TTFT)."""
+    predicted = Estimate(0, queue_s=0.894, ttft_s=1.644, total_s=3.0, modelled_queue_s=0.894, primed=True)
+    outcome = Outcome(
+        "vllm", "m", EngineKind.VLLM, Usage(3000, 8, 0), 0.653, 3.0, 0, 0, True, predicted=predicted
+    )
+    factor = learn(LearnedState(), outcome, VLLM).for_deployment(VLLM, EngineKind.VLLM).queue_factor
+    assert factor.samples == 1
+    assert factor.value == pytest.approx((1 / QUEUE_SPREAD) ** ALPHA)  # ~0.5
 
 
 def test_a_llama_queue_is_not_scaled_by_a_factor_learned_before() -> None:
