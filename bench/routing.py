@@ -2,7 +2,7 @@
 lower bound, on the engine models (``turnout replay --clock virtual``).
 
     .venv/bin/python bench/routing.py [--quick] [--only NAME ...] [--out docs/benchmarks.md]
-                                      [--json F] [--from-json F] [--jobs N]
+                                      [--json F] [--from-json F] [--jobs N] [--draws A-B]
 
 Everything runs in simulated time (``gateway/replay/virtual.py``): the numbers depend on the router
 and the engine models only, never on the machine, so one run is the answer (no medians). Token
@@ -40,7 +40,9 @@ replayed with every profile, the oracle and the lower bound, and its row pools t
 the other way changes every queue after it, and one draw moves by tens of percent with any change to
 the cost model, in either direction (notes). The targets are judged on the pooled row; each draw's own
 ``cost`` / oracle ratio is printed under it. ``--quick`` runs one smaller draw. The draws run in
-``--jobs`` processes; the report does not depend on how many.
+``--jobs`` processes; the report does not depend on how many. ``--draws 32-127`` replays other draws
+than the benchmark's (an out-of-sample check: the rules were tuned looking at draws 0-31); the per-draw
+lines name the draws by their own numbers.
 """
 
 from __future__ import annotations
@@ -92,12 +94,12 @@ def _progress(workload: str) -> Callable[[str, World], None]:
     return done
 
 
-def run(workload: Workload, quick: bool, jobs: int = 1) -> dict[str, Any]:
+def run(workload: Workload, quick: bool, jobs: int = 1, draws: range = range(SEEDS)) -> dict[str, Any]:
     """One row: the workload's replay with every profile, the oracle and the lower bound; for a
-    generated workload (not ``quick``), its ``SEEDS`` draws pooled (``pooled_report``), with each
-    draw's ``cost`` / oracle ratio in ``seeds``."""
+    generated workload (not ``quick``), its ``draws`` pooled (``pooled_report``), with each draw's
+    ``cost`` / oracle ratio in ``seeds`` and / its best peer's in ``peer_seeds``."""
     if workload.seeded is not None and not quick:
-        return _pooled(workload, jobs)
+        return _pooled(workload, jobs, draws)
     requests = with_model(workload.make(quick), MODEL)
     settings_for = workload_settings(workload)
     rate = 1.0
@@ -140,12 +142,12 @@ def _draw_of(name: str, seed: int) -> tuple[Draw, dict[str, float], dict[str, fl
     return Draw(runs.runs, requests, runs.bounds), runs.simulated_s, runs.wall_s
 
 
-def _pooled(workload: Workload, jobs: int) -> dict[str, Any]:
+def _pooled(workload: Workload, jobs: int, seeds: range) -> dict[str, Any]:
     started = time.monotonic()
     with concurrent.futures.ProcessPoolExecutor(
         max_workers=jobs, initializer=configure_logging, initargs=("json", "warning")
     ) as pool:
-        done = list(pool.map(_draw_of, itertools.repeat(workload.name), range(SEEDS)))
+        done = list(pool.map(_draw_of, itertools.repeat(workload.name), seeds))
     draws = [draw for draw, _, _ in done]
     simulated = sum(sum(s.values()) for _, s, _ in done)
     wall = sum(sum(w.values()) for _, _, w in done)
@@ -153,14 +155,15 @@ def _pooled(workload: Workload, jobs: int) -> dict[str, Any]:
         "workload": workload.name,
         "scaling": workload.scaling,
         "homogeneous": workload.homogeneous,
-        "draws": SEEDS,
+        "draws": len(seeds),
+        "first_draw": seeds.start,
         "requests": sum(len(d.trace) for d in draws),
         "rate": 1.0,
         "simulated_s": round(sum(max(s.values()) for _, s, _ in done), 1),
         "wall_s": round(time.monotonic() - started, 1),
         "speedup": round(simulated / wall) if wall > 0 else 0,
     }
-    print(f"  {workload.name}: {SEEDS} draws in {meta['wall_s']} wall s", file=sys.stderr)
+    print(f"  {workload.name}: {len(seeds)} draws in {meta['wall_s']} wall s", file=sys.stderr)
     out = pooled_report(draws, meta)
     out["seeds"] = [round(_mean_ttft(d.runs["cost"]) / _mean_ttft(d.runs[ORACLE]), 4) for d in draws]
     peers = [p for p in workload.profiles if p in PEERS]
@@ -180,6 +183,18 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def draw_range(text: str) -> range:
+    """``A-B`` (both included) or ``N`` (draws 0 to N-1)."""
+    first, dash, last = text.partition("-")
+    try:
+        seeds = range(int(first), int(last) + 1) if dash else range(int(first))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A-B or a count, not {text!r}") from None
+    if not seeds or seeds.start < 0:
+        raise argparse.ArgumentTypeError(f"no draws in {text!r}")
+    return seeds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -202,7 +217,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="start from a saved --json: re-render it, re-running only the --only workloads",
     )
+    parser.add_argument(
+        "--draws",
+        type=draw_range,
+        default=range(SEEDS),
+        help=f"the generated rows' draws: A-B or a count (default 0-{SEEDS - 1}; e.g. 32-127 out of sample)",
+    )
     args = parser.parse_args(argv)
+    if args.quick and args.draws != range(SEEDS):
+        parser.error("--quick replays one smaller draw: it takes no --draws")
     configure_logging("json", "warning")
     results: dict[str, dict[str, Any]] = {}
     if args.from_json is not None:
@@ -214,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"skipping mooncake: {MOONCAKE} not found", file=sys.stderr)
             continue
         print(f"{workload.name}: {workload.scaling}", file=sys.stderr)
-        results[workload.name] = run(workload, args.quick, args.jobs)
+        results[workload.name] = run(workload, args.quick, args.jobs, args.draws)
         print(table(with_best_peer(results[workload.name]["profiles"])))
         if args.json is not None:  # row by row: a run cut short keeps its rows (--from-json renders them)
             args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -59,16 +59,22 @@ def row_targets(name: str, profiles: dict[str, Any]) -> list[str]:
     ]
 
 
-def seed_target(ratios: Sequence[float]) -> str:
+def seed_target(ratios: Sequence[float], first: int = 0) -> str:
     """What the row's pooled numbers hide: ``cost`` / oracle mean TTFT on each draw alone, their
-    geometric mean and the worst."""
+    geometric mean and the worst (``first``: the draw number of ``ratios[0]``)."""
     mean = statistics.geometric_mean(ratios)
     worst = max(range(len(ratios)), key=lambda i: ratios[i])
     return (
         f"  - per draw, cost / oracle mean TTFT: geometric mean {mean:.2f}x, best {min(ratios):.2f}x, "
-        f"worst {ratios[worst]:.2f}x (seed {worst}); {sum(r <= VS_ORACLE for r in ratios)} of "
+        f"worst {ratios[worst]:.2f}x (seed {first + worst}); {sum(r <= VS_ORACLE for r in ratios)} of "
         f"{len(ratios)} draws within {VS_ORACLE:.2f}x"
     )
+
+
+def pooled_draws(results: dict[str, dict[str, Any]]) -> str:
+    """How many draws the generated rows pool: ``SEEDS`` unless ``--draws`` said otherwise."""
+    counts = sorted({r["meta"]["draws"] for r in results.values() if r["meta"].get("draws")})
+    return " or ".join(map(str, counts)) if counts else str(SEEDS)
 
 
 def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str]:
@@ -76,11 +82,12 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
     lines: list[str] = []
     for name, result in results.items():
         lines += row_targets(name, result["profiles"])
+        first = result["meta"].get("first_draw", 0)
         if result.get("seeds"):
-            lines.append(seed_target(result["seeds"]))
+            lines.append(seed_target(result["seeds"], first))
         lines += peer_targets(name, result["profiles"], bool(result["meta"].get("homogeneous")))
         if result.get("peer_seeds"):
-            lines.append(peer_seed_target(result["peer_seeds"]))
+            lines.append(peer_seed_target(result["peer_seeds"], first))
     if "agent" in results:
         lines.append(agent_target(results, quick))
     return lines
@@ -301,7 +308,7 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
         + (
             "Every row is one run of a smaller workload (`--quick`)."
             if quick
-            else f"A generated workload's row pools {SEEDS} draws of it (Notes, "
+            else f"A generated workload's row pools {pooled_draws(results)} draws of it (Notes, "
             '"Draws"); a recorded trace, the agent row and fleet-16 are one run.'
         ),
         "",
@@ -317,9 +324,10 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
     ]
     for name, result in results.items():
         meta = result["meta"]
+        first = meta.get("first_draw", 0)
         draws = (
-            f" over {meta['draws']} draws (0-{meta['draws'] - 1}, pooled: every request of every "
-            "draw counts once)"
+            f" over {meta['draws']} draws ({first}-{first + meta['draws'] - 1}, pooled: every request of "
+            "every draw counts once)"
             if meta.get("draws")
             else ""
         )

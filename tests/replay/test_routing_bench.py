@@ -1,0 +1,55 @@
+"""bench/routing.py replays the draws it is told (``--draws``) and names them by their own numbers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = str(Path(__file__).resolve().parents[2] / "bench")
+sys.path.insert(0, BENCH)  # bench/ holds scripts, not a package
+try:
+    import routing
+    import routing_peers
+    import routing_report
+finally:  # its modules must not shadow anything for the tests after this one
+    while BENCH in sys.path:
+        sys.path.remove(BENCH)
+
+
+def test_draw_range_reads_a_span_or_a_count() -> None:
+    assert routing.draw_range("32-127") == range(32, 128)
+    assert routing.draw_range("8") == range(8)
+    for bad in ("", "a-b", "5-3", "0", "-3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            routing.draw_range(bad)
+
+
+def test_quick_takes_no_draws(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        routing.main(["--quick", "--draws", "32-40"])
+    assert exit_.value.code == 2
+    assert "--quick replays one smaller draw" in capsys.readouterr().err
+
+
+def test_per_draw_lines_name_draws_by_their_own_numbers() -> None:
+    ratios = [1.0, 1.2, 0.9, 1.15]
+    peer = routing_peers.peer_seed_target(ratios, first=32)
+    assert "worst 1.20x (seed 33;" in peer
+    assert "MISSED; above it: 33 (1.20x), 35 (1.15x)" in peer
+    assert "(seed 33)" in routing_report.seed_target(ratios, first=32)
+    assert "seed 1;" in routing_peers.peer_seed_target(ratios)
+
+
+def test_a_row_pools_the_draws_it_was_given() -> None:
+    workload = next(w for w in routing.WORKLOADS if w.name == "contention-1")
+    out = routing.run(workload, quick=False, jobs=1, draws=range(40, 42))
+    meta = out["meta"]
+    assert (meta["draws"], meta["first_draw"]) == (2, 40)
+    assert len(out["seeds"]) == len(out["peer_seeds"]) == 2
+    assert meta["requests"] == sum(len(workload.seeded(seed)) for seed in (40, 41))
+    text = routing_report.markdown({"contention-1": out}, False)
+    assert "over 2 draws (40-41, pooled" in text
+    assert "pools 2 draws of it" in text
