@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from routing_peers import peer_seed_target, peer_targets, with_best_peer
+from routing_peers import VS_PEER, best_peer, peer_seed_target, peer_targets, with_best_peer
 from routing_text import ratio, verdict
 from routing_workloads import MODEL, SEEDS, WORKLOADS
 
@@ -86,6 +86,8 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
         if result.get("seeds"):
             lines.append(seed_target(result["seeds"], first))
         lines += peer_targets(name, result["profiles"], bool(result["meta"].get("homogeneous")))
+        if name == "agent":
+            lines += agent_peer_bound(result["profiles"], quick)
         if result.get("peer_seeds"):
             lines.append(peer_seed_target(result["peer_seeds"], first))
     if "agent" in results:
@@ -93,11 +95,13 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
     return lines
 
 
-def warm_turn_best(requests: Sequence[TraceRequest], overhead_s: float = OVERHEAD_S) -> float | None:
-    """The mean TTFT of the prompts >= 30k tokens if every turn found its own previous turn in its
-    llama.cpp slot with nothing else running (the engines' own rules: ``llama_reuse`` over the slot's
-    tokens, the previous answer included, and its checkpoints), or went to vLLM when that was faster:
-    what no routing can beat on this trace."""
+def warm_turn_best(
+    requests: Sequence[TraceRequest], overhead_s: float = OVERHEAD_S, min_tokens: int = LONG_PROMPT_TOKENS
+) -> float | None:
+    """The mean TTFT of the prompts of ``min_tokens`` or more if every turn found its own previous
+    turn in its llama.cpp slot with nothing else running (the engines' own rules: ``llama_reuse`` over
+    the slot's tokens, the previous answer included, and its checkpoints), or went to vLLM when that
+    was faster: what no routing can beat on this trace."""
     configs = StackOptions(model=MODEL).sim_configs()
     llama, vllm = configs["llama"], configs["vllm"]
     best: list[float] = []
@@ -109,9 +113,27 @@ def warm_turn_best(requests: Sequence[TraceRequest], overhead_s: float = OVERHEA
         checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past)
         previous[request.session] = (prompt + [ANSWER_TOKEN.id] * (request.max_tokens - 1), checkpoints)
         warm = (len(prompt) - reuse.n_past) / llama.prefill_tok_s
-        if len(prompt) >= LONG_PROMPT_TOKENS:
+        if len(prompt) >= min_tokens:
             best.append(overhead_s + min(warm, len(prompt) / vllm.prefill_tok_s))
     return sum(best) / len(best) if best else None
+
+
+def agent_peer_bound(profiles: dict[str, Any], quick: bool) -> list[str]:
+    """Where ``cost`` misses ``VS_PEER`` on the agent row, what the engines' rules allow any router:
+    every turn warm on its own slot with nothing else running (``warm_turn_best`` over every turn)."""
+    best = best_peer(profiles)
+    if best is None or profiles["cost"]["ttft_mean_s"] <= VS_PEER * best["ttft_mean_s"]:
+        return []
+    bound = warm_turn_best(with_model(WORKLOADS[0].make(quick), MODEL), min_tokens=0)
+    if bound is None:
+        return []
+    reach = "no router reaches" if bound > VS_PEER * best["ttft_mean_s"] else "a router could reach"
+    return [
+        f"  - {reach} {VS_PEER:.1f}x here: every turn warm on its own slot with nothing else running "
+        f"averages {bound:.3f} s = {ratio(bound, best['ttft_mean_s'])} the best peer's (each re-prefills "
+        "its growth + ~520 tokens by the hybrid checkpoint rule, note below); cost is "
+        f"{ratio(profiles['cost']['ttft_mean_s'], bound)} that"
+    ]
 
 
 def agent_target(results: dict[str, dict[str, Any]], quick: bool) -> str:

@@ -53,3 +53,23 @@ def test_a_row_pools_the_draws_it_was_given() -> None:
     text = routing_report.markdown({"contention-1": out}, False)
     assert "over 2 draws (40-41, pooled" in text
     assert "pools 2 draws of it" in text
+
+
+def test_the_agent_rows_miss_says_what_no_router_can_reach() -> None:
+    """Where ``cost`` misses 0.8x the best peer on the agent row, the Targets say what every turn warm
+    on its own slot would average (the engines' rules), and that nothing reaches 0.8x below it."""
+
+    def row(cost_s: float, peer_s: float) -> dict[str, dict[str, float]]:
+        return {"cost": {"ttft_mean_s": cost_s}, "llm-d": {"requests": 60, "ttft_mean_s": peer_s}}
+
+    (line,) = routing_report.agent_peer_bound(row(0.853, 0.858), quick=True)
+    bound = routing_report.warm_turn_best(
+        routing_report.with_model(routing.WORKLOADS[0].make(True), routing.MODEL), min_tokens=0
+    )
+    assert bound is not None
+    assert bound > 0.8 * 0.858
+    assert line.startswith("  - no router reaches 0.8x here")
+    assert f"averages {bound:.3f} s" in line
+    assert routing_report.agent_peer_bound(row(0.853, 2.0), quick=True) == []  # met: nothing to explain
+    (reachable,) = routing_report.agent_peer_bound(row(5.0, 4.0), quick=True)
+    assert reachable.startswith("  - a router could reach 0.8x here")
