@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,6 +130,21 @@ class Envoy:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"envoy was not ready within {timeout} s: {self.log.read_text()[-2000:]}")
+
+    def counter(self, name: str) -> int:
+        """One of Envoy's counters (``cluster.engines.upstream_cx_idle_timeout``), 0 before it counts."""
+        stats = httpx.get(
+            f"http://127.0.0.1:{self.admin}/stats", params={"filter": f"^{re.escape(name)}$"}, timeout=2
+        ).text
+        values = [line.partition(": ")[2] for line in stats.splitlines() if line.startswith(f"{name}: ")]
+        return int(values[0]) if values else 0
+
+    def counter_after(self, name: str, before: int, timeout: float = 15.0) -> int:
+        """``counter(name)`` once it is past ``before``, or where it stands after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while (value := self.counter(name)) <= before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return value
 
     def picker_healthy(self, timeout: float = 15.0) -> None:
         """Wait until Envoy's health check finds the picker serving."""
