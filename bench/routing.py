@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
     parser.add_argument("--only", action="append", choices=[w.name for w in WORKLOADS], default=None)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--out", type=Path, default=None, help="default: docs/benchmarks.md")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--jobs",
@@ -226,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick and args.draws != range(SEEDS):
         parser.error("--quick replays one smaller draw: it takes no --draws")
+    if args.out is None:
+        if args.draws != range(SEEDS):
+            parser.error(
+                f"--draws other than 0-{SEEDS - 1} needs --out: docs/benchmarks.md holds the benchmark's"
+            )
+        args.out = REPO / "docs" / "benchmarks.md"
     configure_logging("json", "warning")
     results: dict[str, dict[str, Any]] = {}
     if args.from_json is not None:

@@ -34,6 +34,13 @@ def test_quick_takes_no_draws(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--quick replays one smaller draw" in capsys.readouterr().err
 
 
+def test_other_draws_never_overwrite_the_benchmarks_page(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        routing.main(["--draws", "32-40", "--only", "chat"])
+    assert exit_.value.code == 2
+    assert "--draws other than 0-31 needs --out" in capsys.readouterr().err
+
+
 def test_per_draw_lines_name_draws_by_their_own_numbers() -> None:
     ratios = [1.0, 1.2, 0.9, 1.15]
     peer = routing_peers.peer_seed_target(ratios, first=32)
