@@ -127,6 +127,7 @@ def run_gateway(settings: Settings, log_file: Path | None = None) -> None:
         access_log=False,
         timeout_graceful_shutdown=5,
         limit_concurrency=settings.limits.max_connections,
+        timeout_keep_alive=settings.limits.keep_alive_s,
     )
     settle_heap()
     GracefulServer(config, app, settings.limits.shutdown_grace_s).run()

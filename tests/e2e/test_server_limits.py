@@ -1,8 +1,10 @@
-"""The server's limits, on ``turnout serve`` as a process: too many connections get 503 at once, and
-a client that reads slowly holds the engine back instead of filling the gateway's memory."""
+"""The server's limits, on ``turnout serve`` as a process: too many connections get 503 at once, a
+client that reads slowly holds the engine back instead of filling the gateway's memory, and an idle
+connection stays open for the client's next request longer than the clients' own pools keep it."""
 
 from __future__ import annotations
 
+import http.client
 import socket
 import time
 from collections.abc import Iterator
@@ -80,5 +82,48 @@ def test_connections_over_the_limit_get_503_at_once(engine: ServerThread, tmp_pa
     finally:
         for conn in held:
             conn.close()
+        gateway.process.kill()
+        gateway.process.wait()
+
+
+def health_twice(gateway: GatewayProcess, idle_s: float) -> tuple[int, bool]:
+    """``/health`` on one kept-alive connection, then again after ``idle_s`` of silence: the second
+    answer's status (0: the gateway had closed the connection) and whether it came on the same socket."""
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    try:
+        conn.request("GET", "/health")
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200
+        sock = conn.sock
+        time.sleep(idle_s)
+        try:
+            conn.request("GET", "/health")
+            second = conn.getresponse()
+            second.read()
+        except (http.client.RemoteDisconnected, ConnectionError):
+            return 0, False
+        return second.status, conn.sock is sock
+    finally:
+        conn.close()
+
+
+def test_an_idle_connection_outlives_the_clients_own_pools(engine: ServerThread, tmp_path: Path) -> None:
+    """An agent comes back after some seconds of tool calls on the connection its pool kept (httpx
+    and the SDKs keep one 5 s): the gateway still has it open past uvicorn's own 5 s, so the request
+    is not sent down a connection being closed (limits.keep_alive_s, 120 s by default)."""
+    gateway = GatewayProcess(engine.url, tmp_path, {})
+    try:
+        assert health_twice(gateway, 6.0) == (200, True)
+    finally:
+        gateway.process.kill()
+        gateway.process.wait()
+
+
+def test_keep_alive_is_the_configured_one(engine: ServerThread, tmp_path: Path) -> None:
+    gateway = GatewayProcess(engine.url, tmp_path, {"keep_alive_s": 1})
+    try:
+        assert health_twice(gateway, 2.5) == (0, False)  # closed after its 1 s
+    finally:
         gateway.process.kill()
         gateway.process.wait()
