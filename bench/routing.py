@@ -192,9 +192,19 @@ def draw_range(text: str) -> range:
         seeds = range(int(first), int(last) + 1) if dash else range(int(first))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected A-B or a count, not {text!r}") from None
-    if not seeds or seeds.start < 0:
+    if not seeds:
         raise argparse.ArgumentTypeError(f"no draws in {text!r}")
     return seeds
+
+
+def other_draws(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The rows of ``results`` pooled over other draws than the benchmark's (0 to ``SEEDS - 1``)."""
+    return [
+        name
+        for name, result in results.items()
+        if result["meta"].get("draws")
+        and (result["meta"].get("first_draw", 0), result["meta"]["draws"]) != (0, SEEDS)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,18 +234,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the generated rows' draws: A-B or a count (default 0-{SEEDS - 1}; e.g. 32-127 out of sample)",
     )
     args = parser.parse_args(argv)
-    if args.quick and args.draws != range(SEEDS):
+    other = args.draws != range(SEEDS)
+    if other and args.quick:
         parser.error("--quick replays one smaller draw: it takes no --draws")
-    if args.out is None:
-        if args.draws != range(SEEDS):
-            parser.error(
-                f"--draws other than 0-{SEEDS - 1} needs --out: docs/benchmarks.md holds the benchmark's"
-            )
-        args.out = REPO / "docs" / "benchmarks.md"
-    configure_logging("json", "warning")
+    if other and args.from_json is not None and not args.only:
+        parser.error("--draws with --from-json replays only the --only rows: name them")
     results: dict[str, dict[str, Any]] = {}
     if args.from_json is not None:
         results = json.loads(args.from_json.read_text(encoding="utf-8"))
+    if args.out is None:
+        if other or other_draws(results):
+            parser.error(
+                f"rows over draws other than 0-{SEEDS - 1} need --out: docs/benchmarks.md holds the "
+                "benchmark's own"
+            )
+        args.out = REPO / "docs" / "benchmarks.md"
+    configure_logging("json", "warning")
     for workload in WORKLOADS if args.from_json is None or args.only else ():
         if args.only and workload.name not in args.only:
             continue

@@ -93,6 +93,6 @@ def peer_seed_target(ratios: Sequence[float], first: int = 0) -> str:
     over = [f"{first + i} ({r:.2f}x)" for i, r in enumerate(ratios) if r > PEER_DRAW_SLACK]
     return (
         f"  - per draw, cost / best peer mean TTFT: geometric mean {statistics.geometric_mean(ratios):.2f}x, "
-        f"worst {ratios[worst]:.2f}x (seed {first + worst}; target: no draw above {PEER_DRAW_SLACK:.2f}x): "
+        f"worst {ratios[worst]:.2f}x (draw {first + worst}; target: no draw above {PEER_DRAW_SLACK:.2f}x): "
         f"{verdict(not over)}" + (f"; above it: {', '.join(over)}" if len(over) > 1 else "")
     )

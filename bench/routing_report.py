@@ -66,7 +66,7 @@ def seed_target(ratios: Sequence[float], first: int = 0) -> str:
     worst = max(range(len(ratios)), key=lambda i: ratios[i])
     return (
         f"  - per draw, cost / oracle mean TTFT: geometric mean {mean:.2f}x, best {min(ratios):.2f}x, "
-        f"worst {ratios[worst]:.2f}x (seed {first + worst}); {sum(r <= VS_ORACLE for r in ratios)} of "
+        f"worst {ratios[worst]:.2f}x (draw {first + worst}); {sum(r <= VS_ORACLE for r in ratios)} of "
         f"{len(ratios)} draws within {VS_ORACLE:.2f}x"
     )
 
@@ -118,13 +118,19 @@ def warm_turn_best(
     return sum(best) / len(best) if best else None
 
 
+def agent_trace(quick: bool) -> list[TraceRequest]:
+    """The agent row's requests, as its replay sends them."""
+    agent = next(w for w in WORKLOADS if w.name == "agent")
+    return with_model(agent.make(quick), MODEL)
+
+
 def agent_peer_bound(profiles: dict[str, Any], quick: bool) -> list[str]:
     """Where ``cost`` misses ``VS_PEER`` on the agent row, what the engines' rules allow any router:
     every turn warm on its own slot with nothing else running (``warm_turn_best`` over every turn)."""
     best = best_peer(profiles)
     if best is None or profiles["cost"]["ttft_mean_s"] <= VS_PEER * best["ttft_mean_s"]:
         return []
-    bound = warm_turn_best(with_model(WORKLOADS[0].make(quick), MODEL), min_tokens=0)
+    bound = warm_turn_best(agent_trace(quick), min_tokens=0)
     if bound is None:
         return []
     reach = "no router reaches" if bound > VS_PEER * best["ttft_mean_s"] else "a router could reach"
@@ -147,7 +153,7 @@ def agent_target(results: dict[str, dict[str, Any]], quick: bool) -> str:
     )
     if speedup >= AGENT_LONG_SPEEDUP:
         return line
-    best = warm_turn_best(with_model(WORKLOADS[0].make(quick), MODEL))
+    best = warm_turn_best(agent_trace(quick))
     if best is None or not long_v:
         return line
     return line + (

@@ -178,11 +178,11 @@ class Limits(StrictModel):
     then end with their API's error event."""
     keep_alive_s: int = Field(120, ge=1)
     """How long an idle client connection is kept open for its next request (uvicorn's
-    ``timeout_keep_alive``; ``turnout serve`` only). Longer than the clients' own pools keep one
+    ``timeout_keep_alive``; ``turnout serve`` only). Longer than common clients' pools keep one
     (httpx and the OpenAI/Anthropic SDKs 5 s, Node's undici 4 s, aiohttp 15 s, nginx's upstream pool
-    60 s, Go and Rust's reqwest 90 s), so a client never sends a request down a connection the gateway
-    is closing at that moment: with uvicorn's 5 s, an agent that came back after ~5 s of tool calls
-    now and then got a reset instead of an answer. Idle connections count against
+    60 s, Go and Rust's reqwest 90 s), so such a client does not send a request down a connection the
+    gateway is closing at that moment: with uvicorn's 5 s, an agent that came back after ~5 s of tool
+    calls now and then got a reset instead of an answer. Idle connections count against
     ``max_connections``."""
 
 

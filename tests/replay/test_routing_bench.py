@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -34,20 +35,30 @@ def test_quick_takes_no_draws(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--quick replays one smaller draw" in capsys.readouterr().err
 
 
-def test_other_draws_never_overwrite_the_benchmarks_page(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        routing.main(["--draws", "32-40", "--only", "chat"])
-    assert exit_.value.code == 2
-    assert "--draws other than 0-31 needs --out" in capsys.readouterr().err
+def test_other_draws_never_overwrite_the_benchmarks_page(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Neither a run of other draws nor a saved run of them re-rendered goes to docs/benchmarks.md
+    unless ``--out`` names it."""
+    saved = tmp_path / "oos.json"
+    saved.write_text(json.dumps({"chat": {"meta": {"draws": 96, "first_draw": 32}}}), encoding="utf-8")
+    for argv in (["--draws", "32-40", "--only", "chat"], ["--from-json", str(saved)]):
+        with pytest.raises(SystemExit) as exit_:
+            routing.main(argv)
+        assert exit_.value.code == 2
+        assert "rows over draws other than 0-31 need --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        routing.main(["--from-json", str(saved), "--draws", "32-40", "--out", str(tmp_path / "x.md")])
+    assert "--draws with --from-json replays only the --only rows" in capsys.readouterr().err
 
 
 def test_per_draw_lines_name_draws_by_their_own_numbers() -> None:
     ratios = [1.0, 1.2, 0.9, 1.15]
     peer = routing_peers.peer_seed_target(ratios, first=32)
-    assert "worst 1.20x (seed 33;" in peer
+    assert "worst 1.20x (draw 33;" in peer
     assert "MISSED; above it: 33 (1.20x), 35 (1.15x)" in peer
-    assert "(seed 33)" in routing_report.seed_target(ratios, first=32)
-    assert "seed 1;" in routing_peers.peer_seed_target(ratios)
+    assert "(draw 33)" in routing_report.seed_target(ratios, first=32)
+    assert "draw 1;" in routing_peers.peer_seed_target(ratios)
 
 
 def test_a_row_pools_the_draws_it_was_given() -> None:
@@ -70,9 +81,7 @@ def test_the_agent_rows_miss_says_what_no_router_can_reach() -> None:
         return {"cost": {"ttft_mean_s": cost_s}, "llm-d": {"requests": 60, "ttft_mean_s": peer_s}}
 
     (line,) = routing_report.agent_peer_bound(row(0.853, 0.858), quick=True)
-    bound = routing_report.warm_turn_best(
-        routing_report.with_model(routing.WORKLOADS[0].make(True), routing.MODEL), min_tokens=0
-    )
+    bound = routing_report.warm_turn_best(routing_report.agent_trace(True), min_tokens=0)
     assert bound is not None
     assert bound > 0.8 * 0.858
     assert line.startswith("  - no router reaches 0.8x here")
