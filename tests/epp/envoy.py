@@ -132,7 +132,7 @@ class Envoy:
         raise RuntimeError(f"envoy was not ready within {timeout} s: {self.log.read_text()[-2000:]}")
 
     def counter(self, name: str) -> int:
-        """One of Envoy's counters (``cluster.engines.upstream_cx_idle_timeout``), 0 before it counts."""
+        """One of Envoy's counters (``cluster.engines.upstream_cx_max_requests``), 0 before it counts."""
         stats = httpx.get(
             f"http://127.0.0.1:{self.admin}/stats", params={"filter": f"^{re.escape(name)}$"}, timeout=2
         ).text

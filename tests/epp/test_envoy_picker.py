@@ -231,14 +231,14 @@ def test_the_pickers_metrics_count_what_the_client_saw(epp: EppStack) -> None:
     assert missing.status_code == 404
 
 
-def test_envoy_lets_an_idle_engine_connection_go_before_the_engine_does(epp: EppStack) -> None:
-    """The engines close a keep-alive connection idle for 5 s (llama-server's cpp-httplib, vLLM's
-    uvicorn, the simulators' uvicorn); an Envoy that kept it longer would, now and then, send a request
-    down one the engine was closing, and its client would get a 503 ("connection termination"). Envoy
-    closes its own first: its idle-timeout counter moves, not the engine's closing."""
-    counter = "cluster.original_destination_cluster.upstream_cx_idle_timeout"
+def test_envoy_opens_a_connection_per_request_to_the_engines(epp: EppStack) -> None:
+    """llama-server closes the connection after every streamed answer without saying so (its answer
+    says ``Keep-Alive``); Envoy never reuses an engine connection, so no request goes down one it
+    closed (tests/real/test_epp_real.py, on the real llama-server)."""
+    counter = "cluster.original_destination_cluster.upstream_cx_max_requests"
     before = epp.envoy.counter(counter)
     with epp.client() as client:
-        response = client.post("/v1/chat/completions", json=chat("m-vllm"))
-    assert response.status_code == 200, response.text
-    assert epp.envoy.counter_after(counter, before) > before
+        for model in ("m-llama", "m-vllm", "m-llama"):
+            response = client.post("/v1/chat/completions", json=chat(model))
+            assert response.status_code == 200, response.text
+    assert epp.envoy.counter_after(counter, before + 2) == before + 3

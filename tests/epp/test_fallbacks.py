@@ -229,13 +229,13 @@ def test_no_compatible_fallback_no_retry_elsewhere(replicas: Replicas) -> None:
 
 
 @pytest.mark.parametrize("replicas", [0], indirect=True, ids=["no-fallbacks"])
-def test_envoy_lets_an_idle_engine_connection_go_before_the_engine_does(replicas: Replicas) -> None:
-    """As with deploy/envoy/envoy.yaml (test_envoy_picker): the engines close a keep-alive connection
-    idle for 5 s, and Envoy closes its own before that, never sending a request down one the engine
-    is closing."""
-    counter = "cluster.engines.upstream_cx_idle_timeout"
+def test_envoy_opens_a_connection_per_request_to_the_engines(replicas: Replicas) -> None:
+    """As with deploy/envoy/envoy.yaml (test_envoy_picker): no engine connection is reused, so no
+    request goes down one llama-server closed after a streamed answer."""
+    counter = "cluster.engines.upstream_cx_max_requests"
     before = replicas.envoy.counter(counter)
     with httpx.Client(base_url=replicas.envoy.url, timeout=30) as client:
-        answered = client.post("/v1/chat/completions", json=ask("m-vllm"))
-    assert answered.status_code == 200, answered.text
-    assert replicas.envoy.counter_after(counter, before) > before
+        for model in ("m-vllm", "m-llama"):
+            answered = client.post("/v1/chat/completions", json=ask(model))
+            assert answered.status_code == 200, answered.text
+    assert replicas.envoy.counter_after(counter, before + 1) == before + 2

@@ -80,6 +80,25 @@ def test_plain_and_streamed_requests_reach_the_real_engine(
     assert entries[f"stream-{model}"]["outcome"]["ttft_s"] is not None
 
 
+def test_a_request_right_after_a_stream_from_the_real_llama_server(epp: tuple[Envoy, PickerThread]) -> None:
+    """llama-server (its cpp-httplib) closes the connection after every streamed answer, though the
+    answer says ``Keep-Alive: timeout=5, max=100``. An Envoy that pooled that connection sent the
+    next request down it and the client got a 503 ("connection termination"); Envoy opens a
+    connection per request to the engines instead (deploy/envoy/envoy.yaml)."""
+    envoy, _ = epp
+    for _ in range(20):
+        with (
+            httpx.Client(base_url=envoy.url, timeout=120) as client,
+            client.stream("POST", "/v1/chat/completions", json=ask("m-llama", stream=True)) as streamed,
+        ):
+            assert streamed.status_code == 200
+            events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        with httpx.Client(base_url=envoy.url, timeout=120) as client:  # another agent, the same engine
+            after = client.post("/v1/chat/completions", json=ask("m-llama"))
+        assert after.status_code == 200, after.text
+
+
 def test_a_session_keeps_its_real_llama_slot_through_envoy(epp: tuple[Envoy, PickerThread]) -> None:
     envoy, _ = epp
     messages = [{"role": "system", "content": "You answer questions about routers."}]
