@@ -79,6 +79,27 @@ def _close(response: aiohttp.ClientResponse) -> None:
         response.close()
 
 
+def _unsent(exc: BaseException) -> bool:
+    """Whether aiohttp failed to write the request at all: the connection it took from the pool was
+    already closing ("Cannot write to closing transport"), so the engine never saw it."""
+    return any(
+        isinstance(cause, aiohttp.ClientConnectionResetError) and "closing transport" in str(cause)
+        for cause in (exc, exc.__cause__)
+    )
+
+
+def _close_after_stream(response: aiohttp.ClientResponse) -> None:
+    """llama-server (its cpp-httplib) closes the connection after every streamed answer, though the
+    answer says ``Keep-Alive``: such a connection is not given back to the pool, where the next request
+    could take it before its close is seen and fail ("Cannot write to closing transport")."""
+    streamed = response.headers.get("Content-Type", "").startswith("text/event-stream")
+    connection = response.connection
+    if streamed and response.headers.get("Server", "").startswith("llama.cpp") and connection is not None:
+        protocol = connection.protocol
+        if protocol is not None:
+            protocol.force_close()
+
+
 class _Body(httpx.AsyncByteStream):
     def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
         self._response = response
@@ -169,12 +190,21 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
         with _as_httpx(request, "connect"):
             try:
-                return await attempt()
-            except aiohttp.ServerDisconnectedError:
+                response = await attempt()
+            except (
+                aiohttp.ServerDisconnectedError,
+                aiohttp.ClientOSError,
+                aiohttp.ClientConnectionResetError,
+            ) as exc:
+                if not isinstance(exc, aiohttp.ServerDisconnectedError) and not _unsent(exc):
+                    raise
                 # the engine closed the connection before any answer: a pooled one it was closing as
-                # the request went out (its keep-alive running out on a busy machine). Once more, on
-                # another connection; an engine that is really gone fails this one too.
-                return await attempt()
+                # the request went out (its keep-alive running out on a busy machine, or llama-server
+                # after a stream, below). Once more, on another connection; an engine that is really
+                # gone fails this one too.
+                response = await attempt()
+        _close_after_stream(response)
+        return response
 
     async def post(
         self, url: str, content: bytes, headers: Sequence[tuple[str, str]], timeouts: httpx.Timeout
