@@ -8,6 +8,7 @@ import http.client
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -86,24 +87,16 @@ def test_connections_over_the_limit_get_503_at_once(engine: ServerThread, tmp_pa
         gateway.process.wait()
 
 
-def health_twice(gateway: GatewayProcess, idle_s: float) -> tuple[int, bool]:
-    """``/health`` on one kept-alive connection, then again after ``idle_s`` of silence: the second
-    answer's status (0: the gateway had closed the connection) and whether it came on the same socket."""
+@contextmanager
+def after_one_answer(gateway: GatewayProcess) -> Iterator[http.client.HTTPConnection]:
+    """A kept-alive connection to the gateway that ``/health`` has just been answered on."""
     conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
     try:
         conn.request("GET", "/health")
-        first = conn.getresponse()
-        first.read()
-        assert first.status == 200
-        sock = conn.sock
-        time.sleep(idle_s)
-        try:
-            conn.request("GET", "/health")
-            second = conn.getresponse()
-            second.read()
-        except (http.client.RemoteDisconnected, ConnectionError):
-            return 0, False
-        return second.status, conn.sock is sock
+        answer = conn.getresponse()
+        answer.read()
+        assert answer.status == 200
+        yield conn
     finally:
         conn.close()
 
@@ -114,7 +107,13 @@ def test_an_idle_connection_outlives_the_clients_own_pools(engine: ServerThread,
     is not sent down a connection being closed (limits.keep_alive_s, 120 s by default)."""
     gateway = GatewayProcess(engine.url, tmp_path, {})
     try:
-        assert health_twice(gateway, 6.0) == (200, True)
+        with after_one_answer(gateway) as conn:
+            sock = conn.sock
+            time.sleep(6.0)
+            conn.request("GET", "/health")  # http.client raises here if the gateway closed it
+            again = conn.getresponse()
+            again.read()
+            assert (again.status, conn.sock is sock) == (200, True)
     finally:
         gateway.process.kill()
         gateway.process.wait()
@@ -124,17 +123,10 @@ def test_keep_alive_is_the_configured_one(engine: ServerThread, tmp_path: Path) 
     """Configured to 1 s, the gateway closes an idle connection before uvicorn's own 5 s would."""
     gateway = GatewayProcess(engine.url, tmp_path, {"keep_alive_s": 1})
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
-        try:
-            conn.request("GET", "/health")
-            answer = conn.getresponse()
-            answer.read()
-            assert answer.status == 200
+        with after_one_answer(gateway) as conn:
             assert conn.sock is not None
             conn.sock.settimeout(4.0)  # a busy machine may be late by a second or two, not by 4 s
             assert conn.sock.recv(1) == b""  # the gateway closed it, before uvicorn's own 5 s
-        finally:
-            conn.close()
     finally:
         gateway.process.kill()
         gateway.process.wait()
