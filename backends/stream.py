@@ -30,6 +30,7 @@ from msgspec.structs import replace
 from backends.anthropic_chat import StreamTranslator, to_message
 from backends.base import UpstreamRequest
 from backends.errors import UpstreamStreamError, UpstreamUnavailable
+from backends.first_token import FirstToken
 from backends.parsers.openai import parse_usage
 from backends.transport import UpstreamResponse
 from backends.watchdog import Watchdog
@@ -95,8 +96,10 @@ class ResponseRelay:
     """Forwards one upstream response and records what routing learns from it.
 
     ``first_byte_at`` (monotonic) marks the first body bytes; ``first_token_at`` when the engine
-    produced its first token: a stream's first bytes, and for a whole body the end less the engine's
-    own decode time (llama.cpp's ``timings.predicted_ms``, counted from its first token) where it
+    produced its first token: the read that brought a stream's first event with output in it (not its
+    first bytes: ``response.created`` and ``message_start`` come before the prompt is prefilled;
+    ``backends.first_token``), and for a whole body the end less the engine's own decode time
+    (llama.cpp's ``timings.predicted_ms``, counted from its first token) where it
     reports one, else None: a body's first byte comes with its last token, and taken as a first token
     it would make every non-streamed request's TTFT its whole duration. ``usage`` the last
     usage/timings seen.
@@ -120,8 +123,11 @@ class ResponseRelay:
         self.first_byte_at: float | None = None
         self.first_token_at: float | None = None
         self.finished = False
-        self._last_events = _LAST_EVENTS.get(request.url.rsplit("/", 1)[-1], (b"",))
+        api = request.url.rsplit("/", 1)[-1]
+        self._last_events = _LAST_EVENTS.get(api, (b"",))
         """What this API's stream ends with (read on every relayed read: found once)."""
+        self._first_token: FirstToken | None = FirstToken(api)
+        """Watches the upstream events (before any translation) until one carries output."""
         model = request.anthropic_from_chat
         self._translator = StreamTranslator(model) if model is not None else None
         self._closing: asyncio.Future[None] | None = None
@@ -176,7 +182,7 @@ class ResponseRelay:
             async for chunk in self.response.aiter_bytes():
                 dog.last = now = clock()
                 if self.first_byte_at is None:
-                    self.first_byte_at = self.first_token_at = now
+                    self.first_byte_at = now
                     dog.stream()  # from now on only silence between bytes counts
                 buffer = buffer + chunk if buffer else chunk
                 end = _boundary(buffer)
@@ -188,6 +194,9 @@ class ResponseRelay:
                 buffer = buffer[end:]
                 if not complete.lstrip(b"\r\n").startswith(_FIELDS):
                     raise self._broken(f"sent a line that is no event-stream field: {complete[:40]!r}")
+                watch = self._first_token
+                if watch is not None and watch.feed([event for event, _ in _split(complete)]):
+                    self.first_token_at, self._first_token = now, None
                 out = self._inspect(self._rename(complete))
                 if self._translator is not None:
                     out = self._translate(out)

@@ -177,7 +177,7 @@ class Relay:
         try:
             with relay.watchdog:  # a hung or stalled stream is ended, in this task (the response's)
                 async for events in relay.events():
-                    if first:
+                    if first and relay.first_token_at is not None:
                         first = False
                         self.fleet.prefilled(opened.token)  # its prompt is processed: no backlog
                     yield events

@@ -30,6 +30,9 @@ class LatencyProxy:
         self.upstream_port = upstream_port
         self.port = free_port()
         self.delay = 0.0
+        self.split_events = False
+        """Hold ``delay`` after each server-sent event (a blank line) instead of after each read: the
+        events of a stream reach the client one by one, ``delay`` apart, however fast they came."""
         self.links: list[Link] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -76,6 +79,15 @@ class LatencyProxy:
             self._pipe(server_in, client_out, link, upstream=False),
         )
 
+    async def _paced(self, data: bytes, writer: asyncio.StreamWriter) -> None:
+        pieces = data.split(b"\n\n")
+        for index, piece in enumerate(pieces):
+            last = index == len(pieces) - 1
+            writer.write(piece if last else piece + b"\n\n")
+            await writer.drain()
+            if not last:
+                await asyncio.sleep(self.delay)
+
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link, *, upstream: bool
     ) -> None:
@@ -85,6 +97,9 @@ class LatencyProxy:
                     link.sent += data
                 else:
                     link.answered += data
+                    if self.split_events:
+                        await self._paced(data, writer)
+                        continue
                     if self.delay:
                         await asyncio.sleep(self.delay)
                 writer.write(data)

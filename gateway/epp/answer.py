@@ -96,7 +96,7 @@ class Answer:
             if upstream.stream:
                 first = True
                 async for events in relay.events():
-                    if first:
+                    if first and relay.first_token_at is not None:
                         first = False
                         prefilled()  # its prompt is processed: no backlog
                     await self._send(events, False)
