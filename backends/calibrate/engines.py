@@ -207,7 +207,7 @@ async def connect(client: httpx.AsyncClient, seed: int = 0) -> Engine:
         model = str(data.get("model_alias") or data.get("model_path") or "llama-server")
         info = EngineInfo("llamacpp", model, window, slots)
         vocabulary = (await _post(client, "/tokenize", {"content": WORDS * 4})).json()["tokens"]
-        return LlamaEngine(client, info, vocabulary, seed)
+        return LlamaEngine(client, info, _varied(vocabulary), seed)
     metrics = await _get(client, "/metrics")
     if "vllm:" not in metrics.text:
         raise CalibrationError(f"{client.base_url} is neither llama-server (/props) nor vLLM (/metrics)")
@@ -215,9 +215,26 @@ async def connect(client: httpx.AsyncClient, seed: int = 0) -> Engine:
     model = models[0]
     info = EngineInfo("vllm", str(model["id"]), int(model.get("max_model_len") or 0), 1)
     tokenized = (await _post(client, "/tokenize", {"model": info.model, "prompt": WORDS * 4})).json()
-    engine = VllmEngine(client, info, tokenized["tokens"], seed)
+    engine = VllmEngine(client, info, _varied(tokenized["tokens"]), seed)
     await engine.prefill(engine.prompt(8))  # the first request pays for warming up: not a measurement
     return engine
+
+
+MIN_DISTINCT_TOKENS = 16
+"""Fewer distinct ids than this and two fresh prompts would share prefixes by chance."""
+
+
+def _varied(tokens: Sequence[int]) -> list[int]:
+    """The ids prompts are drawn from: the tokenizer must tell the word list's words apart (a
+    tokenizer that maps unknown words to one id would make every "fresh" prompt a cached one)."""
+    distinct = sorted(set(tokens))
+    if len(distinct) < MIN_DISTINCT_TOKENS:
+        raise CalibrationError(
+            f"the engine's tokenizer gives {len(distinct)} distinct token id(s) for calibrate's word "
+            f"list (at least {MIN_DISTINCT_TOKENS} needed): fresh prompts would repeat each other and "
+            "be served from the prefix cache"
+        )
+    return list(tokens)
 
 
 async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response:

@@ -42,3 +42,20 @@ def test_one_gpu_drops_only_the_split_flags() -> None:
     assert set(split) - set(one) == {"--split-mode", "--tensor-split"}
     pinned = pairs(flags("--one-gpu", "--set", "load-mode=none", "--set", "ubatch-size=4096"))
     assert (pinned["--load-mode"], pinned["--ubatch-size"]) == ("none", "4096")
+
+
+def test_the_vllm_service_runs_as_compose_writes_it_on_one_gpu() -> None:
+    """bench/gpu/vllm.sh serves vLLM with compose.yaml's command: its positional model becomes
+    ``--model``, and one GPU drops only ``--tensor-parallel-size``."""
+    written = [str(part) for part in SERVICES["vllm"]["command"]]
+    one = pairs(flags("--service", "vllm", "--one-gpu"))
+    expected = pairs(written[1:])  # the first item is vLLM's positional model
+    assert set(expected) - set(one) == {"--tensor-parallel-size"}
+    assert one["--model"] == "/m.gguf"
+    assert all(
+        one[flag] == value
+        for flag, value in expected.items()
+        if flag not in ("--host", "--port", "--tensor-parallel-size")
+    )
+    both = pairs(flags("--service", "vllm"))
+    assert both["--tensor-parallel-size"] == "2"
