@@ -52,7 +52,10 @@ the one that was measured).
 
 Per model: ``chars_per_token`` (prompt characters / prompt tokens) and ``completion_tokens``.
 The first sample replaces the prior; later ones move it by ``ALPHA``. Every value is clamped to
-``[prior / SPREAD, prior * SPREAD]`` so one odd measurement cannot derail routing.
+``[prior / SPREAD, prior * SPREAD]`` so one odd measurement cannot derail routing. The two engine
+rates are learned robustly (``policies.ewma``): one observation moves a rate at most 2x, and a
+sample more than 4x off the learned rate is set aside (counted, shown on the dashboard) unless the
+one before it was set aside too and agrees with it.
 
 Replicas (``merge``): each gateway learns from its own outcomes and shares that state; routing reads
 the merge of its own and the others', each value their mean weighted by samples (at most
@@ -71,13 +74,10 @@ from types import MappingProxyType
 import msgspec
 from msgspec.structs import replace
 
+from policies.ewma import ALPHA, FAR, MAX_STEP, RATIO_MAX, SPREAD, Ewma
 from policies.types import Architecture, Deployment, EngineKind, Estimate, Outcome
 
-ALPHA = 0.3
-SPREAD = 100.0
-"""How far a learned value may move from its prior, either way: 100x covers a 500-token turn that paid a
-6-second batch on an engine whose prior is the seeds' 3000 tok/s (48 tok/s on the H200 run, DOMAIN.md)."""
-RATIO_MAX = 1.5
+__all__ = ["ALPHA", "FAR", "MAX_STEP", "RATIO_MAX", "SPREAD", "Ewma"]  # re-exported: learning's vocabulary
 
 PRIOR_PREFILL = {EngineKind.VLLM: 6600.0, EngineKind.LLAMACPP: 3000.0, EngineKind.OPENAI: 3000.0}
 PRIOR_DECODE = {EngineKind.VLLM: 64.0, EngineKind.LLAMACPP: 109.0, EngineKind.OPENAI: 50.0}
@@ -107,35 +107,6 @@ def prior_reuse(kind: EngineKind, architecture: Architecture) -> float:
     if kind is EngineKind.VLLM and architecture is not Architecture.HYBRID:
         return 0.9
     return 0.0
-
-
-class Ewma(msgspec.Struct, frozen=True):
-    value: float
-    prior: float
-    samples: int = 0
-    ratio: bool = False  # a fraction (reuse): clamped to [0, RATIO_MAX] instead of the prior's spread
-
-    def update(self, sample: float) -> Ewma:
-        if not math.isfinite(sample):
-            return self
-        if self.ratio or self.prior <= 0:
-            low, high = 0.0, RATIO_MAX
-        else:
-            low, high = self.prior / SPREAD, self.prior * SPREAD
-        sample = min(max(sample, low), high)
-        value = sample if self.samples == 0 else self.value + ALPHA * (sample - self.value)
-        return Ewma(value, self.prior, self.samples + 1, self.ratio)
-
-    def update_factor(self, sample: float, spread: float) -> Ewma:
-        """For a multiplicative factor (``queue_factor``): ``sample`` clamped to ``[1/spread,
-        spread]`` of the prior and averaged in log space, starting from the prior. The first
-        sample does not replace the prior: one sample is one sample."""
-        if not math.isfinite(sample) or self.value <= 0:
-            return self
-        sample = min(max(sample, self.prior / spread), self.prior * spread)  # a first token before
-        # the predicted prefill (below 0) counts as the floor: the queue model over-predicted
-        value = math.exp(math.log(self.value) + ALPHA * (math.log(sample) - math.log(self.value)))
-        return Ewma(value, self.prior, self.samples + 1, self.ratio)
 
 
 def _ewma(prior: float) -> Ewma:
@@ -177,8 +148,8 @@ class DeploymentStats(msgspec.Struct, frozen=True):
         the deployment's engine profile's prefill and decode rates instead of the kind's."""
         prefill, decode = rates or (PRIOR_PREFILL[kind], PRIOR_DECODE[kind])
         return cls(
-            prefill_tok_s=Ewma(prefill * speed, prefill),
-            decode_tok_s=Ewma(decode * speed, decode),
+            prefill_tok_s=Ewma(prefill * speed, prefill, rate=True),
+            decode_tok_s=Ewma(decode * speed, decode, rate=True),
             reuse=Ewma(prior_reuse(kind, architecture), prior_reuse(kind, architecture), ratio=True),
             service_s=Ewma(PRIOR_SERVICE_S / speed, PRIOR_SERVICE_S),
             ram_reuse=Ewma(
@@ -349,7 +320,12 @@ def _merge_ewma(values: Sequence[Ewma]) -> Ewma:
         return values[0]
     weights = [min(v.samples, MERGE_WEIGHT_CAP) for v in measured]
     value = sum(v.value * w for v, w in zip(measured, weights, strict=True)) / sum(weights)
-    return Ewma(value, values[0].prior, sum(v.samples for v in measured), values[0].ratio)
+    first = values[0]
+    return Ewma(
+        value, first.prior, sum(v.samples for v in measured), first.ratio, first.rate,
+        aside=sum(v.aside for v in values), held=first.held,
+        last_aside=first.last_aside, last_against=first.last_against,
+    )  # fmt: skip
 
 
 def _merge_stats(stats: Sequence[DeploymentStats]) -> DeploymentStats:

@@ -13,11 +13,11 @@ import structlog
 from backends.inflight import Load
 from gateway.admin import accuracy, bought, slots, whatif
 from gateway.admin.auth import AdminAuth
+from gateway.admin.learned import learned_row
 from gateway.api.service import WhatIfEdits
 from gateway.core import Core
 from gateway.decisions import session_name
 from policies import BUILTIN_PROFILES
-from policies.learning import DeploymentStats
 from policies.sessions import session_label
 from policies.types import EngineKind, SessionView
 
@@ -175,7 +175,7 @@ class AdminReads:
                     "kv_usage": snapshot.kv_usage,
                     "slots": slots,
                     "learned": [
-                        _learned(d.model, router.learned.for_deployment(d, snapshot.kind), snapshot.kind)
+                        learned_row(d.model, router.learned.for_deployment(d, snapshot.kind), snapshot.kind)
                         for d in snapshot.deployments
                     ],
                     "activity": {
@@ -236,7 +236,7 @@ class AdminReads:
         found = accuracy.pairs(entries, since)
         backends = []
         for snapshot in self.core.fleet.snapshots():
-            learned = [_learned(d.model, router.learned.for_deployment(d, snapshot.kind), snapshot.kind)
+            learned = [learned_row(d.model, router.learned.for_deployment(d, snapshot.kind), snapshot.kind)
                        for d in snapshot.deployments]  # fmt: skip
             stats = accuracy.summary(found.get(snapshot.backend_id, []), since, now, slices)
             backends.append(
@@ -344,18 +344,6 @@ def _matches(entry: Mapping[str, Any], wanted: Mapping[str, str]) -> bool:
         if str(entry.get(field)) != value:
             return False
     return True
-
-
-def _learned(model: str, stats: DeploymentStats, kind: EngineKind) -> dict[str, Any]:
-    return {
-        "model": model,
-        "prefill_tok_s": round(stats.prefill_tok_s.value, 1),
-        "prefill_prior": round(stats.prefill_tok_s.prior, 1),
-        "decode_tok_s": round(stats.decode_tok_s.value, 1),
-        "decode_prior": round(stats.decode_tok_s.prior, 1),
-        "samples": stats.prefill_tok_s.samples,
-        "reuse": round(stats.reuse.value, 3),
-    }
 
 
 def _activity(

@@ -79,6 +79,8 @@ class Stack:
     taps: dict[str, Tap]
     settings: Settings
     servers: list[ServerThread] = field(default_factory=list)
+    app: Any = None
+    """The gateway's Litestar app (its ``state.core``: the router a test may feed)."""
 
     @property
     def url(self) -> str:
@@ -151,8 +153,9 @@ def start_stack(
     settings = stack_settings(
         {n: s.url for n, s in sims.items()}, extra_backends, extra_models, timeouts, **over
     )
-    gateway = ServerThread(create_app(settings)).start()
-    return Stack(gateway, sims, taps, settings, [gateway, *sims.values()])
+    app = create_app(settings)
+    gateway = ServerThread(app).start()
+    return Stack(gateway, sims, taps, settings, [gateway, *sims.values()], app)
 
 
 def stop_stack(stack: Stack) -> None:

@@ -193,11 +193,11 @@ def test_learning_ignores_nonsense() -> None:
 
 def test_a_busy_engines_ttft_does_not_teach_its_prefill_rate() -> None:
     """Under load a TTFT measures the queue: vLLM's prefill rate is learned only when it was idle."""
-    base = Outcome("vllm", "m", EngineKind.VLLM, Usage(6600, 10, 0), 10.0, 11.0, 20_000, 0, True)
+    base = Outcome("vllm", "m", EngineKind.VLLM, Usage(6600, 10, 0), 2.0, 3.0, 20_000, 0, True)
     idle = learn(LearnedState(), base, VLLM).for_deployment(VLLM, EngineKind.VLLM)
     contended = replace(base, contended=True)
     busy = learn(LearnedState(), contended, VLLM).for_deployment(VLLM, EngineKind.VLLM)
-    assert idle.prefill_tok_s.value == 660
+    assert idle.prefill_tok_s.value == 3300
     assert busy.prefill_tok_s.value == 6600  # still the prior
 
 

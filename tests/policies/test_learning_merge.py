@@ -34,10 +34,10 @@ def test_alone_a_replica_routes_on_what_it_learned() -> None:
 
 
 def test_values_are_weighted_by_samples() -> None:
-    one = measured(LLAMA, EngineKind.LLAMACPP, 1000.0, 1)
+    one = measured(LLAMA, EngineKind.LLAMACPP, 2000.0, 1)  # within 2x of the prior (3000): learned as is
     three = measured(LLAMA, EngineKind.LLAMACPP, 3000.0, 3)
     merged = merge(one, [three])
-    assert prefill(merged) == 2500.0  # (1000 * 1 + 3000 * 3) / 4
+    assert prefill(merged) == 2750.0  # (2000 * 1 + 3000 * 3) / 4
     assert merged.for_deployment(LLAMA, EngineKind.LLAMACPP).prefill_tok_s.samples == 4
 
 

@@ -92,8 +92,8 @@ function backendSection(b) {
     section.appendChild(table(["slot", "state", "session", "tokens", "idle"],
       b.slots.map((s) => [s.id, s.busy ? "busy" : "idle", s.session_name || s.session || "–", s.tokens, s.idle_s ?? "–"]), "slots"));
   }
-  section.appendChild(table(["model", "prefill tok/s (prior)", "decode tok/s (prior)", "samples"],
-    b.learned.map((l) => [l.model, `${l.prefill_tok_s} (${l.prefill_prior})`, `${l.decode_tok_s} (${l.decode_prior})`, l.samples]), "learned"));
+  section.appendChild(table(["model", "prefill tok/s (prior)", "decode tok/s (prior)", "samples", "set aside"],
+    b.learned.map((l) => [l.model, `${l.prefill_tok_s} (${l.prefill_prior})`, `${l.decode_tok_s} (${l.decode_prior})`, l.samples, l.set_aside || "–"]), "learned"));
   section.appendChild(table(["window", "req/min", "TTFT p50", "TTFT p90", "cache hit"],
     Object.entries(b.activity).map(([w, a]) => [w, a.requests_per_min, a.ttft_p50_s ?? "–", a.ttft_p90_s ?? "–", a.cache_hit ?? "–"]), "activity"));
   return section;
