@@ -35,7 +35,8 @@ _MESSAGES_FINISH = "message_delta"
 _RESPONSES_FINISH = ("response.completed", "response.incomplete")
 
 
-def _data(event: bytes) -> Any:
+def event_json(event: bytes) -> Any:
+    """The JSON of an SSE event's ``data:`` lines (None: none, ``[DONE]`` or not JSON)."""
     data = b"".join(line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:"))
     if not data or data == b"[DONE]":
         return None
@@ -90,7 +91,7 @@ def _responses(kind: str, data: Any) -> tuple[bool, bool]:
 
 def output_in(api: str, event: bytes) -> tuple[bool, bool]:
     """(carries output, says the answer ended) for one complete SSE event of ``api``'s stream."""
-    data = _data(event)
+    data = event_json(event)
     if api == "messages":
         return _messages(_event_type(event, data), data)
     if api == "responses":

@@ -20,7 +20,6 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
 
 import httpx
 import msgspec
@@ -30,7 +29,7 @@ from msgspec.structs import replace
 from backends.anthropic_chat import StreamTranslator, to_message
 from backends.base import UpstreamRequest
 from backends.errors import UpstreamStreamError, UpstreamUnavailable
-from backends.first_token import FirstToken
+from backends.first_token import FirstToken, event_json
 from backends.parsers.openai import parse_usage
 from backends.transport import UpstreamResponse
 from backends.watchdog import Watchdog
@@ -63,16 +62,6 @@ def _split(events: bytes) -> Iterator[tuple[bytes, bytes]]:
     both), so that what is kept can be put back byte for byte."""
     parts = _EVENT_END.split(events)
     yield from zip(parts[0::2], [*parts[1::2], b""], strict=True)
-
-
-def _event_json(event: bytes) -> Any:
-    data = b"".join(line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:"))
-    if not data or data == b"[DONE]":
-        return None
-    try:
-        return msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return None
 
 
 def broke_off(backend_id: str, what: str, exc: httpx.HTTPError) -> UpstreamStreamError:
@@ -143,7 +132,7 @@ class ResponseRelay:
         kept: list[bytes] = []
         for event, end in _split(events):
             if any(marker in event for marker in _USAGE_MARKERS):
-                data = _event_json(event)
+                data = event_json(event)
                 if isinstance(data, dict):
                     self.usage = merge_usage(self.usage, parse_usage(data))
                 if self.request.strip_usage_chunk and _EMPTY_CHOICES in event:
@@ -156,7 +145,7 @@ class ResponseRelay:
         assert self._translator is not None
         out: list[bytes] = []
         for event, _ in _split(events):
-            data = _event_json(event)
+            data = event_json(event)
             if isinstance(data, dict):
                 out += self._translator.feed(data)
         return b"".join(out)

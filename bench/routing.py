@@ -61,6 +61,7 @@ from typing import Any
 
 from routing_peers import with_best_peer
 from routing_report import markdown, targets
+from routing_validation import DRAWS, VALIDATION, validation_markdown, validation_targets
 from routing_workloads import MODEL, MOONCAKE, PEERS, REPO, SCHEDULES, SEEDS, WORKLOADS, Workload
 
 from gateway.logging import configure_logging
@@ -133,7 +134,7 @@ def run(workload: Workload, quick: bool, jobs: int = 1, draws: range = range(SEE
 def _draw_of(name: str, seed: int) -> tuple[Draw, dict[str, float], dict[str, float]]:
     """Draw ``seed`` of the workload ``name`` replayed with its profiles (a worker's task): the
     draw, and each run's simulated and wall seconds."""
-    workload = next(w for w in WORKLOADS if w.name == name)
+    workload = next(w for w in (*WORKLOADS, *VALIDATION) if w.name == name)
     assert workload.seeded is not None
     requests = with_model(workload.seeded(seed), MODEL)
     runs = simulate(
@@ -212,6 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
+    parser.add_argument(
+        "--validation",
+        action="store_true",
+        help=f"the validation set instead (bench/routing_validation.py, {DRAWS} draws; default --out "
+        "docs/validation.md)",
+    )
     parser.add_argument("--only", action="append", choices=[w.name for w in WORKLOADS], default=None)
     parser.add_argument("--out", type=Path, default=None, help="default: docs/benchmarks.md")
     parser.add_argument("--json", type=Path, default=None)
@@ -234,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the generated rows' draws: A-B or a count (default 0-{SEEDS - 1}; e.g. 32-127 out of sample)",
     )
     args = parser.parse_args(argv)
+    if args.validation:
+        return validate(args)
     other = args.draws != range(SEEDS)
     if other and args.quick:
         parser.error("--quick replays one smaller draw: it takes no --draws")
@@ -267,6 +276,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     kept = args.out.read_text(encoding="utf-8").partition(OTHERS)[2] if args.out.exists() else ""
     args.out.write_text(text + ("\n" + OTHERS + kept if kept else ""), encoding="utf-8")
+    return 0
+
+
+def validate(args: argparse.Namespace) -> int:
+    """``--validation``: every row of the validation set, its tables and targets (module docstring)."""
+    draws = range(DRAWS) if args.draws == range(SEEDS) else args.draws
+    configure_logging("json", "warning")
+    results: dict[str, dict[str, Any]] = {}
+    for workload in VALIDATION:
+        print(f"{workload.name}: {workload.scaling}", file=sys.stderr)
+        results[workload.name] = run(workload, args.quick, args.jobs, draws)
+        print(table(with_best_peer(results[workload.name]["profiles"])))
+        if args.json is not None:
+            args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print("\n".join(validation_targets(results)))
+    out = args.out or REPO / "docs" / "validation.md"
+    out.write_text(validation_markdown(results), encoding="utf-8")
     return 0
 
 

@@ -66,6 +66,18 @@ def _turn(
     )
 
 
+def _one_off(ids: _Ids, t: float, model: str, size: int, max_tokens: int) -> TraceRequest:
+    """A request of ``size`` tokens of its own text, in no session."""
+    return TraceRequest(
+        t=round(t, 3),
+        session=None,
+        model=model,
+        input_tokens=size,
+        hash_ids=tuple(ids.take(_blocks(size))),
+        max_tokens=max_tokens,
+    )
+
+
 def agent_trace(
     *,
     agents: int = 4,
@@ -177,17 +189,7 @@ def contention_trace(
         end = max(end, t)
     t = rng.expovariate(1 / oneshot_every) if oneshot_every > 0 else end
     while t < end:
-        size = rng.randint(1500, 9000)
-        out.append(
-            TraceRequest(
-                t=round(t, 3),
-                session=None,
-                model=model,
-                input_tokens=size,
-                hash_ids=tuple(ids.take(_blocks(size))),
-                max_tokens=rng.randint(80, 400),
-            )
-        )
+        out.append(_one_off(ids, t, model, rng.randint(1500, 9000), rng.randint(80, 400)))
         t += rng.expovariate(1 / oneshot_every)
     return sorted(out, key=lambda r: r.t)
 

@@ -89,3 +89,24 @@ def test_the_agent_rows_miss_says_what_no_router_can_reach() -> None:
     assert routing_report.agent_peer_bound(row(0.853, 2.0), quick=True) == []  # met: nothing to explain
     (reachable,) = routing_report.agent_peer_bound(row(5.0, 4.0), quick=True)
     assert reachable.startswith("  - a router could reach 0.8x here")
+
+
+def test_the_validation_set_runs_apart_and_prints_its_targets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--validation`` replays the validation rows (never the benchmark's) into their own page, with
+    cost against the best peer on mean (0.9x) and p90. Here one row, ``--quick`` (a few requests)."""
+    names = [w.name for w in routing.VALIDATION]
+    assert names == ["val-copilot", "val-burst", "val-burst-70", "val-copilot-burst"]
+    assert not set(names) & {w.name for w in routing.WORKLOADS}
+    monkeypatch.setattr(routing, "VALIDATION", routing.VALIDATION[1:2])
+    out = tmp_path / "validation.md"
+    assert routing.main(["--validation", "--quick", "--jobs", "1", "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# Validation set")
+    assert "## val-burst" in text
+    assert "- val-burst: cost mean TTFT" in text
+    assert "## chat" not in text
+    printed = capsys.readouterr().out
+    assert "the best peer's" in printed
+    assert "(no worse):" in printed
