@@ -100,22 +100,15 @@ def output_in(api: str, event: bytes) -> tuple[bool, bool]:
 
 
 class FirstToken:
-    """Watches a stream's events until one carries output (``found``), then costs nothing."""
+    """Watches a stream's events until one carries output; the relay drops it then (it costs nothing
+    after the first token)."""
 
-    __slots__ = ("api", "ended", "found")
+    __slots__ = ("api",)
 
     def __init__(self, api: str) -> None:
         self.api = api
-        self.found = False
-        self.ended = False
-        """The answer said it ended before any output: its stop token was its first token."""
 
     def feed(self, events: list[bytes]) -> bool:
         """True when one of these complete events is the first to carry output (or the end of an
         answer that had none)."""
-        for event in events:
-            output, finish = output_in(self.api, event)
-            if output or finish:
-                self.found, self.ended = True, not output
-                return True
-        return False
+        return any(any(output_in(self.api, event)) for event in events)
