@@ -242,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.validation:
+        if args.only or args.from_json is not None:
+            parser.error("--validation replays every validation row: it takes no --only or --from-json")
         return validate(args)
     other = args.draws != range(SEEDS)
     if other and args.quick:

@@ -40,7 +40,7 @@ RATIO_MAX = 1.5
 MAX_STEP = 2.0
 """The most one observation moves a learned rate, either way."""
 FAR = 4.0
-"""A rate sample this many times off the learned rate, alone, is set aside."""
+"""A rate sample this many times faster than the learned rate, alone, is set aside."""
 AGREE = 2.0
 """Two set-aside samples in a row within this factor of each other are believed."""
 
@@ -59,7 +59,7 @@ class Ewma(msgspec.Struct, frozen=True):
     ratio: bool = False  # a fraction (reuse): clamped to [0, RATIO_MAX] instead of the prior's spread
     rate: bool = False  # an engine rate: robust to one bad sample (module docstring)
     aside: int = 0
-    """Samples set aside (rates only): each more than ``FAR`` off the learned rate, alone."""
+    """Samples set aside (rates only): each more than ``FAR`` times faster than the learned rate, alone."""
     held: float = 0.0
     """The far sample the next one may agree with (0: none): the last set aside or believed."""
     last_aside: float = 0.0

@@ -54,8 +54,8 @@ Per model: ``chars_per_token`` (prompt characters / prompt tokens) and ``complet
 The first sample replaces the prior; later ones move it by ``ALPHA``. Every value is clamped to
 ``[prior / SPREAD, prior * SPREAD]`` so one odd measurement cannot derail routing. The two engine
 rates are learned robustly (``policies.ewma``): one observation moves a rate at most 2x, and a
-sample more than 4x off the learned rate is set aside (counted, shown on the dashboard) unless the
-one before it was set aside too and agrees with it.
+sample more than 4x faster than the learned rate is set aside (counted, shown on the dashboard)
+unless the one before it was set aside too and agrees with it; a slow one is learned, bounded.
 
 Replicas (``merge``): each gateway learns from its own outcomes and shares that state; routing reads
 the merge of its own and the others', each value their mean weighted by samples (at most

@@ -110,3 +110,7 @@ def test_the_validation_set_runs_apart_and_prints_its_targets(
     printed = capsys.readouterr().out
     assert "the best peer's" in printed
     assert "(no worse):" in printed
+    with pytest.raises(SystemExit) as exit_:
+        routing.main(["--validation", "--only", "chat"])
+    assert exit_.value.code == 2
+    assert "it takes no --only or --from-json" in capsys.readouterr().err
