@@ -17,23 +17,34 @@
 #                     split: every flag as written, --split-mode layer --tensor-split 1,1 included, over
 #                     two GPUs (issue #30: the kind nvidia-h200-x2; the per-card memory goes to
 #                     $OUT/gpu-memory-split.txt)
-#   calibrate:FLAGSET:WINDOW:BUDGET_S   turnout calibrate against it -> $OUT/h200-FLAGSET.toml
+#   calibrate:FLAGSET:WINDOW:BUDGET_S   turnout calibrate against it -> $OUT/CARD-llamacpp-MODEL-FLAGSET.toml
 #   turns:FLAGSET     three turns of one session through turnout serve -> $OUT/turns-FLAGSET.json
 #   cold:FLAGSET:N[,N...]  fresh prompts of N tokens, one at a time, beside the profile's price -> $OUT/cold.json
 #   disk              copy the GGUF to a disk ($DISK_DIR, not tmpfs) once; later stages serve it from there
 #   evict             drop the served GGUF's pages from the page cache (the next serve reads the disk)
 #   shm               serve the /dev/shm copy again
+#   gguf27:FORMAT     the dense 27B-shaped qwen35 GGUF (bench/gpu/gguf_dense.py; f16, q8_0 or q4_0) in
+#                     /dev/shm/q27/, and serve it from then on (issue #63); its profiles are named
+#                     <card>-llamacpp-27b-shape-FORMAT-FLAGSET
+#   streams:FLAGSET:N[,N...]  decode with N streams at once (bench/gpu/streams.py) -> $OUT/streams.json
+#   drop:FORMAT       delete that format's 27B GGUF (/dev/shm holds about 64 GiB)
+#   router:FLAGSET    router mode over /dev/shm/q27/ (every format written): load, first answer and
+#                     unload times (bench/gpu/router.py) -> $OUT/router.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 GPU=.gpu
-SRC=$GPU/src/llama.cpp
+SRC=${SRC:-$GPU/src/llama.cpp}
 BUILD=${BUILD:-/tmp/llama-build}   # outside the repository: a carried .gpu/ replaces what is there
 MODEL=${MODEL:-/dev/shm/flash-next-shape.gguf}
 SHM_MODEL=$MODEL
 DISK_DIR=${DISK_DIR:-$HOME/turnout-disk}
 WHERE=shm   # where the served GGUF lies: shm or disk (in the names of the logs)
+TAG=${TAG:-flash-next-shape}   # the model's name in the profiles' names
+MODEL_TEXT="random-weight qwen35moe, Qwen3-Next-80B shape: 48 layers, 512 experts (10 used), Q4_0 experts, 46 GB"
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]00' | tr H h || true)
+CARD=${CARD:-h200}   # a dry run without a GPU keeps the old name
 PIDFILE=/tmp/turnout-llama-server.pid   # not under .gpu/: a carried .gpu/ replaces it between calls
 SERVER=${SERVER:-$BUILD/bin/llama-server}
 PORT=${PORT:-8080}
@@ -68,6 +79,12 @@ flags_for() {
     mmap[0-9]*) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \
       --set ubatch-size="${1#mmap}" --set batch-size="$(mmap_batch "${1#mmap}")" $EXTRA ;;
     split) need_gpus 2; python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" $EXTRA ;;
+    # the dense 27B: compose's flags (--cpu-moe has no experts to move) with a 64k window per slot,
+    # vLLM's; dense16: 16 slots of 8k, for decode at 16 streams
+    dense) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \
+      --set alias=qwen3.8-27b --set ctx-size=131072 $EXTRA ;;
+    dense16) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \
+      --set alias=qwen3.8-27b --set ctx-size=131072 --set parallel=16 $EXTRA ;;
     *) echo "unknown flag set $1" >&2; exit 2 ;;
   esac
 }
@@ -136,21 +153,48 @@ stage_calibrate() {
   local ub b
   ub=$(flag_value "$set" ubatch-size) b=$(flag_value "$set" batch-size)
   python3 -c "from gateway.cli import main; raise SystemExit(main())" calibrate "http://127.0.0.1:$PORT" \
-    --out "$OUT/h200-$set.toml" --name "h200-llamacpp-flash-next-shape-$set" --budget "$budget" \
+    --out "$(profile_out "$set")" --name "$CARD-llamacpp-$TAG-$set" --budget "$budget" \
     --window "$window" --ubatch $ub --batch $b \
     --machine gpu="$(gpus_text "$set")" --machine cpu="$(nproc) cores, $(free -g | awk '/^Mem/ {print $2}') GiB RAM" \
-    --machine model="random-weight qwen35moe, Qwen3-Next-80B shape: 48 layers, 512 experts (10 used), Q4_0 experts, 46 GB" \
+    --machine model="$MODEL_TEXT" \
     --machine flags="$(cat "$OUT/flags-$set.txt")" 2>&1 | tee "$OUT/calibrate-$set.log"
 }
 
 stage_turns() {
   python_env
-  python3 bench/gpu/turns.py --engine "http://127.0.0.1:$PORT" --profile "$OUT/h200-$1.toml" \
-    --turns 3 --first ${FIRST_WORDS:-1000} --grow 250 --out "$OUT/turns-$1.json" 2>&1 | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$1.log"
+  python3 bench/gpu/turns.py --engine "http://127.0.0.1:$PORT" --profile "$(profile_out "$1")" \
+    --turns ${TURNS:-3} --first ${FIRST_WORDS:-1000} --grow ${GROW:-250} --out "$OUT/turns-$TAG-$1.json" 2>&1 \
+    | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$TAG-$1.log"
+}
+
+profile_out() { echo "$OUT/$CARD-llamacpp-$TAG-$1.toml"; }
+
+stage_gguf27() {
+  local fmt=$1
+  MODEL=/dev/shm/q27/q27-$fmt.gguf SHM_MODEL=/dev/shm/q27/q27-$fmt.gguf TAG=27b-shape-$fmt WHERE=shm
+  MODEL_TEXT="random-weight dense qwen35, 27B shape (bench/gpu/gguf_dense.py --shape 27b --format $fmt)"
+  df -h /dev/shm | tail -1
+  if [ -s "$MODEL" ]; then say "gguf27: already there ($(du -h "$MODEL" | cut -f1))"; return; fi
+  python3 bench/gpu/gguf_dense.py "$MODEL" --shape "${SHAPE27:-27b}" --format "$fmt" --llama-tree "$SRC" --threads 16 \
+    | tee -a "$OUT/gguf27.log"
+}
+
+stage_streams() {
+  python_env
+  python3 bench/gpu/streams.py "http://127.0.0.1:$PORT" --streams ${2//,/ } --label "$TAG $1" \
+    --out "$OUT/streams.json" 2>&1 | tee -a "$OUT/streams.log"
+}
+
+stage_router() {
+  stop_server
+  python_env
+  flags_for "$1" > "$OUT/flags-router.txt"
+  python3 bench/gpu/router.py --server "$SERVER" --models-dir "$(dirname "$MODEL")" --flags-file "$OUT/flags-router.txt" \
+    --port "$PORT" --rounds 2 --log "$OUT/router-server.log" --out "$OUT/router.json" 2>&1 | tee "$OUT/router.log"
 }
 
 profile_of() {  # this run's calibration of a flag set, else the committed one of its batch size
-  if [ -s "$OUT/h200-$1.toml" ]; then echo "$OUT/h200-$1.toml"; return; fi
+  if [ -s "$(profile_out "$1")" ]; then profile_out "$1"; return; fi
   case "$1" in
     pinned) echo backends/profiles/h200-llamacpp-flash-next-shape-pinned.toml ;;
     *) echo "backends/profiles/h200-llamacpp-flash-next-shape-mmap$(flag_value "$1" ubatch-size).toml" ;;
@@ -199,6 +243,10 @@ for step in "$@"; do
     disk) stage_disk ;;
     evict) stage_evict ;;
     shm) MODEL=$SHM_MODEL WHERE=shm ;;
+    gguf27) stage_gguf27 "$a" ;;
+    streams) stage_streams "$a" "$b" ;;
+    router) stage_router "$a" ;;
+    drop) rm -f "/dev/shm/q27/q27-$a.gguf"; say "dropped q27-$a.gguf; /dev/shm: $(df -h /dev/shm | tail -1)" ;;
     stop) stop_server ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
