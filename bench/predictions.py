@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/predictions.py ROW [--profile cost] [--worst 10] [--seed N]
 
-(ROW: any row of bench/routing.py; the Mooncake rows at their load.)
+(ROW: any row of bench/routing.py or of its validation set; the Mooncake rows at their load.)
 
 Replays a workload of bench/routing.py in virtual time (``gateway.replay.virtual``). When each request
 is routed, every engine model is asked what the request would get there at that moment
@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from routing_validation import VALIDATION
 from routing_workloads import MODEL, WORKLOADS
 
 from backends.sim.llama_engine import LlamaEngine
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("workload", choices=[w.name for w in WORKLOADS])
+    parser.add_argument("workload", choices=[w.name for w in (*WORKLOADS, *VALIDATION)])
     parser.add_argument("--profile", default="cost")
     parser.add_argument("--worst", type=int, default=10, help="decisions to show (the costliest)")
     parser.add_argument(
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     configure_logging("json", "warning")
-    workload = next(w for w in WORKLOADS if w.name == args.workload)
+    workload = next(w for w in (*WORKLOADS, *VALIDATION) if w.name == args.workload)
     if args.seed and workload.seeded is None:
         parser.error(f"{workload.name} is one draw: it has no --seed")
     trace = workload.seeded(args.seed) if workload.seeded is not None else workload.make(False)

@@ -66,7 +66,7 @@ from routing_workloads import MODEL, MOONCAKE, PEERS, REPO, SCHEDULES, SEEDS, WO
 
 from gateway.logging import configure_logging
 from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
-from gateway.replay.report import Draw, pooled_report, report, table
+from gateway.replay.report import Draw, percentile, pooled_report, report, table
 from gateway.replay.results import ORACLE, Result
 from gateway.replay.simulate import simulate
 from gateway.replay.traces import rate_for_load, with_model, with_rate
@@ -219,6 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the validation set instead (bench/routing_validation.py, {DRAWS} draws; default --out "
         "docs/validation.md)",
     )
+    parser.add_argument(
+        "--cost-only",
+        action="store_true",
+        help="with --validation: cost alone (no peers, no oracle), each row's pooled mean and p90 TTFT, "
+        "printed: the numbers a routing change's commit quotes, before and after",
+    )
     parser.add_argument("--only", action="append", choices=[w.name for w in WORKLOADS], default=None)
     parser.add_argument("--out", type=Path, default=None, help="default: docs/benchmarks.md")
     parser.add_argument("--json", type=Path, default=None)
@@ -244,7 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.validation:
         if args.only or args.from_json is not None:
             parser.error("--validation replays every validation row: it takes no --only or --from-json")
-        return validate(args)
+        return check(args) if args.cost_only else validate(args)
+    if args.cost_only:
+        parser.error("--cost-only judges a routing change on the validation set: it needs --validation")
     other = args.draws != range(SEEDS)
     if other and args.quick:
         parser.error("--quick replays one smaller draw: it takes no --draws")
@@ -281,6 +289,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _cost_draw(name: str, seed: int) -> list[float]:
+    """The TTFTs ``cost`` gives draw ``seed`` of the validation row ``name`` (a worker's task)."""
+    workload = next(w for w in VALIDATION if w.name == name)
+    assert workload.seeded is not None
+    requests = with_model(workload.seeded(seed), MODEL)
+    runs = simulate(requests, ["cost"], workload_settings(workload), MODEL, VirtualOptions(), oracle=False)
+    return [r.ttft_s for r in runs.runs["cost"] if r.ok and r.ttft_s is not None]
+
+
+def check(args: argparse.Namespace) -> int:
+    """``--validation --cost-only``: every validation row replayed with ``cost`` alone, its draws pooled
+    (each request once): mean and p90 TTFT, printed and, with ``--json``, written."""
+    draws = range(DRAWS) if args.draws == range(SEEDS) else args.draws
+    configure_logging("json", "warning")
+    out: dict[str, dict[str, float]] = {}
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=args.jobs, initializer=configure_logging, initargs=("json", "warning")
+    ) as pool:
+        for workload in VALIDATION:
+            own = range(workload.draws) if workload.draws is not None else draws
+            ttfts = [t for part in pool.map(_cost_draw, itertools.repeat(workload.name), own) for t in part]
+            mean, p90 = statistics.fmean(ttfts), percentile(ttfts, 0.9)
+            out[workload.name] = {"ttft_mean_s": round(mean, 4), "ttft_p90_s": round(p90 or 0.0, 4)}
+            print(
+                f"{workload.name}: cost mean {mean:.4f} s, p90 {p90:.4f} s "
+                f"({len(ttfts)} requests, {len(own)} draws)"
+            )
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
 def validate(args: argparse.Namespace) -> int:
     """``--validation``: every row of the validation set, its tables and targets (module docstring)."""
     draws = range(DRAWS) if args.draws == range(SEEDS) else args.draws
@@ -288,7 +328,8 @@ def validate(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {}
     for workload in VALIDATION:
         print(f"{workload.name}: {workload.scaling}", file=sys.stderr)
-        results[workload.name] = run(workload, args.quick, args.jobs, draws)
+        own = range(workload.draws) if workload.draws is not None else draws
+        results[workload.name] = run(workload, args.quick, args.jobs, own)
         print(table(with_best_peer(results[workload.name]["profiles"])))
         if args.json is not None:
             args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -51,6 +51,8 @@ class Workload:
     """The same workload drawn with another seed (``SEEDS``; None: a recorded trace, one draw)."""
     homogeneous: bool = False
     """One engine kind only (issue #45: where the published routers are at home)."""
+    draws: int | None = None
+    """The validation set: this row's own draw count (0 to ``draws - 1``); None: the set's."""
 
 
 def _mooncake(quick: bool) -> list[TraceRequest]:

@@ -17,6 +17,7 @@ requests share prefixes only through their ``hash_ids``.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -140,7 +141,11 @@ def parse_lines(
 def read_trace(
     path: Path, fmt: TraceFormat = "turnout", model: str = "replay", limit: int | None = None
 ) -> list[TraceRequest]:
-    """Read a trace file; with ``limit``, only its first ``limit`` lines are read (then sorted)."""
+    """Read a trace file (gzip-compressed when its name ends in ``.gz``); with ``limit``, only its first
+    ``limit`` lines are read (then sorted)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as packed:
+            return parse_lines(_head(packed, limit), fmt, model)
     with path.open(encoding="utf-8") as handle:
         return parse_lines(_head(handle, limit), fmt, model)
 

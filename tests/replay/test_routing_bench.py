@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ try:
     import routing
     import routing_peers
     import routing_report
+    import routing_validation
 finally:  # its modules must not shadow anything for the tests after this one
     while BENCH in sys.path:
         sys.path.remove(BENCH)
@@ -97,7 +99,9 @@ def test_the_validation_set_runs_apart_and_prints_its_targets(
     """``--validation`` replays the validation rows (never the benchmark's) into their own page, with
     cost against the best peer on mean (0.9x) and p90. Here one row, ``--quick`` (a few requests)."""
     names = [w.name for w in routing.VALIDATION]
-    assert names == ["val-copilot", "val-burst", "val-burst-70", "val-copilot-burst"]
+    assert names == [
+        "val-copilot", "val-burst", "val-burst-70", "val-copilot-burst", "val-mooncake-synthetic"
+    ]  # fmt: skip
     assert not set(names) & {w.name for w in routing.WORKLOADS}
     monkeypatch.setattr(routing, "VALIDATION", routing.VALIDATION[1:2])
     out = tmp_path / "validation.md"
@@ -114,3 +118,53 @@ def test_the_validation_set_runs_apart_and_prints_its_targets(
         routing.main(["--validation", "--only", "chat"])
     assert exit_.value.code == 2
     assert "it takes no --only or --from-json" in capsys.readouterr().err
+
+
+def test_the_public_validation_row_replays_at_its_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """val-mooncake-synthetic (the issue's unseen trace) is drawn at 8 loads from 66% to 74% of the
+    fleet's prefill capacity (mean 70%), cost beside a published router; ``--quick``: its first 300
+    requests at draw 4's load (71%)."""
+    (row,) = [w for w in routing.VALIDATION if w.name == "val-mooncake-synthetic"]
+    assert row.draws == routing_validation.SYNTHETIC_DRAWS == 8
+    loads = [routing_validation.synthetic_load(k) for k in range(8)]
+    assert loads[0] == pytest.approx(0.66)
+    assert loads[-1] == pytest.approx(0.74)
+    assert sum(loads) / 8 == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="draws 0-7"):
+        routing_validation.synthetic_load(8)
+    slow, fast = row.seeded(0), row.seeded(7)  # type: ignore[misc]
+    assert len(slow) == len(fast) == 3993
+    assert max(r.t for r in fast) == pytest.approx(max(r.t for r in slow) * 0.66 / 0.74, rel=1e-6)
+    monkeypatch.setattr(routing, "VALIDATION", (dataclasses.replace(row, profiles=("cost", "llm-d")),))
+    out = tmp_path / "validation.md"
+    assert routing.main(["--validation", "--quick", "--jobs", "1", "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "## val-mooncake-synthetic" in text
+    assert "at 8 loads from 66% to 74% of the fleet's prefill capacity" in text
+    assert "- val-mooncake-synthetic: cost mean TTFT" in text
+
+
+def test_cost_only_judges_a_change_on_every_validation_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--validation --cost-only`` replays cost alone over each row's draws and prints, per row, the
+    pooled mean and p90 a routing change's commit quotes; without --validation it is refused."""
+    small = (
+        dataclasses.replace(routing.VALIDATION[1], seeded=lambda seed: routing_validation._burst(seed)[:30]),
+    )
+    monkeypatch.setattr(routing, "VALIDATION", small)
+    out = tmp_path / "check.json"
+    assert (
+        routing.main(["--validation", "--cost-only", "--draws", "2", "--jobs", "1", "--json", str(out)]) == 0
+    )
+    printed = capsys.readouterr().out
+    assert printed.startswith("val-burst: cost mean ")
+    assert "(60 requests, 2 draws)" in printed
+    row = json.loads(out.read_text(encoding="utf-8"))["val-burst"]
+    assert 0 < row["ttft_mean_s"] <= row["ttft_p90_s"] * 2
+    with pytest.raises(SystemExit) as exit_:
+        routing.main(["--cost-only"])
+    assert exit_.value.code == 2
+    assert "it needs --validation" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import itertools
 from pathlib import Path
@@ -22,6 +23,7 @@ from gateway.replay.traces import (
 )
 
 MOONCAKE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake-conversation.jsonl"
+SYNTHETIC = Path(__file__).resolve().parents[2] / "bench" / "traces" / "mooncake-synthetic.jsonl.gz"
 
 
 def blocks_cover(request: TraceRequest) -> bool:
@@ -118,6 +120,31 @@ class TestMooncake:
         assert first.hash_ids == tuple(range(14))
         assert all(blocks_cover(r) for r in trace)
         assert all(r.hash_ids[0] == 0 for r in trace)  # they share the first block
+
+
+class TestCompressedTraces:
+    def test_a_gz_trace_reads_as_the_same_trace_uncompressed(self, tmp_path: Path) -> None:
+        lines = [
+            '{"timestamp": 1500, "input_length": 700, "output_length": 5, "hash_ids": [0, 1]}',
+            '{"timestamp": 0, "input_length": 40, "output_length": 9, "hash_ids": [2]}',
+        ]
+        plain, packed = tmp_path / "t.jsonl", tmp_path / "t.jsonl.gz"
+        plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        packed.write_bytes(gzip.compress(plain.read_bytes()))
+        assert read_trace(packed, "mooncake", model="m") == read_trace(plain, "mooncake", model="m")
+        assert [r.t for r in read_trace(packed, "mooncake", model="m")] == [0.0, 1.5]
+        assert len(read_trace(packed, "mooncake", model="m", limit=1)) == 1
+
+    def test_the_validation_sets_public_trace_is_mooncakes_synthetic_one(self) -> None:
+        """bench/traces/mooncake-synthetic.jsonl.gz: Mooncake's FAST'25 synthetic trace, whole (its
+        README: 3,993 requests, mean input 15,325 tokens, mean output 149), with prefixes that repeat
+        (multi-turn conversations)."""
+        trace = read_trace(SYNTHETIC, "mooncake", model="m")
+        assert len(trace) == 3993
+        assert round(sum(r.input_tokens for r in trace) / len(trace)) == 15325
+        assert round(sum(r.max_tokens for r in trace) / len(trace)) == 149
+        firsts = [r.hash_ids[0] for r in trace]
+        assert len(set(firsts)) < len(firsts)  # some prompts continue an earlier one
 
 
 class TestContention:
