@@ -3,6 +3,7 @@ lower bound, on the engine models (``turnout replay --clock virtual``).
 
     .venv/bin/python bench/routing.py [--quick] [--only NAME ...] [--out docs/benchmarks.md]
                                       [--json F] [--from-json F] [--jobs N] [--draws A-B]
+    .venv/bin/python bench/routing.py --validation [--cost-only] [--jobs N] [--json F]
 
 Everything runs in simulated time (``gateway/replay/virtual.py``): the numbers depend on the router
 and the engine models only, never on the machine, so one run is the answer (no medians). Token
@@ -43,6 +44,10 @@ the cost model, in either direction (notes). The targets are judged on the poole
 ``--jobs`` processes; the report does not depend on how many. ``--draws 32-127`` replays other draws
 than the benchmark's (an out-of-sample check: the rules were tuned looking at draws 0-31); the per-draw
 lines name the draws by their own numbers.
+
+``--validation`` replays the validation set instead (``routing_validation.py``, docs/validation.md);
+``--validation --cost-only`` replays ``cost`` alone there and prints each row's pooled mean and p90:
+what a routing change's commit quotes, before and after (docs/replay.md).
 """
 
 from __future__ import annotations
