@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from gguf_moe import _gb, _pad, free_bytes, import_gguf, write_data
+from gguf_moe import _gb, _pad, add_attention_keys, add_ssm_keys, free_bytes, import_gguf, write_data
 from gguf_moe_layout import QK4_0, Bytes, f32_random, q4_0_random
 from gguf_moe_layout import TensorSpec as MoeTensorSpec
 
@@ -237,24 +237,8 @@ def write_dense_gguf(
     writer.add_name(name)
     writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[fmt]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_context_length(d.context_length)
-    writer.add_embedding_length(d.n_embd)
-    writer.add_block_count(d.n_layer)
-    writer.add_feed_forward_length(d.n_ff)
-    writer.add_head_count(d.n_head)
-    writer.add_head_count_kv(d.n_head_kv)
-    writer.add_key_length(d.head_dim)
-    writer.add_value_length(d.head_dim)
-    writer.add_rope_dimension_count(d.n_rot)
-    writer.add_rope_dimension_sections(list(d.rope_sections))
-    writer.add_rope_freq_base(d.rope_freq_base)
-    writer.add_layer_norm_rms_eps(d.rms_eps)
-    writer.add_ssm_conv_kernel(d.ssm_d_conv)
-    writer.add_ssm_inner_size(d.ssm_d_inner)
-    writer.add_ssm_state_size(d.ssm_d_state)
-    writer.add_ssm_time_step_rank(d.ssm_dt_rank)
-    writer.add_ssm_group_count(d.ssm_n_group)
-    writer.add_full_attention_interval(d.full_attention_interval)
+    add_attention_keys(writer, d, d.n_ff)
+    add_ssm_keys(writer, d)
     own = copy_padded_tokenizer(writer, llama_tree / VOCAB_FILE, d.n_vocab)
     writer.add_chat_template(CHAT_TEMPLATE)
 

@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gguf_moe_layout import (
@@ -119,18 +119,13 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path) -> int:
 # -- writing -------------------------------------------------------------------------------------
 
 
-def add_metadata(writer: gguf.GGUFWriter, dims: MoeDims, name: str) -> None:
-    import gguf
-
-    d = dims
-    writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+def add_attention_keys(writer: gguf.GGUFWriter, d: Any, n_ff: int) -> None:
+    """The Qwen3.5 hybrid's size, attention and RoPE keys, for the dense writer (``gguf_dense.py``)
+    too: ``d`` is a ``MoeDims`` or a ``DenseDims`` (the same field names)."""
     writer.add_context_length(d.context_length)
     writer.add_embedding_length(d.n_embd)
     writer.add_block_count(d.n_layer)
-    # only a fallback for the expert sizes in the loader; written so n_ff is not reported as 0
-    writer.add_feed_forward_length(d.n_ff_exp)
+    writer.add_feed_forward_length(n_ff)
     writer.add_head_count(d.n_head)
     writer.add_head_count_kv(d.n_head_kv)
     writer.add_key_length(d.head_dim)
@@ -139,16 +134,32 @@ def add_metadata(writer: gguf.GGUFWriter, dims: MoeDims, name: str) -> None:
     writer.add_rope_dimension_sections(list(d.rope_sections))
     writer.add_rope_freq_base(d.rope_freq_base)
     writer.add_layer_norm_rms_eps(d.rms_eps)
-    writer.add_expert_count(d.n_expert)
-    writer.add_expert_used_count(d.n_expert_used)
-    writer.add_expert_feed_forward_length(d.n_ff_exp)
-    writer.add_expert_shared_feed_forward_length(d.n_ff_shexp)
+
+
+def add_ssm_keys(writer: gguf.GGUFWriter, d: Any) -> None:
+    """The Gated DeltaNet keys and the full-attention interval (``d`` as in ``add_attention_keys``)."""
     writer.add_ssm_conv_kernel(d.ssm_d_conv)
     writer.add_ssm_inner_size(d.ssm_d_inner)
     writer.add_ssm_state_size(d.ssm_d_state)
     writer.add_ssm_time_step_rank(d.ssm_dt_rank)
     writer.add_ssm_group_count(d.ssm_n_group)
     writer.add_full_attention_interval(d.full_attention_interval)
+
+
+def add_metadata(writer: gguf.GGUFWriter, dims: MoeDims, name: str) -> None:
+    import gguf
+
+    d = dims
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    # n_ff: only a fallback for the expert sizes in the loader; written so it is not reported as 0
+    add_attention_keys(writer, d, d.n_ff_exp)
+    writer.add_expert_count(d.n_expert)
+    writer.add_expert_used_count(d.n_expert_used)
+    writer.add_expert_feed_forward_length(d.n_ff_exp)
+    writer.add_expert_shared_feed_forward_length(d.n_ff_shexp)
+    add_ssm_keys(writer, d)
 
 
 def declare_tensors(writer: gguf.GGUFWriter, specs: list[TensorSpec]) -> None:
