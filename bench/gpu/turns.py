@@ -1,12 +1,16 @@
-"""Turns of one session through turnout to one llama-server: what each cost, what turnout predicted.
+"""Agent sessions and fresh prompts through turnout to one engine: cost and prediction per turn.
 
-    python3 bench/gpu/turns.py --engine http://127.0.0.1:8080 --profile P.toml --turns 3 --out turns.json
+    python3 bench/gpu/turns.py --engine http://127.0.0.1:8080 --profile P.toml --turns 4 \
+        --grow 300 1500 5000 --fresh 1024 16384 --out turns.json
 
-Starts ``turnout serve`` (in this process, on a free loopback port) with one llama.cpp backend that
-names ``--profile``, then sends ``--turns`` streamed chat turns of one session (``x-session-id``): a
-first prompt of about ``--first`` tokens, then each turn the answer and ``--grow`` more tokens, as an
-agent does. Per turn it prints and writes the TTFT the client saw, the engine's own prompt time, the
-cached tokens, the slot, and turnout's predicted TTFT and cached tokens from its decision log.
+Starts ``turnout serve`` (in this process, on a free loopback port) with one backend (``--kind``:
+llama-server or vLLM) that names ``--profile``, then sends, for each ``--grow`` value, ``--turns``
+streamed chat turns of one session (``x-session-id``): a first prompt of about ``--first`` words, then
+each turn the answer and ``--grow`` more words, as an agent does; then each ``--fresh`` size as a
+one-turn session of new words. Every answer is ``--max-tokens`` tokens (``ignore_eos``). Per turn it
+prints and writes the TTFT and the time to the last token the client saw, the engine's own prompt
+time, the cached tokens, the slot, and what turnout predicted for each (its decision log); the summary
+is the agreement: median and worst |error| of both times, for the sessions' turns and the fresh prompts.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,37 +30,22 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from backends.calibrate.engines import WORDS  # noqa: E402  (after the path is set)
 from gateway.app import create_app  # noqa: E402  (after the path is set)
 from gateway.serving import ServerThread  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 
 ADMIN_TOKEN = "gpu-run-admin"
-WORDS = [
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "kilo",
-    "lima",
-    "mike",
-    "november",
-    "oscar",
-    "papa",
-]
+VOCABULARY = WORDS.split()
+"""calibrate's words: each is one token of bench/gpu/vllm_model.py's tokenizer (others would all be
+its unknown id, and every prompt the same), a few tokens of a GGUF's."""
 
 
-def text(rng: random.Random, tokens: int) -> str:
-    """About ``tokens`` tokens of words (one word is about one token in these vocabularies)."""
-    return " ".join(rng.choice(WORDS) for _ in range(tokens))
+def text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(VOCABULARY) for _ in range(words))
 
 
-def config(engine: str, profile: Path | None, model: str) -> str:
+def config(engine: str, kind: str, profile: Path | None, model: str) -> str:
     line = f'engine_profile = "{profile}"\n' if profile else ""
     return f"""
 host = "127.0.0.1"
@@ -62,15 +53,15 @@ port = 0
 [admin]
 token = "{ADMIN_TOKEN}"
 [[backends]]
-id = "llama"
-kind = "llamacpp"
+id = "engine"
+kind = "{kind}"
 url = "{engine}"
 {line}timeouts = {{ read = 1800.0, first_byte = 1800.0 }}
 [[models]]
 name = "m"
 architecture = "hybrid"
   [[models.deployments]]
-  backend = "llama"
+  backend = "engine"
   upstream_name = "{model}"
 """
 
@@ -79,74 +70,133 @@ def turn(
     client: httpx.Client, messages: list[dict[str, str]], session: str, max_tokens: int
 ) -> dict[str, Any]:
     body = {"model": "m", "messages": messages, "stream": True, "max_tokens": max_tokens,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
     started = time.perf_counter()
-    ttft, answer, usage, timings = None, [], {}, {}
+    ttft: float | None = None
+    last: float | None = None
+    answer: list[str] = []
+    usage: dict[str, Any] = {}
+    timings: dict[str, Any] = {}
     headers = {"x-session-id": session}
     with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
         if response.status_code != 200:
             raise SystemExit(f"turn failed: {response.status_code} {response.read()[:500]!r}")
-        slot = response.headers.get("x-turnout-slot")
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content") or ""
+                if piece or choice.get("finish_reason"):  # the answer's end: its last token
+                    last = time.perf_counter() - started
                 if piece and ttft is None:
-                    ttft = time.perf_counter() - started
+                    ttft = last
                 answer.append(piece)
             usage = chunk.get("usage") or usage
             timings = chunk.get("timings") or timings
-    return {"ttft_s": ttft, "answer": "".join(answer), "usage": usage, "timings": timings, "slot": slot}
+    return {"ttft_s": ttft, "last_s": last, "answer": "".join(answer), "usage": usage, "timings": timings}
+
+
+def measured(
+    client: httpx.Client, messages: list[dict[str, str]], session: str, max_tokens: int
+) -> dict[str, Any]:
+    """One turn, beside what turnout's decision log predicted for it."""
+    got = turn(client, messages, session, max_tokens)
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    log = client.get("/admin/api/decisions", params={"limit": 1}, headers=admin).json()
+    decision = log["data"][0]
+    chosen = next(c for c in decision["candidates"] if c["backend"] == decision["chosen"])
+    usage = got["usage"]
+    return {
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "ttft_s": round(got["ttft_s"] or 0.0, 3),
+        "total_s": round(got["last_s"] or 0.0, 3),
+        "engine_prompt_ms": got["timings"].get("prompt_ms"),
+        "slot": decision.get("slot"),
+        "predicted_ttft_s": chosen.get("predicted_ttft_s"),
+        "predicted_total_s": chosen.get("predicted_total_s"),
+        "predicted_cached_tokens": chosen.get("expected_cached_tokens"),
+        "answer": got["answer"] or "ok",
+    }
+
+
+def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and worst |predicted - measured| / measured of the TTFT and of the time to the last token."""
+    out: dict[str, Any] = {"n": len(rows)}
+    for what in ("ttft_s", "total_s"):
+        errors = sorted(
+            abs(r[f"predicted_{what}"] - r[what]) / r[what]
+            for r in rows
+            if r[what] and r.get(f"predicted_{what}") is not None
+        )
+        if errors:
+            out[what] = {"median": round(statistics.median(errors), 3), "worst": round(errors[-1], 3)}
+    return out
+
+
+def run(client: httpx.Client, args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+
+    def keep(row: dict[str, Any]) -> str:
+        answer = row.pop("answer")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        return str(answer)
+
+    for index, grow in enumerate(args.grow):
+        rng = random.Random(f"{args.seed}-session-{index}")  # a session's words are its own
+        messages = [{"role": "system", "content": "You are a coding agent."},
+                    {"role": "user", "content": text(rng, args.first)}]  # fmt: skip
+        session = f"gpu-run-{args.seed}-grow-{grow}-{index}"
+        for number in range(1, args.turns + 1):
+            got = measured(client, messages, session, args.max_tokens)
+            answer = keep({"kind": "turn", "grow": grow, "turn": number, **got})
+            messages += [{"role": "assistant", "content": answer},
+                         {"role": "user", "content": text(rng, grow)}]  # fmt: skip
+    for index, words in enumerate(args.fresh):
+        rng = random.Random(f"{args.seed}-fresh-{index}")
+        messages = [{"role": "user", "content": text(rng, words)}]
+        got = measured(client, messages, f"gpu-run-{args.seed}-fresh-{index}", args.max_tokens)
+        keep({"kind": "fresh", "words": words, **got})
+    return rows
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engine", required=True)
+    parser.add_argument("--kind", choices=("llamacpp", "vllm"), default="llamacpp")
     parser.add_argument("--profile", type=Path)
-    parser.add_argument("--model", default="qwen3.8-flash-next", help="the engine's --alias")
+    parser.add_argument("--model", default="qwen3.8-flash-next", help="the engine's served model name")
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--first", type=int, default=2000, help="words of the first prompt (~2 tokens each)")
-    parser.add_argument("--grow", type=int, default=250, help="words each later turn adds")
+    parser.add_argument("--first", type=int, default=2000, help="words of a session's first prompt")
+    parser.add_argument(
+        "--grow", type=int, nargs="*", default=[250], help="words a turn adds, a session each"
+    )
+    parser.add_argument("--fresh", type=int, nargs="*", default=[], help="words of each fresh prompt")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--seed", default=str(random.SystemRandom().randrange(1 << 31)),
+                        help="the prompts' seed (default: random, so a rerun meets no cache)")  # fmt: skip
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    rng = random.Random(7)
-    path = Path("/tmp/turnout-turns.toml")
-    path.write_text(config(args.engine, args.profile, args.model))
-    settings = load_settings(path)
-    server = ServerThread(create_app(settings)).start()
-    results = []
+    path = Path(tempfile.mkdtemp()) / "turnout-turns.toml"
+    path.write_text(config(args.engine, args.kind, args.profile, args.model))
+    server = ServerThread(create_app(load_settings(path))).start()
     try:
         with httpx.Client(base_url=server.url, timeout=3600) as client:
-            messages = [{"role": "system", "content": "You are a coding agent."},
-                        {"role": "user", "content": text(rng, args.first)}]  # fmt: skip
-            for index in range(args.turns):
-                got = turn(client, messages, "gpu-run-session", args.max_tokens)
-                admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-                log = client.get("/admin/api/decisions", params={"limit": 1}, headers=admin).json()
-                decision = log["data"][0]
-                chosen = next(c for c in decision["candidates"] if c["backend"] == decision["chosen"])
-                usage = got["usage"]
-                row = {
-                    "turn": index + 1,
-                    "prompt_tokens": usage.get("prompt_tokens"),
-                    "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                    "ttft_s": round(got["ttft_s"] or 0.0, 3),
-                    "engine_prompt_ms": got["timings"].get("prompt_ms"),
-                    "slot": decision.get("slot"),
-                    "predicted_ttft_s": chosen.get("predicted_ttft_s"),
-                    "predicted_cached_tokens": chosen.get("expected_cached_tokens"),
-                }
-                results.append(row)
-                print(json.dumps(row), flush=True)
-                messages += [{"role": "assistant", "content": got["answer"] or "ok"},
-                             {"role": "user", "content": text(rng, args.grow)}]  # fmt: skip
+            rows = run(client, args)
     finally:
         server.stop()
+    summary = {
+        "turns": agreement([r for r in rows if r["kind"] == "turn"]),
+        "fresh": agreement([r for r in rows if r["kind"] == "fresh"]),
+    }
+    print(json.dumps({"agreement": summary}), flush=True)
     if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        args.out.write_text(json.dumps({"rows": rows, "agreement": summary}, indent=1) + "\n")
     return 0
 
 

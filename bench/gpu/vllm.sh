@@ -9,6 +9,8 @@
 #   ... part:1, part:2 ...; the last part's call carries .gpu/wheels too and goes on:
 #   device run: bash bench/gpu/vllm.sh part:3 unpack model:weights serve:compose     # ~6 min
 #   device run: bash bench/gpu/vllm.sh calibrate:65536:200s switch:reload stop       # ~6 min
+#   device run: bash bench/gpu/vllm.sh switch:reload turns                            # ~5 min
+#   device run: bash bench/gpu/vllm.sh serve:fp8 calibrate:65536:150s turns stop      # ~9 min
 #
 # Stages run in the order given. A warm machine keeps /tmp/vgpu (the parts, vLLM's site-packages), the
 # model in /dev/shm and the server between calls; results go to $OUT (brought back by the device tool).
@@ -17,13 +19,17 @@
 #   part:N            copy the carried .vgpu/partN to /tmp/vgpu
 #   unpack            join the parts, unpack vLLM's site-packages, install turnout's wheels (/tmp/site)
 #   model[:weights]   the 27B-shape model folder in $MODEL (bench/gpu/vllm_model.py); with :weights,
-#                     random bf16 safetensors (~54 GB) so that a level-2 wake can reload them. On
-#                     2026-12-06 (H100) the first level-1 sleep with those weights in /dev/shm did not
-#                     answer in 8 minutes (54 GB in tmpfs + 50 GiB of pinned offload on 125 GiB):
-#                     next time MODEL=$HOME/q27 (the disk has 64 GiB free), or dummy weights for level 1
-#   serve:FLAGSET     vLLM until /health is 200: compose (compose.yaml's flags, one GPU) or recipe
-#                     (the recipe's command: bf16 KV, 8k batched tokens)
-#   calibrate:WINDOW:BUDGET   turnout calibrate -> $OUT/<card>-vllm-27b-shape.toml (h100 or h200)
+#                     random bf16 safetensors (~54 GB) so that a level-2 wake can reload them. $MODEL
+#                     is on the disk ($HOME/q27): with the weights in /dev/shm (54 GB of tmpfs) beside
+#                     the ~50 GiB a level-1 sleep pins, the first sleep did not answer in 8 minutes
+#   serve:FLAGSET     vLLM until /health is 200: compose (compose.yaml's flags, one GPU), fp8 (the
+#                     same, weights quantised to fp8 as they load: Q8_0's partner of equal bytes) or
+#                     recipe (the recipe's command: bf16 KV, 8k batched tokens)
+#   calibrate:WINDOW:BUDGET   turnout calibrate -> $OUT/<card>-vllm-27b-shape[-fp8].toml (h100 or h200)
+#   turns             agent sessions (4 turns growing by 300, 1,500 and 5,000 words) and fresh prompts
+#                     (1k-60k) through turnout with the flag set's profile (this run's calibration, or
+#                     the built-in one): predicted TTFT and time to the last token against measured
+#                     (bench/gpu/turns.py) -> $OUT/turns-vllm-FLAGSET.json
 #   switch[:reload]   sleep and wake at levels 1 and 2, the prefix cache across them, decode at 1, 4
 #                     and 16 streams (bench/gpu/vllm_switch.py) -> $OUT/switch.json
 #   stop              stop the server
@@ -32,7 +38,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 WORK=/tmp/vgpu
-MODEL=${MODEL:-/dev/shm/q27}
+MODEL=${MODEL:-$HOME/q27}
 PORT=${PORT:-8000}
 PIDFILE=/tmp/turnout-vllm.pid
 PART_BYTES=36100000
@@ -73,12 +79,19 @@ stage_unpack() {
 }
 
 stage_model() {
+  mkdir -p "$MODEL"
+  local free_gb
+  free_gb=$(df -BG --output=avail "$MODEL" | tail -1 | tr -dc 0-9)
+  if [ "${1:-}" = weights ] && [ ! -s "$MODEL/model.safetensors.index.json" ] && [ "$free_gb" -lt 56 ]; then
+    say "model: only $free_gb GB free under $MODEL, the weights need 54: dummy weights (no level-2 reload)"
+    set -- ""
+  fi
   if [ "${1:-}" = weights ] && [ ! -s "$MODEL/model.safetensors.index.json" ]; then
     python3 bench/gpu/vllm_model.py "$MODEL" --weights 2>&1 | tee "$OUT/model.log"
   elif [ ! -s "$MODEL/config.json" ]; then
     python3 bench/gpu/vllm_model.py "$MODEL" 2>&1 | tee "$OUT/model.log"
   fi
-  df -h /dev/shm | tail -1
+  df -h "$MODEL" /dev/shm | tail -2
 }
 
 flags_for() {
@@ -88,6 +101,7 @@ flags_for() {
     --set max-model-len=65536 --set max-num-seqs=16 --set enable-sleep-mode --set gdn-prefill-backend=triton)
   case "$1" in
     compose) python3 bench/gpu/compose_flags.py "${own[@]}" ;;
+    fp8) python3 bench/gpu/compose_flags.py "${own[@]}" --set quantization=fp8 ;;
     recipe) python3 bench/gpu/compose_flags.py "${own[@]}" --set gpu-memory-utilization=0.85 \
       --set kv-cache-dtype=auto --set max-num-batched-tokens=8192 ;;
     *) echo "unknown flag set $1" >&2; exit 2 ;;
@@ -102,6 +116,7 @@ stage_serve() {
   stop_server
   mapfile -t flags < <(flags_for "$1")
   echo "${flags[*]}" | tee "$OUT/vllm-flags-$1.txt" > "$WORK/flags.txt"  # $OUT is new each call
+  echo "$1" > "$WORK/flagset"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$OUT/vllm-gpu-memory-$1.txt"
   local started=$SECONDS log="$OUT/vllm-server-$1.log"
   VLLM_SERVER_DEV_MODE=1 PYTHONPATH=$WORK/site setsid python3 -m vllm.entrypoints.openai.api_server \
@@ -124,23 +139,53 @@ wait_healthy() {
   done
 }
 
+card_tag() {
+  local tag
+  tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200' | head -1 | tr 'A-Z' 'a-z')
+  echo "${tag:-gpu}"
+}
+
+# the serving flag set's profile name: compose's is the plain one, others are suffixed
+profile_name() {
+  local set
+  set=$(cat "$WORK/flagset" 2>/dev/null || echo compose)
+  if [ "$set" = compose ]; then echo "$(card_tag)-vllm-27b-shape"; else echo "$(card_tag)-vllm-27b-shape-$set"; fi
+}
+
 stage_calibrate() {
   wait_healthy
-  local card tag
+  local card name weights=bf16
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-  tag=$(echo "$card" | grep -oiE 'h100|h200' | head -1 | tr 'A-Z' 'a-z'); tag=${tag:-gpu}
+  name=$(profile_name)
+  grep -q "quantization fp8" "$WORK/flags.txt" && weights="bf16 checkpoint, quantised to fp8 as it loads"
   PYTHONPATH=/tmp/site:$PWD python3 -c "from gateway.cli import main; raise SystemExit(main())" calibrate \
-    "http://127.0.0.1:$PORT" --out "$OUT/$tag-vllm-27b-shape.toml" --name "$tag-vllm-27b-shape" \
+    "http://127.0.0.1:$PORT" --out "$OUT/$name.toml" --name "$name" \
     --budget "$2" --window "$1" --batch 2048 \
     --machine gpu="1x $card" --machine cpu="$(nproc) cores, $(free -g | awk '/^Mem/ {print $2}') GiB RAM" \
-    --machine model="random-weight Qwen3.5-27B shape (bench/gpu/vllm_model.py), bf16, vLLM 0.25.0" \
-    --machine flags="$(cat "$WORK/flags.txt")" 2>&1 | tee "$OUT/calibrate-vllm.log"
+    --machine model="random-weight Qwen3.5-27B shape (bench/gpu/vllm_model.py), $weights, vLLM 0.25.0" \
+    --machine flags="$(cat "$WORK/flags.txt")" 2>&1 | tee "$OUT/calibrate-$name.log"
+  cp "$OUT/$name.toml" "$WORK/$name.toml"  # for later calls' turns: $OUT starts empty each call
+}
+
+stage_turns() {
+  wait_healthy
+  local name profile
+  name=$(profile_name)
+  profile=$WORK/$name.toml
+  [ -s "$profile" ] || profile=backends/profiles/$name.toml
+  say "turns: profile $profile"
+  PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/turns.py --engine "http://127.0.0.1:$PORT" --kind vllm \
+    --model qwen3.8-27b --profile "$profile" --turns "${TURNS:-4}" --first "${FIRST_WORDS:-2000}" \
+    --grow ${GROW:-300 1500 5000} --fresh ${FRESH:-1024 4096 16384 32768 60000} \
+    --max-tokens "${MAX_TOKENS:-128}" --out "$OUT/turns-vllm-$(cat "$WORK/flagset").json" 2>&1 \
+    | grep -v '^\S* \S* \[info' | tee "$OUT/turns-vllm-$(cat "$WORK/flagset").log"
 }
 
 stage_switch() {
   wait_healthy
   local reload=()
-  [ "${1:-}" = reload ] && reload=(--reload)
+  # the dummy loader cannot reload: only with real weights
+  [ "${1:-}" = reload ] && [ -s "$MODEL/model.safetensors.index.json" ] && reload=(--reload)
   PYTHONPATH=/tmp/site python3 bench/gpu/vllm_switch.py "http://127.0.0.1:$PORT" --out "$OUT/switch.json" \
     "${reload[@]}" 2>&1 | tee "$OUT/switch.log"
 }
@@ -157,6 +202,7 @@ for step in "$@"; do
     serve) stage_serve "$a" ;;
     calibrate) stage_calibrate "$a" "$b" ;;
     switch) stage_switch "${a:-}" ;;
+    turns) stage_turns ;;
     stop) stop_server ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
