@@ -98,12 +98,15 @@ def turn(
 
 
 def measured(
-    client: httpx.Client, messages: list[dict[str, str]], session: str, max_tokens: int
+    client: httpx.Client, messages: list[dict[str, str]], session: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One turn, beside what turnout's decision log predicted for it."""
-    got = turn(client, messages, session, max_tokens)
-    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-    log = client.get("/admin/api/decisions", params={"limit": 1}, headers=admin).json()
+    got = turn(client, messages, session, args.max_tokens)
+    admin = {"authorization": f"Bearer {args.admin_token}"}
+    response = client.get("/admin/api/decisions", params={"limit": 1}, headers=admin)
+    if response.status_code != 200:
+        raise SystemExit(f"decision log: {response.status_code} {response.text[:300]}")
+    log = response.json()
     decision = log["data"][0]
     chosen = next(c for c in decision["candidates"] if c["backend"] == decision["chosen"])
     usage = got["usage"]
@@ -151,14 +154,14 @@ def run(client: httpx.Client, args: argparse.Namespace) -> list[dict[str, Any]]:
                     {"role": "user", "content": text(rng, args.first)}]  # fmt: skip
         session = f"gpu-run-{args.seed}-grow-{grow}-{index}"
         for number in range(1, args.turns + 1):
-            got = measured(client, messages, session, args.max_tokens)
+            got = measured(client, messages, session, args)
             answer = keep({"kind": "turn", "grow": grow, "turn": number, **got})
             messages += [{"role": "assistant", "content": answer},
                          {"role": "user", "content": text(rng, grow)}]  # fmt: skip
     for index, words in enumerate(args.fresh):
         rng = random.Random(f"{args.seed}-fresh-{index}")
         messages = [{"role": "user", "content": text(rng, words)}]
-        got = measured(client, messages, f"gpu-run-{args.seed}-fresh-{index}", args.max_tokens)
+        got = measured(client, messages, f"gpu-run-{args.seed}-fresh-{index}", args)
         keep({"kind": "fresh", "words": words, **got})
     return rows
 
@@ -184,7 +187,10 @@ def main() -> int:
     args = parser.parse_args()
     path = Path(tempfile.mkdtemp()) / "turnout-turns.toml"
     path.write_text(config(args.engine, args.kind, args.profile, args.model))
-    server = ServerThread(create_app(load_settings(path))).start()
+    settings = load_settings(path)
+    token = settings.admin.token  # TURNOUT_ADMIN__TOKEN, where set, wins over the file's
+    args.admin_token = token.get_secret_value() if token else ADMIN_TOKEN
+    server = ServerThread(create_app(settings)).start()
     try:
         with httpx.Client(base_url=server.url, timeout=3600) as client:
             rows = run(client, args)
