@@ -20,9 +20,12 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import httpx
+
+from backends.calibrate.together import Tick, decode_together
 
 EngineName = Literal["vllm", "llamacpp"]
 WORDS = (
@@ -120,12 +123,30 @@ class LlamaEngine(Engine):
         return Prefill(seconds, int(timings["prompt_n"]), int(timings.get("cache_n", 0)))
 
     async def decode(self, prompts: Sequence[Sequence[int]], n_tokens: int) -> float:
-        answers = await asyncio.gather(*(self.complete(p, i, n_tokens) for i, p in enumerate(prompts)))
-        steps = [
-            float(a["timings"]["predicted_ms"]) / 1000 / max(int(a["timings"]["predicted_n"]) - 1, 1)
-            for a in answers
+        """Each prompt on its own slot, streamed (``together``: timed once all of them decode)."""
+        streams = [
+            partial(self._stream, p, i, _limit(self.info.window, p, n_tokens)) for i, p in enumerate(prompts)
         ]
-        return max(steps)
+        step = await decode_together(streams, n_tokens)
+        await _settle(self)
+        return step
+
+    async def _stream(self, tokens: Sequence[int], slot: int, limit: int, tick: Tick) -> None:
+        body = {"prompt": list(tokens), "n_predict": limit, "id_slot": slot, "cache_prompt": True,
+                "ignore_eos": True, "temperature": 0.0, "stream": True}  # fmt: skip
+        async with self.client.stream("POST", "/completion", json=body) as response:
+            if response.status_code != 200:
+                raise CalibrationError(
+                    f"llama-server answered {response.status_code}: {(await response.aread())[:300]!r}"
+                )
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("stop"):
+                    return
+                if "content" in chunk and tick():
+                    return
 
     async def erase(self, slot: int) -> None:
         """``POST /slots/{id}?action=erase`` (served only with ``--slot-save-path``); otherwise the slot
@@ -185,8 +206,26 @@ class VllmEngine(Engine):
         return Prefill(first, len(tokens) - cached, cached)
 
     async def decode(self, prompts: Sequence[Sequence[int]], n_tokens: int) -> float:
-        runs = await asyncio.gather(*(self._stream(p, n_tokens) for p in prompts))
-        return max((last - first) / max(count - 1, 1) for first, last, count, _ in runs)
+        """The prompts streamed together (``together``: timed once all of them decode)."""
+        streams = [partial(self._decode_stream, p, _limit(self.info.window, p, n_tokens)) for p in prompts]
+        step = await decode_together(streams, n_tokens)
+        await _settle(self)
+        return step
+
+    async def _decode_stream(self, tokens: Sequence[int], limit: int, tick: Tick) -> None:
+        body = {"model": self.info.model, "prompt": list(tokens), "max_tokens": limit, "min_tokens": limit,
+                "ignore_eos": True, "temperature": 0.0, "stream": True}  # fmt: skip
+        async with self.client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                raise CalibrationError(
+                    f"vLLM answered {response.status_code}: {(await response.aread())[:300]!r}"
+                )
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or []
+                if choices and choices[0].get("text") is not None and tick():
+                    return
 
     async def prefix_hit(self, tokens: Sequence[int]) -> int:
         await self._stream(tokens, 1)
@@ -218,6 +257,28 @@ async def connect(client: httpx.AsyncClient, seed: int = 0) -> Engine:
     engine = VllmEngine(client, info, _varied(tokenized["tokens"]), seed)
     await engine.prefill(engine.prompt(8))  # the first request pays for warming up: not a measurement
     return engine
+
+
+DECODE_LIMIT = 4096
+"""The most tokens a decode point's sequence may make while it waits for the others to start: its
+stream is closed once all of them have made enough (``together``)."""
+SETTLE_S = 10.0
+
+
+def _limit(window: int, prompt: Sequence[int], n_tokens: int) -> int:
+    """Tokens a decode sequence may ask for: up to ``DECODE_LIMIT``, within the context window."""
+    room = window - len(prompt) - 8 if window > 0 else DECODE_LIMIT
+    return max(n_tokens + 1, min(DECODE_LIMIT, room))
+
+
+async def _settle(engine: Engine) -> None:
+    """Wait (up to ``SETTLE_S``) for the engine to drop the streams ``decode`` closed: an aborted
+    request still running would share the next measurement's steps."""
+    deadline = time.perf_counter() + SETTLE_S
+    while time.perf_counter() < deadline:
+        if not await engine.busy():
+            return
+        await asyncio.sleep(0.05)
 
 
 MIN_DISTINCT_TOKENS = 16

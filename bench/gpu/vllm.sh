@@ -124,7 +124,7 @@ stage_serve() {
   echo $! > "$PIDFILE"
   until curl -fsS "http://127.0.0.1:$PORT/health" > /dev/null 2>&1; do
     kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { tail -40 "$log"; exit 1; }
-    [ $((SECONDS - started)) -lt 540 ] || { say "serve $1: not healthy after 540 s (still starting)"; return; }
+    [ $((SECONDS - started)) -lt "${SERVE_WAIT:-540}" ] || { say "serve $1: not healthy after $((SECONDS - started)) s (still starting)"; return; }
     sleep 2
   done
   say "serve $1: healthy after $((SECONDS - started)) s"
