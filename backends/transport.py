@@ -93,11 +93,18 @@ def _close_after_stream(response: aiohttp.ClientResponse) -> None:
     answer says ``Keep-Alive``: such a connection is not given back to the pool, where the next request
     could take it before its close is seen and fail ("Cannot write to closing transport")."""
     streamed = response.headers.get("Content-Type", "").startswith("text/event-stream")
+    if not streamed or not response.headers.get("Server", "").startswith("llama.cpp"):
+        return
     connection = response.connection
-    if streamed and response.headers.get("Server", "").startswith("llama.cpp") and connection is not None:
-        protocol = connection.protocol
-        if protocol is not None:
-            protocol.force_close()
+    if connection is not None:
+        if connection.protocol is not None:
+            connection.protocol.force_close()  # closed when the answer is read, not pooled
+        return
+    # the whole answer came with its headers (a short one, on a busy machine): aiohttp has already
+    # given the connection back to the pool; close it there, so the pool drops it
+    protocol = getattr(response, "_protocol", None)
+    if protocol is not None:
+        protocol.close()
 
 
 class _Body(httpx.AsyncByteStream):
