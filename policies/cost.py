@@ -9,9 +9,11 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                requests running there (each step that takes a chunk of those prompts decodes them
                once; ``pricing.interleaved_decode_s``); other engines: 0
     total    = ttft + (expected_output - 1) * decode_step
-    decode_step = decode_step_s(requests already running on the engine): the profile's step for
-               that batch over its step for one, divided by the learned decode_tok_s; without a
-               profile (1 + 0.06 * running) / decode_tok_s
+    decode_step = decode_step_s(requests already running on the engine, the prompt's tokens): the
+               profile's step for that batch at that context over its step for one at none, divided
+               by the learned decode_tok_s (which learning scales to no context the same way: priced
+               at none, a long conversation's answer was predicted up to 4x early on the GPU); without
+               a profile (1 + 0.06 * running) / decode_tok_s
                (an engine step prefills a chunk of prompts and decodes every running request once:
                a busy batch slows the answers, not the prompt)
     objective = ttft + horizon * future_s + evict_cost_s + margin + others   (total instead of ttft:
@@ -309,7 +311,7 @@ def estimate(
         )
     prompt = features.prompt_tokens
     cached = max(0, min(option.cached, prompt - 1))
-    decode_step = decode_step_s(deployment, stats, snapshot.running)
+    decode_step = decode_step_s(deployment, stats, snapshot.running, prompt)  # as learning scales it
     prefill = objective.prefill(cached)
     queue = option.queue_s * factor
     interleaved = 0.0

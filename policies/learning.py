@@ -25,7 +25,10 @@ Per deployment (``backend/model``):
   ago, a restore shows it holds at least that many (``max``); none shows it holds fewer
   (``span * RAM_MISS_SHRINK``). A server started with ``--cache-ram 0`` soon predicts no restore.
 - ``block``: the greatest common divisor of the non-zero ``cached_tokens`` seen (vLLM caches whole
-  blocks; llama.cpp's token-exact reuse drives it to 1).
+  blocks; llama.cpp's token-exact reuse drives it to 1). A vLLM deployment whose engine profile
+  measured its prefix block (``cache.prefix_block``, ``turnout calibrate``) starts from that block
+  and a ``reuse`` of 1: a hybrid model's prompts are reused in whole blocks from the first turn
+  (vLLM 0.25; the kind's prior, none, is the older releases').
 - ``service_s``: request duration, for queue-wait estimates.
 - ``queue_factor``: how much longer than predicted a predicted queue really was,
   ``(ttft - predicted ttft + predicted queue) / modelled queue`` on streams that were predicted to
@@ -142,19 +145,24 @@ class DeploymentStats(msgspec.Struct, frozen=True):
         architecture: Architecture,
         speed: float = 1.0,
         rates: tuple[float, float] | None = None,
+        block: int = 0,
     ) -> DeploymentStats:
         """Before any measurement: the priors, rates times ``speed`` (what the other engines measured
         against their priors: a slower or faster machine, or a replay's compressed time); ``rates``:
-        the deployment's engine profile's prefill and decode rates instead of the kind's."""
+        the deployment's engine profile's prefill and decode rates instead of the kind's; ``block``:
+        the prefix-cache block its profile measured vLLM reusing prompts in (0: none measured), so
+        that the first turn a fresh gateway sends back is priced with its whole blocks reused."""
         prefill, decode = rates or (PRIOR_PREFILL[kind], PRIOR_DECODE[kind])
+        reuse = 1.0 if kind is EngineKind.VLLM and block > 0 else prior_reuse(kind, architecture)
         return cls(
             prefill_tok_s=Ewma(prefill * speed, prefill, rate=True),
             decode_tok_s=Ewma(decode * speed, decode, rate=True),
-            reuse=Ewma(prior_reuse(kind, architecture), prior_reuse(kind, architecture), ratio=True),
+            reuse=Ewma(reuse, reuse, ratio=True),
             service_s=Ewma(PRIOR_SERVICE_S / speed, PRIOR_SERVICE_S),
             ram_reuse=Ewma(
                 ram_prior := PRIOR_RAM_REUSE if kind is EngineKind.LLAMACPP else 0.0, ram_prior, ratio=True
             ),
+            block=block if kind is EngineKind.VLLM else 0,
         )
 
 
@@ -171,8 +179,13 @@ class LearnedState(msgspec.Struct, frozen=True):
 
     def for_deployment(self, deployment: Deployment, kind: EngineKind) -> DeploymentStats:
         key = f"{deployment.backend_id}/{deployment.model}"
+        profile = deployment.profile
         return self.deployments.get(key) or DeploymentStats.prior(
-            kind, deployment.architecture, self.speed.value, profile_rates(deployment)
+            kind,
+            deployment.architecture,
+            self.speed.value,
+            profile_rates(deployment),
+            profile.cache.prefix_block if profile is not None else 0,
         )
 
     def for_model(self, model: str, chars_per_token_prior: float = 3.6) -> ModelStats:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from msgspec.structs import replace
 
+from backends.engine_profiles import load_profile
 from policies import (
     Architecture,
     BackendSnapshot,
@@ -328,6 +329,21 @@ class TestReuse:
             features(), VLLM, vllm_snapshot(), session=SESSION, leases=(), learned=LearnedState(), match=HELD
         )
         assert result.expected_cached_tokens == 0
+
+    def test_vllm_hybrid_with_a_profile_that_measured_its_blocks_reuses_them_from_the_start(self) -> None:
+        """A profile whose calibration saw vLLM reuse a hybrid model's prompts in 1,568-token blocks
+        (the H100 run: every turn reused whole blocks of it) prices the first turn a fresh gateway sends
+        back with those blocks reused; before, the first prefix hit was priced as none (+301% TTFT)."""
+        deployment = replace(VLLM, profile=load_profile("h100-vllm-27b-shape"))
+        stats = LearnedState().for_deployment(deployment, EngineKind.VLLM)
+        assert (stats.block, stats.reuse.value) == (1568, 1.0)
+        session = SessionView("s", turns=1, prompt_tokens=2014)
+        result = estimate(
+            features(2448), deployment, vllm_snapshot(), session=session, leases=(), learned=LearnedState(),
+            match=PrefixMatch(recent=2142),
+        )  # fmt: skip
+        assert result.expected_cached_tokens == 1568  # what the engine reused on the GPU
+        assert LearnedState().for_deployment(VLLM, EngineKind.VLLM).block == 0  # no profile: unknown
 
     def test_vllm_learns_block_aligned_reuse(self) -> None:
         """After a 600-token prompt reused 512 of a 600-token history, a 1000-token history predicts 768."""

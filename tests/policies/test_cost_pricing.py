@@ -22,19 +22,22 @@ from policies import (
     route,
 )
 from policies.cost import OTHERS_SHARE, estimate
-from policies.learning import LearnedState
+from policies.engine_profile import DecodeModel
+from policies.learning import LearnedState, learn
 from policies.pricing import BATCH_SLOWDOWN, STEP_TOKENS
 from policies.route import RoutingContext
 from policies.slots import keep_chance
 from policies.types import (
     Decision,
     Estimate,
+    Outcome,
     PrefixMatch,
     SessionSource,
     SessionView,
     SlotLease,
     SlotMatch,
     SlotState,
+    Usage,
 )
 from tests.policies.cost_helpers import (
     CPU_MOE,
@@ -93,6 +96,31 @@ def test_a_busy_batch_slows_decoding_not_the_prompt() -> None:
     busy = estimate(features(), VLLM, vllm_snapshot(running=20), session=None, leases=(), learned=learned)
     assert busy.prefill_s == idle.prefill_s == pytest.approx(10_000 / 6600)
     assert busy.total_s - busy.ttft_s > idle.total_s - idle.ttft_s  # the answer is slower
+
+
+def test_the_answer_is_priced_at_the_context_learning_scaled_it_from() -> None:
+    """Learning scales an observed decode rate back to no context by the profile's context term; the
+    prediction must apply the same term, or every answer on a long conversation is priced early (on
+    the GPU, a 17k-token turn's 128 tokens were predicted at 10 ms a step where each took 21.6: the
+    learned rate had been scaled up and was applied at no context). An answer that took exactly what
+    the profile says, learned, prices the same answer again at the same step."""
+    profile = replace(
+        load_profile("h100-vllm-27b-shape"),
+        decode=DecodeModel(step_s=0.02, seq_s=0.001, context_s=0.002),
+    )
+    deployment = replace(VLLM, profile=profile)
+    prompt, answer = 20_000, 129
+    step = 0.02 + 20 * 0.002  # 60 ms at 20k tokens of context
+    outcome = Outcome(
+        "vllm", "m", EngineKind.VLLM, Usage(prompt, answer, 0), ttft_s=1.0,
+        duration_s=1.0 + (answer - 1) * step, prompt_chars=prompt * 4, shared_prefix_tokens=0, stream=True,
+    )  # fmt: skip
+    learned = learn(LearnedState(), outcome, deployment)
+    again = estimate(
+        replace(features(prompt), max_tokens=answer), deployment, vllm_snapshot(), session=None,
+        leases=(), learned=learned,
+    )  # fmt: skip
+    assert (again.total_s - again.ttft_s) / (answer - 1) == pytest.approx(step, rel=0.02)
 
 
 def test_vllm_prices_the_decode_steps_run_with_its_prompt_and_the_backlog() -> None:
