@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from importlib import resources
@@ -149,9 +150,27 @@ def background_traffic(url: str, stop: threading.Event, every_s: float = TRAFFIC
 
 def demo_dir() -> Path:
     """Where the demo keeps its log and its recorded traffic: ``$TURNOUT_CACHE/demo`` (default
-    ``~/.cache/turnout/demo``)."""
+    ``~/.cache/turnout/demo``), created. Where that cannot be written (an image's user whose home is
+    ``/nonexistent``), a folder of the user's own under the system's temporary directory, said on
+    stderr: the demo runs either way."""
     cache = os.environ.get("TURNOUT_CACHE") or Path.home() / ".cache" / "turnout"
-    return Path(cache) / "demo"
+    folder = Path(cache) / "demo"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+        reason = "not writable"
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+    fallback = Path(tempfile.gettempdir()) / f"turnout-{os.getuid()}" / "demo"
+    fallback.mkdir(parents=True, exist_ok=True)
+    print(
+        f"turnout demo: {folder} cannot be used ({reason}); logs and recorded traffic go to {fallback}"
+        " (set TURNOUT_CACHE to choose)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return fallback
 
 
 def run_demo(traffic: bool = True, verbose: bool = False) -> int:
