@@ -119,6 +119,7 @@ class Router:
         self.pins: dict[str, str] = {}
         """Model groups an admin pinned to one member: group -> member."""
         self._sequence = itertools.count()
+        self._repeats = itertools.count(2)  # numbers the repeats of a new conversation's first prompt
         self._generations: dict[str, int] = {}  # the fleet's restart counts this router has acted on
         self.live = LiveSessions(lease_idle_s)
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
@@ -143,6 +144,14 @@ class Router:
             routed = await self.decide(features, session)
         return routed
 
+    async def _new_implicit(self, chain: PromptChain) -> str:
+        """A new conversation's key: its first prompt's digest, numbered when another live session
+        began with the same prompt (a repeat of it is a conversation of its own)."""
+        key = f"i:{chain.whole:016x}"
+        while await self.store.get_session(key) is not None:
+            key = f"i:{chain.whole:016x}.{next(self._repeats)}"
+        return key
+
     def absorb(self, outcome: Outcome, deployment: Deployment) -> None:
         """Learn from a finished request on ``deployment`` (what this replica shares with the others too)."""
         self.learned = learn(self.learned, outcome, deployment)
@@ -164,7 +173,7 @@ class Router:
         if key is None:
             if not features.chain.length:
                 return features, None
-            key = await self.store.find_session(features.chain) or f"i:{features.chain.whole:016x}"
+            key = await self.store.find_session(features.chain) or await self._new_implicit(features.chain)
             features = replace(features, session_key=key, session_source=SessionSource.IMPLICIT)
         session = await self.store.get_session(key) or SessionView(key=key)
         added = None if features.prompt_exact else added_part(features, session)

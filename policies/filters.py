@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from policies.types import BackendSnapshot, Deployment, EngineKind, Health, Reason, Rejection, RequestFeatures
+from policies.types import (
+    BackendSnapshot,
+    Deployment,
+    Endpoint,
+    EngineKind,
+    Health,
+    Reason,
+    Rejection,
+    RequestFeatures,
+)
 
 Candidate = tuple[Deployment, BackendSnapshot]
 FilterResult = tuple[list[Candidate], list[Rejection]]
@@ -45,8 +54,13 @@ def context_fits(features: RequestFeatures, candidates: Sequence[Candidate]) -> 
 
     Both engines accept a ``max_tokens`` larger than the room left (vLLM clamps it, llama.cpp
     stops at the window), so a prompt that fits is never refused for its ``max_tokens`` alone:
-    only when some other candidate has room for all of it are the tighter ones dropped.
+    only when some other candidate has room for all of it are the tighter ones dropped. A token count
+    (``/v1/messages/count_tokens``) keeps every candidate: it must answer the number the client needs
+    to see its prompt is too long, and on a busy engine the character estimate it is routed by ran
+    1.4x the engine's count (issue #60: 96,604 "tokens" refused for a prompt served as 68,016).
     """
+    if features.endpoint is Endpoint.COUNT_TOKENS:
+        return list(candidates), []  # a count is never refused: the engine counts any length
     output = max(features.max_tokens or 0, 1)
     fits_prompt: list[Candidate] = []
     fits_all: list[Candidate] = []

@@ -209,10 +209,12 @@ class PrefixIndex:
         return PrefixMatch(tuple(slots), best.tokens, best.whole, best.held, age)
 
     def find_session(self, chain: PromptChain) -> str | None:
-        """The session whose recorded prompt is the longest byte prefix of ``chain``, if any."""
+        """The session whose recorded prompt is the longest byte prefix of ``chain`` shorter than it,
+        if any: a prompt that only repeats a recorded one continues nothing (ten clients sending the
+        same "Hello!" are ten conversations, not one of ten turns)."""
         for index in range(chain.chunks - 1, -2, -1):
             key = chain.hashes[index] if index >= 0 else ROOT
             for mark, session in self._tips.get(key, ()):
-                if chain.extends(mark):
+                if mark.length < chain.length and chain.extends(mark):
                     return session
         return None

@@ -136,6 +136,26 @@ def test_implicit_session_without_any_header(routing: Stack) -> None:
     assert cached(later[-1]) > 0
 
 
+def test_identical_first_prompts_are_conversations_of_their_own(routing: Stack) -> None:
+    """Ten clients sending the same "Hello!" are ten one-turn conversations, not one of ten turns (a
+    prompt that repeats another without extending it continues nothing: issue #60 item 3); a second
+    turn of one of them is still recognised as that conversation's."""
+    hello = [{"role": "user", "content": "Hello!"}]
+    answers = [chat(routing, hello) for _ in range(4)]
+    follow = chat(routing, [*hello, answers[0].json()["choices"][0]["message"],
+                            {"role": "user", "content": "And now?"}])  # fmt: skip
+    with routing.client() as client:
+        data = client.get("/admin/api/decisions", headers=ADMIN, params={"limit": 5}).json()["data"]
+        sessions = client.get("/admin/api/sessions", headers=ADMIN).json()
+    repeats, continued = data[:0:-1], data[0]  # newest first
+    assert all(entry["session_source"] == "implicit" for entry in data)
+    assert len({entry["session"] for entry in repeats}) == 4, [entry["session"] for entry in repeats]
+    assert continued["session"] in {entry["session"] for entry in repeats}  # a turn of one of them
+    assert follow.headers["x-turnout-session-source"] == "implicit"
+    turns = sorted(s["turns"] for s in sessions["data"])
+    assert turns == [1, 1, 1, 2], sessions
+
+
 def test_two_sessions_two_slots_and_a_third_evicts_the_least_recent(routing: Stack) -> None:
     """A and B share a system prompt too long for vLLM's window, not their first messages (longer
     than the 516 tokens before a prompt's end where a hybrid slot keeps a checkpoint): B taking A's
@@ -216,6 +236,20 @@ def test_decision_log(routing: Stack) -> None:
     assert entry["outcome"]["completion_tokens"] == 8
     assert bad.status_code == 400
     assert bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_count_tokens_answers_for_a_prompt_no_window_holds(routing: Stack) -> None:
+    """A token count is never refused for its length: it is how a client learns its prompt is too
+    long (issue #60 item 1: count_tokens answered 400 "prompt is too long" on a busy engine's
+    estimate for a prompt the same request was served). The answer is the engine's own count."""
+    body = {"model": "m-both", "messages": [{"role": "user", "content": text(70_000, 5)}]}
+    with routing.client() as client:
+        counted = client.post("/v1/messages/count_tokens", json=body)
+        served = client.post("/v1/messages", json={**body, "max_tokens": 4})
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] > 65_536  # more than the largest window (llama's)
+    assert served.status_code == 400  # the request itself is refused, in Anthropic's words
+    assert "prompt is too long" in served.json()["error"]["message"]
 
 
 def test_estimate_near_a_window_is_replaced_by_the_engines_count(routing: Stack) -> None:
