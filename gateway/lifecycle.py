@@ -22,7 +22,7 @@ from backends.fleet import Fleet
 from backends.inflight import Sent
 from backends.stream import ResponseRelay
 from backends.watchdog import Expired
-from gateway.catalog import Catalog
+from gateway.catalog import Catalog, max_output_tokens
 from gateway.completion import Completion, settle
 from gateway.errors import InvalidRequest, from_upstream
 from gateway.record import RequestRecord
@@ -31,7 +31,14 @@ from gateway.routed import Routed
 from gateway.routing import Router
 from gateway.warming import Warming
 from policies import Decision, Endpoint, RequestFeatures
-from policies.features import FeatureError, ModelFacts, output_cap, request_features, with_shape
+from policies.features import (
+    OUTPUT_LIMIT_FIELDS,
+    FeatureError,
+    ModelFacts,
+    output_cap,
+    request_features,
+    with_shape,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -86,14 +93,22 @@ class Lifecycle:
         """Resolve the model (an unset output limit gets the model's), read the request's features,
         and route it (``Router.route``: session, counting near a window, the decision)."""
         model = self.catalog.resolve(body["model"])
-        body.update(output_cap(body, endpoint, model.max_output_tokens))
+        ceiling = max_output_tokens(model, self.catalog.window(model, self.fleet.snapshots()))
+        asked = max(
+            (v for f in OUTPUT_LIMIT_FIELDS.get(endpoint, ()) if isinstance(v := body.get(f), int)), default=0
+        )
+        capped = output_cap(body, endpoint, model.max_output_tokens, ceiling)
+        body.update(capped)
         learned = self.router.learned.for_model(model.name, model.chars_per_token).chars_per_token.value
         facts = ModelFacts(model.name, learned, model.members, model.prefer_default, model.reasoning_floor_b)
         try:
             features = request_features(body, endpoint, headers, facts)
         except FeatureError as exc:
             raise InvalidRequest(str(exc), param=exc.param) from exc
-        return await self.router.route(features, body)
+        routed = await self.router.route(features, body)
+        if asked > ceiling and capped:
+            routed = replace(routed, output_capped=(asked, ceiling))
+        return routed
 
     async def open(
         self, endpoint: Endpoint, body: dict[str, Any], routed: Routed, record: RequestRecord
@@ -105,9 +120,10 @@ class Lifecycle:
         try:
             for attempt in range(1, self.retries + 2):
                 if excluded:
-                    routed = await self.router.decide(
+                    again = await self.router.decide(
                         routed.features, routed.session, frozenset(excluded), routed.overflowed
                     )
+                    routed = replace(again, output_capped=routed.output_capped)
                 decision = routed.decision
                 if decision.chosen is None:
                     raise gave_up(routed, last_error)

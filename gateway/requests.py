@@ -99,11 +99,24 @@ def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
     if endpoint is Endpoint.MESSAGES:
         value = _require(body, "max_tokens", (int,), "an integer")
         if value < 1:
-            raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
+            raise InvalidRequest("max_tokens: Input should be greater than or equal to 1", param="max_tokens")
     for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise InvalidRequest(f"Invalid '{key}': expected a non-negative integer.", param=key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidRequest(
+                f"Invalid type for '{key}': expected an integer, but got {type(value).__name__} instead.",
+                param=key,
+                code="invalid_type",
+            )
+        if value < 1:  # every engine refuses it too, each in its own words: judged here, in the API's
+            raise InvalidRequest(
+                f"Invalid '{key}': integer below minimum value. Expected a value >= 1, but got {value} "
+                "instead.",
+                param=key,
+                code="integer_below_min_value",
+            )
     if "stream" in body and not isinstance(body["stream"], bool | None):
         raise InvalidRequest("Invalid type for 'stream': expected a boolean.", param="stream")
     return body

@@ -22,6 +22,8 @@ class Routed(msgspec.Struct, frozen=True):
     warm: WarmUp | None = None
     """The llama.cpp slot to prefill the prompt into in the background (``policies.warm``), held for
     the session where it is proven to continue."""
+    output_capped: tuple[int, int] | None = None
+    """The output limit the request asked for and the model's it was lowered to, where it asked more."""
 
 
 def engine_counted(routed: Routed, error: UpstreamStatusError) -> Routed:

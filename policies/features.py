@@ -225,13 +225,23 @@ def asks_deep_reasoning(body: Mapping[str, Any]) -> bool:
     return False
 
 
-def output_cap(body: Mapping[str, Any], endpoint: Endpoint, limit: int | None) -> dict[str, int]:
-    """The output limit to set on a request that sets none: the model's configured ``max_output_tokens``
-    (Codex never sends one; llama.cpp would otherwise generate until the window is full)."""
+def output_cap(
+    body: Mapping[str, Any], endpoint: Endpoint, limit: int | None, ceiling: int | None = None
+) -> dict[str, int]:
+    """The output limits to set: on a request that sets none, the model's configured
+    ``max_output_tokens`` (``limit``: Codex never sends one; llama.cpp would otherwise generate until
+    the window is full); on one that asks for more than the model's output limit (``ceiling``: what
+    ``/v1/models`` advertises), that limit (a ``max_tokens`` of 10,000,000 reached the engine as the
+    whole window)."""
     fields = OUTPUT_LIMIT_FIELDS.get(endpoint)
-    if limit is not None and fields and all(body.get(f) is None for f in fields):
-        return {fields[0]: limit}
-    return {}
+    if not fields:
+        return {}
+    asked = {f: body[f] for f in fields if body.get(f) is not None}
+    if not asked:
+        return {fields[0]: limit} if limit is not None else {}
+    if ceiling is None:
+        return {}
+    return {f: ceiling for f, value in asked.items() if isinstance(value, int) and value > ceiling}
 
 
 class ModelFacts(msgspec.Struct, frozen=True):

@@ -58,3 +58,11 @@ def test_the_output_cap_fills_only_an_unset_limit() -> None:
     assert output_cap(BODY, Endpoint.RESPONSES, 512) == {"max_output_tokens": 512}
     assert output_cap(BODY, Endpoint.COUNT_TOKENS, 512) == {}
     assert output_cap(BODY, Endpoint.CHAT, None) == {}
+
+
+def test_the_output_cap_lowers_a_limit_above_the_models_to_it() -> None:
+    asked = {**BODY, "max_tokens": 10_000_000, "max_completion_tokens": 100}
+    assert output_cap(asked, Endpoint.CHAT, 512, ceiling=23_500) == {"max_tokens": 23_500}
+    assert output_cap({**BODY, "max_tokens": 23_500}, Endpoint.CHAT, 512, ceiling=23_500) == {}
+    assert output_cap(BODY, Endpoint.CHAT, None, ceiling=23_500) == {}  # unset stays unset without a limit
+    assert output_cap({**BODY, "max_tokens": 10_000_000}, Endpoint.CHAT, 512) == {}  # no ceiling known
