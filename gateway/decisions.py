@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.routed import Routed
 from policies.sessions import session_label
-from policies.types import Outcome, Reason, WarmUp
+from policies.types import Endpoint, Outcome, Reason, WarmUp
 
 MOVES = {
     Reason.CONTEXT_TOO_LONG: "it outgrew that backend's window",
@@ -90,6 +90,17 @@ def _warm_up(warm: WarmUp | None) -> dict[str, Any] | None:
     }
 
 
+TIMED = ("predicted_ttft_s", "predicted_total_s")
+"""Predictions of a first and a last token: a token count (``/v1/messages/count_tokens``) has neither
+(it was shown as a 9.3 s predicted TTFT, its routing's prefill price)."""
+
+
+def _for_endpoint(endpoint: Endpoint, candidate: dict[str, Any]) -> dict[str, Any]:
+    if endpoint is Endpoint.COUNT_TOKENS:
+        return {k: v for k, v in candidate.items() if k not in TIMED}
+    return candidate
+
+
 def decision_entry(
     routed: Routed,
     request_id: str,
@@ -125,34 +136,37 @@ def decision_entry(
         "reason": _shown_in(decision.header, evicted, redact),
         "follow_up_rate": round(decision.follow_rate, 3) if decision.follow_rate is not None else None,
         "candidates": [
-            {
-                "backend": c.deployment.backend_id,
-                "model": c.deployment.model,
-                "score": round(c.score, 4),
-                "components": dict(c.components),
-                **(
-                    {
-                        "expected_cached_tokens": c.estimate.expected_cached_tokens,
-                        "predicted_ttft_s": round(c.estimate.ttft_s, 4),
-                        "predicted_total_s": round(c.estimate.total_s, 4),
-                        "next_turn_s": round(c.estimate.future_s, 4),
-                        "look_ahead_turns": round(c.estimate.horizon, 3),
-                        "objective_s": round(c.estimate.objective_ttft_s, 4),
-                        "queue_s": round(c.estimate.queue_s, 4),
-                        "slot": c.estimate.slot,
-                        "warm": c.estimate.warm,
-                        "cache_source": c.estimate.source,
-                        "evicts": session_label(c.estimate.evicts) if c.estimate.evicts else None,
-                        "evicts_name": session_name(c.estimate.evicts, redact=redact),
-                        "evict_cost_s": round(c.estimate.evict_cost_s, 4),
-                        "others_s": round(c.estimate.others_s, 4),
-                        "warm_up": _warm_up(c.estimate.warm_up),
-                        "note": _shown_in(c.estimate.note, c.estimate.evicts, redact),
-                    }
-                    if c.estimate
-                    else {}
-                ),
-            }
+            _for_endpoint(
+                features.endpoint,
+                {
+                    "backend": c.deployment.backend_id,
+                    "model": c.deployment.model,
+                    "score": round(c.score, 4),
+                    "components": dict(c.components),
+                    **(
+                        {
+                            "expected_cached_tokens": c.estimate.expected_cached_tokens,
+                            "predicted_ttft_s": round(c.estimate.ttft_s, 4),
+                            "predicted_total_s": round(c.estimate.total_s, 4),
+                            "next_turn_s": round(c.estimate.future_s, 4),
+                            "look_ahead_turns": round(c.estimate.horizon, 3),
+                            "objective_s": round(c.estimate.objective_ttft_s, 4),
+                            "queue_s": round(c.estimate.queue_s, 4),
+                            "slot": c.estimate.slot,
+                            "warm": c.estimate.warm,
+                            "cache_source": c.estimate.source,
+                            "evicts": session_label(c.estimate.evicts) if c.estimate.evicts else None,
+                            "evicts_name": session_name(c.estimate.evicts, redact=redact),
+                            "evict_cost_s": round(c.estimate.evict_cost_s, 4),
+                            "others_s": round(c.estimate.others_s, 4),
+                            "warm_up": _warm_up(c.estimate.warm_up),
+                            "note": _shown_in(c.estimate.note, c.estimate.evicts, redact),
+                        }
+                        if c.estimate
+                        else {}
+                    ),
+                },
+            )
             for c in decision.candidates
         ],
         "rejected": [

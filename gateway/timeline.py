@@ -6,7 +6,9 @@ all but the last checkpoint gap). When it reuses clearly less (``BREAK_MIN_TOKEN
 per-message digests (``policies.shape``): which message, the character offset inside it, the likely
 cause, and what it cost in re-prefilled tokens and seconds at the learned prefill rate. With no break
 in the prompt, the cause is the routing or the engine: a move to another backend, a lost slot, a RAM
-cache miss, an engine that keeps no prefix for the model.
+cache miss, an engine that kept less than its rules keep. On vLLM a turn that stayed is measured
+against what turnout expected it to keep by its rules (whole blocks; nothing of a hybrid model
+without prefix caching): that is what the engine does, not a break (every vLLM turn was flagged red).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _engine_cause(routed: Routed, outcome: Outcome) -> str:
     if estimate is not None and ("lost" in estimate.note or estimate.evicts):
         return "its slot was evicted"
     if outcome.kind is EngineKind.VLLM:
-        return "vLLM kept no prefix of it (a hybrid model without prefix caching reuses none)"
+        return "vLLM kept less of it than its prefix cache should (its blocks dropped, or a restart)"
     return "the engine reused less than it held"
 
 
@@ -60,6 +62,11 @@ def turn_record(
     cached = outcome.usage.cached_tokens or 0
     previous = session.prompt_tokens if session is not None and session.turns else 0
     reusable = min(previous, outcome.usage.prompt_tokens)
+    stayed = session is None or session.backend_id in (None, outcome.backend_id)
+    if outcome.kind is EngineKind.VLLM and stayed and estimate is not None:
+        # what vLLM keeps by its rules (whole blocks; none of a hybrid model without prefix caching),
+        # as turnout expected it: a turn that got that is not a break
+        reusable = min(reusable, estimate.expected_cached_tokens)
     shortfall = reusable - cached
     broke = None
     if session is not None and previous and shortfall > max(BREAK_MIN_TOKENS, BREAK_SHARE * reusable):

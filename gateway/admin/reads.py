@@ -203,7 +203,9 @@ class AdminReads:
         return float(entries[-1]["at"]) if full and entries and entries[-1]["at"] > since else None
 
     async def series(self, minutes: int) -> dict[str, Any]:
-        """Per backend: each request's predicted and actual TTFT, and the cache-hit ratio per minute."""
+        """Per backend: each request's predicted and actual TTFT where both are known (a streamed
+        answer's; not a whole body's, which has no first token, nor a token count's), and the
+        cache-hit ratio per minute."""
         entries = await self._log()
         since = self.core.router.clock.time() - minutes * 60
         out: dict[str, Any] = {}
@@ -213,9 +215,9 @@ class AdminReads:
                 continue
             chosen: dict[str, Any] = next((c for c in entry["candidates"] if c["backend"] == backend), {})
             line = out.setdefault(backend, {"ttft": [], "cache": {}})
-            line["ttft"].append(
-                [round(entry["at"], 3), chosen.get("predicted_ttft_s"), outcome.get("ttft_s")]
-            )
+            predicted, actual = chosen.get("predicted_ttft_s"), outcome.get("ttft_s")
+            if predicted is not None and actual is not None:  # only what was measured: a whole body
+                line["ttft"].append([round(entry["at"], 3), predicted, actual])  # or a count has no TTFT
             minute = int(entry["at"] // 60 * 60)
             hit = line["cache"].setdefault(minute, [0, 0])
             hit[0] += outcome.get("cached_tokens") or 0

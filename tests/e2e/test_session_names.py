@@ -190,6 +190,14 @@ def test_a_count_tokens_decision_takes_no_slot(stack: Stack) -> None:
     assert decision["slot"] is None
     assert "slot" not in decision["reason"]
     assert all(c.get("evicts") is None for c in decision["candidates"])
+    # a count has no first token: no predicted TTFT shown for it (it was its prefill price, 9.3 s),
+    # and the TTFT chart draws only requests whose first token was measured
+    assert all("predicted_ttft_s" not in c and "predicted_total_s" not in c for c in decision["candidates"])
+    plain = httpx.post(stack.url + "/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=30)
+    assert plain.status_code == 200  # a whole body: no first token measured on vLLM's simulator either
+    series = admin(stack, "/admin/api/series?minutes=60")["backends"]
+    drawn = [point for line in series.values() for point in line["ttft"]]
+    assert all(predicted is not None and actual is not None for _, predicted, actual in drawn)
 
 
 def test_the_session_page_offers_release_only_for_a_held_slot(stack: Stack) -> None:

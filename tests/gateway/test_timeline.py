@@ -15,9 +15,9 @@ PREVIOUS_TOKENS = 4000
 
 
 def routed(messages: list[dict[str, str]], *, backend: str = "llama", previous_backend: str = "llama",
-           source: str = "slot", note: str = "warm slot 0") -> Routed:  # fmt: skip
+           source: str = "slot", note: str = "warm slot 0", expected: int = 3900) -> Routed:  # fmt: skip
     deployment = Deployment("m", backend, "up")
-    estimate = Estimate(expected_cached_tokens=3900, queue_s=0.0, ttft_s=0.3, total_s=2.0, slot=0,
+    estimate = Estimate(expected_cached_tokens=expected, queue_s=0.0, ttft_s=0.3, total_s=2.0, slot=0,
                         source=source, note=note)  # fmt: skip
     decision = Decision(
         "cost", deployment, Reason.LOWEST_TTFT, (ScoredCandidate(deployment, 1.0, (), estimate),)
@@ -68,4 +68,17 @@ def test_with_the_prompt_intact_the_cause_is_the_routing_or_the_engine() -> None
     vllm = turn_record(
         routed(SECOND, backend="vllm", previous_backend="vllm"), outcome(0, "vllm"), "r", 6600.0, at=0.0
     )
-    assert vllm["break"]["cause"].startswith("vLLM kept no prefix")
+    assert vllm["break"]["cause"].startswith("vLLM kept less of it than its prefix cache should")
+
+
+def test_a_vllm_turn_that_kept_what_its_rules_keep_is_not_a_break() -> None:
+    """A hybrid model on vLLM without prefix caching keeps nothing of a turn, and turnout expects
+    nothing: that is what the engine does, not a break (issue #60: every vLLM turn was flagged red).
+    With prefix caching it keeps whole blocks: a turn that got them is not a break either."""
+    none = routed(SECOND, backend="vllm", previous_backend="vllm", expected=0)
+    assert turn_record(none, outcome(0, "vllm"), "r", 6600.0, at=0.0)["break"] is None
+    blocks = routed(SECOND, backend="vllm", previous_backend="vllm", expected=3136)
+    assert turn_record(blocks, outcome(3136, "vllm"), "r", 6600.0, at=0.0)["break"] is None
+    # a move to vLLM is still named: the routing chose to leave the slot behind
+    moved = routed(SECOND, backend="vllm", previous_backend="llama", expected=0)
+    assert turn_record(moved, outcome(0, "vllm"), "r", 6600.0, at=0.0)["break"]["cause"].startswith("moved")
