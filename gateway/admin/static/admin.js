@@ -123,12 +123,12 @@ function svgEl(name, attrs, className, text) {
   return node;
 }
 
-function clockLabel(seconds) {
-  return new Date(seconds * 1000).toTimeString().slice(0, 5);
+function clockLabel(seconds, precise = false) {  // HH:MM, or HH:MM:SS where minutes would repeat
+  return new Date(seconds * 1000).toTimeString().slice(0, precise ? 8 : 5);
 }
 
 // A line chart with its axes: y from 0 to yMax (given, or the data's rounded up), three labelled
-// gridlines; x from the first point to the last, their times under the axis.
+// gridlines; x from the first point to the last, five times under the axis.
 function chart(title, series, legend, options = {}) {
   const { width, height, left, right, top, bottom } = CHART;
   const plotW = width - left - right, plotH = height - top - bottom;
@@ -147,8 +147,15 @@ function chart(title, series, legend, options = {}) {
   svg.appendChild(svgEl("line", { x1: left, x2: left, y1: top, y2: top + plotH }, "axis"));
   const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
   const span = Math.max(x1 - x0, 1);
-  svg.appendChild(svgEl("text", { x: left, y: height - 6, "text-anchor": "start" }, "tick", clockLabel(x0)));
-  svg.appendChild(svgEl("text", { x: left + plotW, y: height - 6, "text-anchor": "end" }, "tick", clockLabel(x1)));
+  for (const fraction of [0, 0.25, 0.5, 0.75, 1]) {  // the times it spans: its ends and three between
+    const anchor = fraction === 0 ? "start" : fraction === 1 ? "end" : "middle";
+    const x = left + fraction * plotW;
+    if (fraction > 0 && fraction < 1) {
+      svg.appendChild(svgEl("line", { x1: x, x2: x, y1: top + plotH, y2: top + plotH + 4 }, "axis"));
+    }
+    const label = clockLabel(x0 + fraction * span, span < 600);
+    svg.appendChild(svgEl("text", { x, y: height - 6, "text-anchor": anchor }, "tick", label));
+  }
   const place = ([x, y]) => [left + ((x - x0) / span) * plotW, top + plotH - (Math.min(y, yMax) / yMax) * plotH];
   for (const s of series) {
     const points = s.points.filter(([, y]) => y !== null && y !== undefined).map(place);
@@ -212,6 +219,7 @@ function every(ms, refresh) {
 // Session: release its slot.
 function sessionActions() {
   const button = document.getElementById("release");
+  if (!button) return;  // the session holds no slot: nothing to release
   button.addEventListener("click", async () => {
     try {
       await post("/admin/api/sessions/" + encodeURIComponent(button.dataset.session) + "/release");
