@@ -180,7 +180,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay the trace per profile (+ oracle), print the table, write the JSON report."""
     from gateway.logging import configure_logging
-    from gateway.replay.traces import TraceError, last_minutes, read_trace, scale_tokens, with_model
+    from gateway.replay.traces import (
+        TraceError,
+        last_minutes,
+        one_model,
+        read_trace,
+        scale_tokens,
+        with_model,
+    )
     from policies import BUILTIN_PROFILES
 
     virtual_only = (
@@ -213,6 +220,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
         requests = last_minutes(requests, args.last_minutes)
     if not requests:
         return _usage("the trace is empty")
+    models = {r.model for r in requests}
+    try:
+        requests, chosen = one_model(requests, args.model)
+    except TraceError as exc:
+        return _usage(f"{args.trace}: {exc}")
+    if len(models) > 1:  # a recording of several models: this one's requests
+        args.model = chosen
+        where = (
+            f"on {args.backends}"
+            if args.backends is not None
+            else "on the default fleet: the 27B's engines, vLLM and llama.cpp (docs/replay.md); "
+            "--backends CONFIG replays on engines of your own"
+        )
+        print(f"turnout replay: the {len(requests)} requests to {chosen}, {where}", file=sys.stderr)
+    elif args.model is not None and models != {args.model} and models != {"replay"}:
+        (named,) = models
+        print(f"turnout replay: the trace's requests name {named}; replayed as {args.model}", file=sys.stderr)
     configure_logging("json", "warning")
     requests = scale_tokens(requests, args.scale_tokens)
     if args.clock == "wall":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,32 @@ class TestCli:
     def test_unknown_profile_and_missing_trace_exit_2(self, tmp_path: Path) -> None:
         assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
         assert main(["replay", str(tmp_path / "nope.jsonl"), "--profile", "fastest"]) == 2
+
+    def test_a_recording_of_several_models_replays_the_one_named(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A demo recording names each request's model: a replay runs one model's engines, so it
+        replays the requests of the model ``--model`` names, says so, and refuses a model the trace
+        does not name (``--model nope`` exited 0 with the first model's numbers under its name) or
+        no ``--model`` at all (every request was replayed as the first one's model)."""
+        both = [replace(r, model="qwen3.8-27b") for r in mixed_trace(agents=1, turns=2, requests=3, seed=1)]
+        both += [replace(r, model="qwen3.8-flash-next") for r in mixed_trace(agents=0, requests=2, seed=2)]
+        path = tmp_path / "recorded.jsonl"
+        with path.open("w") as handle:
+            write_trace(both, handle)
+        capsys.readouterr()
+        assert main(["replay", str(path), "--model", "nope", "--no-oracle"]) == 2
+        said = capsys.readouterr().err
+        assert (
+            "--model nope: the trace names qwen3.8-27b (5 requests), qwen3.8-flash-next (2 requests)" in said
+        )
+        assert main(["replay", str(path), "--no-oracle"]) == 2
+        assert "replay one of them with --model" in capsys.readouterr().err
+        out = tmp_path / "flash.json"
+        args = ["replay", str(path), "--model", "qwen3.8-flash-next", "--no-oracle", "--json", str(out)]
+        assert main(args) == 0
+        said = capsys.readouterr().err
+        assert "the 2 requests to qwen3.8-flash-next, on the default fleet: the 27B's engines" in said
+        report = json.loads(out.read_text())
+        assert report["meta"]["requests"] == 2
+        assert report["meta"]["model"] == "qwen3.8-flash-next"
