@@ -7,11 +7,11 @@ a real llama-server each sit behind a proxy that hands the gateway the engine's 
 milliseconds, and paced, whichever event the relay takes for the first token shows in its time.
 
 For each API (chat, text completions, Anthropic messages, Responses) and stream mode, through the
-gateway: the TTFT in the request's log line is the time the client saw its first output event (within
-half a pace), not the first event (a role-only chunk, ``response.created``, ``message_start``): each
-stream test fails on a relay that times the first bytes. Non-streamed: vLLM reports no timings, nor
-does llama-server's ``/v1/responses`` body, so no TTFT is recorded; llama-server's other bodies give
-it (the end less ``predicted_ms``), inside the request's duration.
+gateway: the TTFT in the request's log line is the time the client saw its first output event
+(within ``SLACK_S``, under a pace), not the first event (a role-only chunk, ``response.created``,
+``message_start``): each stream test fails on a relay that times the first bytes. Non-streamed: vLLM
+reports no timings, nor does llama-server's ``/v1/responses`` body, so no TTFT is recorded;
+llama-server's other bodies give it (the end less ``predicted_ms``), inside the request's duration.
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ from tests.servers import ServerThread
 
 pytestmark = [pytest.mark.timeout(1200)]
 
-PACE_S = 0.25
+PACE_S = 0.4
+SLACK_S = 0.75 * PACE_S
+"""How much later than the relay the client may see the first output: the gateway's own delivery, which
+took 131 ms in one full make test beside replays on 2 cores. A relay that timed an envelope event is a
+whole pace early, or more."""
 MODEL = "tiny"
 ASK = "Say something about routers and the roads they choose."
 APIS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -114,9 +118,9 @@ def check(url: str, api: str, stream: bool, *, timings: bool = False, leading: b
     assert seen.first_byte is not None
     assert seen.first_output is not None, "the engine streamed no output"
     ttft = line["ttft_ms"] / 1000
-    assert seen.first_output - PACE_S / 2 <= ttft <= seen.first_output, (ttft, seen)
+    assert seen.first_output - SLACK_S <= ttft <= seen.first_output, (ttft, seen)
     if leading:  # the relay that timed the first bytes recorded that event, a pace too early
-        assert seen.first_output - seen.first_byte >= PACE_S / 2, seen
+        assert seen.first_output - seen.first_byte > SLACK_S, seen  # so its time would fail above
 
 
 def check_whole(line: MutableMapping[str, Any], seen: Seen, engine_timings: bool) -> None:
