@@ -322,10 +322,13 @@ def is_loopback(host: str) -> bool:
 
 
 def _describe(error: ValidationError) -> str:
+    """Each error as ``field.path: what is wrong``; a check across fields (a model naming an unknown
+    backend) names its own fields, so pydantic's "Value error, " and the model's empty location go."""
     lines = []
     for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "config"
-        lines.append(f"{where}: {item['msg']}")
+        message = str(item["msg"]).removeprefix("Value error, ")
+        where = ".".join(str(part) for part in item["loc"])
+        lines.append(f"{where}: {message}" if where else message)
     return "; ".join(lines)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -99,6 +101,13 @@ name = "m"
     )
     assert main(["config", "check", str(config)]) == 3
     out = capsys.readouterr().out
+    # as a user runs it: each probe said once, in the table, with no log line beside it (issue #60)
+    ran = subprocess.run(
+        [sys.executable, "-m", "gateway", "config", "check", str(config)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 3
+    assert "backend.health" not in ran.stdout + ran.stderr
     assert "valid (3 backends, 1 models)" in out
     assert "vllm" in out
     assert "up-vllm (32768 tokens)" in out
@@ -113,3 +122,13 @@ def test_config_check_rejects_bad_file(tmp_path: Path, capsys: pytest.CaptureFix
     config.write_text('[[backends]]\nid = "x"\nkind = "nope"\nurl = "http://127.0.0.1:1"\n')
     assert main(["config", "check", str(config)]) == 1
     assert "backends.0.kind" in capsys.readouterr().err
+    # a check across fields reads as the README's example: the fields, then what is wrong
+    config.write_text(
+        '[[backends]]\nid = "vllm"\nkind = "vllm"\nurl = "http://127.0.0.1:1"\n'
+        '[[models]]\nname = "m"\n[[models.deployments]]\nbackend = "vlm"\nupstream_name = "x"\n'
+    )
+    assert main(["config", "check", str(config)]) == 1
+    assert capsys.readouterr().err == (
+        f"turnout: invalid configuration: {config}: models.m.deployments: unknown backend 'vlm' "
+        "(configured: vllm)\n"
+    )

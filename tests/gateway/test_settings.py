@@ -62,7 +62,7 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ("[[backends]\n", "not valid TOML"),
         (
             GOOD.replace('kind = "vllm"', 'kind = "vllm"\nengine_profile = "nope"'),
-            "backends.0: Value error, engine_profile: no engine profile named 'nope'; built-in: .*seed-5090",
+            "backends.0: engine_profile: no engine profile named 'nope'; built-in: .*seed-5090",
         ),
         (
             GOOD.replace('kind = "vllm"', 'kind = "vllm"\nengine_profile = "seed-5090-llamacpp-27b"'),
