@@ -8,6 +8,7 @@ demo records its traffic (``[record]``, for the what-if page) and writes its log
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -21,9 +22,10 @@ import threading
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
+import tomli_w
 from pydantic import SecretStr
 
 from gateway.serving import run_gateway
@@ -173,6 +175,38 @@ def demo_dir() -> Path:
     return fallback
 
 
+def claim(folder: Path) -> tuple[Path, IO[str]]:
+    """``folder``, or the first ``folder-N`` no other running demo holds (a lock held for the demo's
+    life): two demos under one home used to share one traffic log, one rotating the other's
+    recording. The lock's file stays open; closing it (the process ending) frees the folder."""
+    for n in itertools.count(1):
+        candidate = folder if n == 1 else folder.with_name(f"{folder.name}-{n}")
+        candidate.mkdir(parents=True, exist_ok=True)
+        lock = (candidate / ".lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        if candidate != folder:
+            print(f"turnout demo: another demo uses {folder}; this one keeps its files in {candidate}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return candidate, lock
+    raise AssertionError("unreachable")
+
+
+def write_config(settings: Settings, token: str, path: Path) -> None:
+    """The demo's running configuration, its ports and admin token included, as a turnout config:
+    ``turnout config check`` and ``turnout replay --backends`` read it."""
+    data = settings.model_dump(mode="json", exclude_none=True)
+    data["admin"]["token"] = token
+    path.write_text(
+        "# turnout demo's running configuration (its simulators' ports, its admin token)\n"
+        + tomli_w.dumps(data),
+        encoding="utf-8",
+    )
+
+
 def run_demo(traffic: bool = True, verbose: bool = False) -> int:
     """``verbose``: every log line on the terminal, as ``turnout serve`` prints them; else in
     ``demo_dir()/turnout.log``, with warnings on the terminal too, so the banner stays in sight."""
@@ -182,12 +216,14 @@ def run_demo(traffic: bool = True, verbose: bool = False) -> int:
     backends = [b.model_copy(update={"url": f"http://127.0.0.1:{ports[b.id]}"}) for b in base.backends]
     token = base.admin.token.get_secret_value() if base.admin.token else secrets.token_urlsafe(12)
     admin = base.admin.model_copy(update={"token": SecretStr(token)})
-    folder = demo_dir()
+    folder, lock = claim(demo_dir())
     record = (
         base.record if base.record.path else base.record.model_copy(update={"path": folder / "traffic.jsonl"})
     )
     log_file = None if verbose else folder / "turnout.log"
     settings = base.model_copy(update={"backends": tuple(backends), "admin": admin, "record": record})
+    config = folder / "turnout.toml"
+    write_config(settings, token, config)
     children: list[subprocess.Popen[bytes]] = []
     stop = threading.Event()
     try:
@@ -206,6 +242,7 @@ def run_demo(traffic: bool = True, verbose: bool = False) -> int:
             f"Dashboard: {url}/admin  (admin token: {token})\n"
             + ("A little background traffic keeps it alive (--no-traffic stops it).\n" if traffic else "")
             + f"Traffic is recorded to {record.path} for the what-if page and `turnout replay`.\n"
+            + f"Its configuration, ports included: {config} (turnout config check {config})\n"
             + (
                 f"Logs: {log_file} (warnings here too; --verbose prints every line here)\n"
                 if log_file
@@ -227,3 +264,4 @@ def run_demo(traffic: bool = True, verbose: bool = False) -> int:
                 child.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 child.kill()
+        lock.close()  # the folder is free for the next demo

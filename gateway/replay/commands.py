@@ -226,6 +226,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except TraceError as exc:
         return _usage(f"{args.trace}: {exc}")
     if len(models) > 1:  # a recording of several models: this one's requests
+        picked = "" if args.model is not None else " (the most requested model; --model picks another)"
         args.model = chosen
         where = (
             f"on {args.backends}"
@@ -233,7 +234,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             else "on the default fleet: the 27B's engines, vLLM and llama.cpp (docs/replay.md); "
             "--backends CONFIG replays on engines of your own"
         )
-        print(f"turnout replay: the {len(requests)} requests to {chosen}, {where}", file=sys.stderr)
+        print(f"turnout replay: the {len(requests)} requests to {chosen}{picked}, {where}", file=sys.stderr)
     elif args.model is not None and models != {args.model} and models != {"replay"}:
         (named,) = models
         print(f"turnout replay: the trace's requests name {named}; replayed as {args.model}", file=sys.stderr)

@@ -231,19 +231,19 @@ def rate_for_load(requests: Sequence[TraceRequest], load: float, prefill_tok_s: 
 
 
 def one_model(requests: Sequence[TraceRequest], model: str | None) -> tuple[list[TraceRequest], str]:
-    """The requests a replay of one model sends, and that model: ``model``'s requests where the trace
-    names several models (a recording of a gateway serving them), else all of them as ``model`` (a
-    generated or Mooncake trace names one, or none). Raises :class:`TraceError` for a trace of several
-    models without ``model``, or a ``model`` it does not name: a replay runs one model's engines, and
-    replaying another model's traffic on them gave that model's numbers under the wrong name."""
+    """The requests a replay of one model sends, and that model: where the trace names several models
+    (a recording of a gateway serving them), the requests of ``model``, or of the most requested one;
+    else all of them as ``model`` (a generated or Mooncake trace names one, or none). Raises
+    :class:`TraceError` for a ``model`` a trace of several models does not name: a replay runs one
+    model's engines, and replaying every request as one model gave its numbers for all of them."""
     counts = Counter(r.model for r in requests)
     if len(counts) <= 1:
         name = model or (requests[0].model if requests else "replay")
         return with_model(requests, name), name
     named = ", ".join(f"{name} ({n} requests)" for name, n in counts.most_common())
     if model is None:
-        raise TraceError(f"the trace names {len(counts)} models: {named}; replay one of them with --model")
-    if model not in counts:
+        model = counts.most_common(1)[0][0]
+    elif model not in counts:
         raise TraceError(f"--model {model}: the trace names {named}, not {model}")
     return [r for r in requests if r.model == model], model
 

@@ -161,9 +161,9 @@ class TestCli:
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """A demo recording names each request's model: a replay runs one model's engines, so it
-        replays the requests of the model ``--model`` names, says so, and refuses a model the trace
-        does not name (``--model nope`` exited 0 with the first model's numbers under its name) or
-        no ``--model`` at all (every request was replayed as the first one's model)."""
+        replays the requests of the model ``--model`` names (else the most requested one), says so,
+        and refuses a model the trace does not name (``--model nope`` exited 0 with the first model's
+        numbers under its name; every request was replayed as that one model)."""
         both = [replace(r, model="qwen3.8-27b") for r in mixed_trace(agents=1, turns=2, requests=3, seed=1)]
         both += [replace(r, model="qwen3.8-flash-next") for r in mixed_trace(agents=0, requests=2, seed=2)]
         path = tmp_path / "recorded.jsonl"
@@ -175,8 +175,10 @@ class TestCli:
         assert (
             "--model nope: the trace names qwen3.8-27b (5 requests), qwen3.8-flash-next (2 requests)" in said
         )
-        assert main(["replay", str(path), "--no-oracle"]) == 2
-        assert "replay one of them with --model" in capsys.readouterr().err
+        assert main(["replay", str(path), "--no-oracle"]) == 0
+        assert "the 5 requests to qwen3.8-27b (the most requested model; --model picks another)" in (
+            capsys.readouterr().err
+        )
         out = tmp_path / "flash.json"
         args = ["replay", str(path), "--model", "qwen3.8-flash-next", "--no-oracle", "--json", str(out)]
         assert main(args) == 0

@@ -1,0 +1,39 @@
+"""Where the demo keeps its files (issue #60 item 8): its running configuration, ports included, where
+``turnout config check`` and ``turnout replay --backends`` can read it; and a folder of its own for a
+second demo under the same home (two demos shared one traffic log, one rotating the other's recording).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import load_settings
+from tests.demo_process import running_demo
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_the_demo_writes_its_running_config_and_a_second_demo_gets_its_own_folder(tmp_path: Path) -> None:
+    with running_demo(tmp_path, TURNOUT_LOG_FORMAT="json") as first:
+        config = tmp_path / "demo" / "turnout.toml"
+        assert f"Its configuration, ports included: {config}" in first.banner
+        settings = load_settings(config)
+        assert {b.base_url for b in settings.backends} == set(first.simulators)
+        assert tomllib.loads(config.read_text())["admin"]["token"] == first.token  # the file's own
+        check = subprocess.run(
+            [sys.executable, "-m", "gateway", "config", "check", str(config)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert check.returncode == 0, check.stdout + check.stderr  # every simulator up and serving
+        with running_demo(tmp_path, TURNOUT_LOG_FORMAT="json") as second:
+            own = tmp_path / "demo-2"
+            assert str(own / "traffic.jsonl") in second.banner
+            assert str(own / "turnout.toml") in second.banner
+            assert set(second.simulators).isdisjoint(first.simulators)
+    with running_demo(tmp_path, TURNOUT_LOG_FORMAT="json") as again:  # the first one's folder is free
+        assert str(tmp_path / "demo" / "traffic.jsonl") in again.banner
