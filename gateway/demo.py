@@ -213,7 +213,10 @@ def run_demo(traffic: bool = True, verbose: bool = False) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so `finally` stops the simulators
     base = demo_settings()
     ports = {b.id: _free_port() for b in base.backends}
-    backends = [b.model_copy(update={"url": f"http://127.0.0.1:{ports[b.id]}"}) for b in base.backends]
+    backends = [  # validated, not model_copy(update=...): its URL must be a URL, not a str
+        BackendConfig.model_validate({**b.model_dump(), "url": f"http://127.0.0.1:{ports[b.id]}"})
+        for b in base.backends
+    ]
     token = base.admin.token.get_secret_value() if base.admin.token else secrets.token_urlsafe(12)
     admin = base.admin.model_copy(update={"token": SecretStr(token)})
     folder, lock = claim(demo_dir())

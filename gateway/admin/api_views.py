@@ -29,6 +29,7 @@ from gateway.admin.responses import (
 )
 from gateway.admin.service import DECISION_FILTERS, AdminError, UnknownGroup
 from gateway.api.service import AdminPin, AdminProfile, WhatIfEdits
+from gateway.disconnect import ClientDisconnected, DisconnectWatch
 
 JSON = "application/json"
 
@@ -156,7 +157,7 @@ async def api_whatif(request: Request[Any, Any, Any], state: State) -> Response[
     """Replay the recording's last ``minutes`` in virtual time under every profile and the oracle, on
     this gateway's fleet with the edits asked for (``remove``, ``copies``, ``slots``, ``windows``), by
     ``turnout replay`` in a child process; the report, with the command that made it. 409 while
-    another runs."""
+    another runs; a client that leaves stops its replay (the next one does not find it running)."""
     actor = _actor(request, state)
     if isinstance(actor, Response):
         return actor
@@ -164,10 +165,15 @@ async def api_whatif(request: Request[Any, Any, Any], state: State) -> Response[
         edits = msgspec.json.decode(await request.body() or b"{}", type=WhatIfEdits)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         return _api_error(400, f"send {{minutes, model, remove, copies, slots, windows}}: {exc}")
+    watch = DisconnectWatch(request.receive)  # an admin who leaves mid-run stops the replay with them
     try:
-        return _json(await service_of(state).whatif(edits))
+        return _json(await watch.run(service_of(state).whatif(edits)))
     except whatif.WhatIfError as exc:
         return _api_error(409 if isinstance(exc, whatif.Busy) else 400, str(exc))
+    except ClientDisconnected:  # nobody to answer; the next what-if need not wait for this one
+        return _api_error(499, "the client left before the replay finished")
+    finally:
+        await watch.stop()
 
 
 @get("/sessions")

@@ -10,6 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.settings import load_settings
@@ -37,3 +38,18 @@ def test_the_demo_writes_its_running_config_and_a_second_demo_gets_its_own_folde
             assert set(second.simulators).isdisjoint(first.simulators)
     with running_demo(tmp_path, TURNOUT_LOG_FORMAT="json") as again:  # the first one's folder is free
         assert str(tmp_path / "demo" / "traffic.jsonl") in again.banner
+
+
+def test_opening_the_what_if_page_prints_no_warning(tmp_path: Path) -> None:
+    """The demo's backends were copied with a plain string for their URL, and every page that read
+    the configuration back (the what-if) printed pydantic's serializer warnings on the terminal."""
+    terminal = tmp_path / "terminal.txt"
+    with (
+        terminal.open("w") as stderr,
+        running_demo(tmp_path, stderr=stderr, TURNOUT_LOG_FORMAT="json") as demo,
+    ):
+        headers = {"authorization": f"Bearer {demo.token}"}
+        for path in ("/admin/whatif", "/admin/api/whatif"):
+            assert httpx.get(demo.url + path, headers=headers, timeout=30).status_code == 200
+    said = terminal.read_text()
+    assert "Warning" not in said, said

@@ -7,9 +7,11 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import start_stack, stop_stack
 from tests.servers import ADMIN
@@ -75,3 +77,23 @@ def test_the_what_if_matches_turnout_replay_run_by_hand(tmp_path: Path) -> None:
     )  # its own process: the CLI configures logging for the whole process
     assert done.returncode == 0, done.stderr
     assert json.loads(by_hand.read_text())["profiles"] == result["profiles"]
+
+
+def test_leaving_a_what_if_mid_run_stops_it_and_the_next_one_runs(tmp_path: Path) -> None:
+    """An admin who leaves the page while its replay runs stops that replay: the next what-if runs
+    (issue #60 item 6: it was answered 409 until the abandoned one had finished)."""
+    recording = tmp_path / "traffic.jsonl"
+    running = start_stack(record={"path": str(recording)})
+    try:
+        converse(running.url)
+        api = f"{running.url}/admin/api/whatif"
+        report = recording.parent / "traffic.jsonl.whatif" / "report.json"
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up: its connection closes
+            httpx.post(api, json={"minutes": 30}, headers=ADMIN, timeout=httpx.Timeout(30, read=0.3))
+        time.sleep(5.0)  # what the abandoned replay (a child process starting up) would have needed
+        assert not report.exists()  # it was stopped: it wrote no report (one left to run writes it)
+        answer = httpx.post(api, json={"minutes": 30}, headers=ADMIN, timeout=300)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["requests"] == 9
+    finally:
+        stop_stack(running)
