@@ -199,11 +199,14 @@ class WhatIf:
                 result: dict[str, Any] = json.loads(report.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
                 raise WhatIfError(f"turnout replay failed: {output[-2000:] or exc}") from exc
+            counts = Counter(r.model for r in requests)
             summary = {
                 "command": shlex.join(argv),
                 "model": model,
                 "minutes": edits.minutes,
-                "requests": len(requests),
+                "requests": counts[model],  # a replay runs one model's engines: its requests
+                "recorded": len(requests),
+                "other_models": {m: n for m, n in counts.most_common() if m != model},
             }
             return {**summary, **result}
 

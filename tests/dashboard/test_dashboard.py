@@ -384,6 +384,7 @@ def test_the_what_if_page_replays_the_recording_on_an_edited_fleet(page: Any, st
     assert started.status_code == 200
     for index in range(4):
         ask(stack, **{"x-session-id": f"whatif-{index % 2}"})
+    ask(stack, model="m-llama")  # another model's request: counted, not replayed as m-both's
     httpx.post(stack.url + "/admin/api/record/stop", headers=ADMIN, timeout=30)
     log_in(page, stack)
     page.goto(stack.url + "/admin/whatif")
@@ -396,6 +397,10 @@ def test_the_what_if_page_replays_the_recording_on_an_edited_fleet(page: Any, st
     assert page.inner_text("#whatif-command").startswith("turnout replay ")
     assert "llama-copy" in page.inner_text("#whatif-table")
     assert page.inner_text("#message") == ""
+    summary = page.inner_text("#whatif-summary")
+    assert "the 4 requests to m-both" in summary, summary
+    assert "not replayed, to other models: m-llama 1" in summary, summary
+    assert "not a bound" in page.inner_text("#whatif-result")  # what the oracle is, and is not
     screenshot(page, "whatif")
     assert page.errors == []
 

@@ -278,8 +278,10 @@ function whatifActions() {
         return tr;
       });
       document.querySelector("#whatif-table tbody").replaceChildren(...rows);
+      const others = Object.entries(report.other_models || {}).map(([m, n]) => `${m} ${n}`).join(", ");
       document.getElementById("whatif-summary").textContent =
-        `${report.requests} requests of the last ${report.minutes} minutes, as ${report.model}`;
+        `the ${report.requests} requests to ${report.model} of the last ${report.minutes} minutes` +
+        (others ? ` (not replayed, to other models: ${others})` : "");
       document.getElementById("whatif-command").textContent = report.command;
       document.getElementById("whatif-result").hidden = false;
       message.textContent = "";
