@@ -129,14 +129,25 @@ class Exchange:
         return self.endpoint.anthropic if self.endpoint is not None else speaks_anthropic(self.headers)
 
     async def _answer_bodiless(self) -> None:
-        """A request without a body: the model list is the picker's own answer; nothing else is routed."""
+        """A request without a body: the model list and the health are the picker's own answers
+        (``/health`` as ``turnout serve`` gives it: 200 while an engine is ready or not yet probed);
+        nothing else is routed."""
         path = self.path
         self.record.endpoint = "models"
+        if path == "/health":
+            snapshots = self.core.fleet.snapshots()
+            ok = any(s.health.value in ("ready", "unknown") and not s.circuit_blocks for s in snapshots)
+            health = {
+                "status": "ok" if ok else "unavailable",
+                "backends": {s.backend_id: s.health.value for s in snapshots},
+            }
+            await self.write(wire.immediate(200 if ok else 503, msgspec.json.encode(health), self._id()))
+            return
         try:
             if path != "/v1/models":
                 raise ModelNotFound(
-                    f"turnout epp routes POST {', '.join(ENDPOINTS)} and answers GET /v1/models; "
-                    f"not {self.headers.get(':method', 'GET')} {path}"
+                    f"turnout epp routes POST {', '.join(ENDPOINTS)} and answers GET /v1/models and "
+                    f"/health; not {self.headers.get(':method', 'GET')} {path}"
                 )
             core = self.core
             key = core.access.authenticate(self.headers)
@@ -147,8 +158,12 @@ class Exchange:
         except GatewayError as exc:
             await self._refuse(exc)
             return
-        await self.write(wire.immediate(200, body))
+        await self.write(wire.immediate(200, body, self._id()))
         self.record.emit()
+
+    def _id(self) -> dict[str, str]:
+        """The answer's ``x-request-id``, as ``turnout serve`` sets it: the client's, or Envoy's."""
+        return {"x-request-id": self.record.request_id}
 
     async def _route(self) -> None:
         core, record = self.core, self.record
@@ -231,7 +246,7 @@ class Exchange:
         record = self.record
         record.status, record.error = error.status, error.message
         content = error.anthropic_body() if self.anthropic else error.openai_body()
-        await self.write(wire.immediate(error.status, content, error.headers))
+        await self.write(wire.immediate(error.status, content, {**error.headers, **self._id()}))
         if self.routed is not None:
             await self._settle(error.status, error.message)
         else:
@@ -248,7 +263,11 @@ class Exchange:
             await self.write(wire.response_headers({}))
             return
         decision = routed.decision
-        added = {"x-turnout-backend": upstream.backend_id, "x-turnout-route-reason": decision.header}
+        added = {
+            "x-turnout-backend": upstream.backend_id,
+            "x-turnout-route-reason": decision.header,
+            **self._id(),
+        }
         if decision.slot is not None:
             added["x-turnout-slot"] = str(decision.slot)
         served = wire.served(message)

@@ -152,6 +152,25 @@ def test_the_model_list_is_the_pickers_own_answer(epp: EppStack) -> None:
     assert elsewhere.status_code == 404
 
 
+def test_health_and_request_ids_are_the_pickers_answers_through_envoy(epp: EppStack) -> None:
+    """Issue #60 item 11: through Envoy, ``/health`` answered 404 model_not_found and no answer carried
+    an ``x-request-id``. The picker answers ``/health`` as ``turnout serve`` does, and every answer,
+    routed or the picker's own, carries the request's id (the client's, or the one Envoy made)."""
+    with epp.client() as client:
+        health = client.get("/health")
+        routed = client.post("/v1/chat/completions", json=chat("m-llama"), headers={"x-request-id": "mine-1"})
+        unknown = client.post("/v1/chat/completions", json=chat("no-such-model"))
+        listing = client.get("/v1/models")
+    assert health.status_code == 200, health.text
+    assert health.json()["status"] == "ok"
+    assert set(health.json()["backends"]) == {"vllm", "llama"}
+    assert routed.status_code == 200
+    assert routed.headers["x-request-id"] == "mine-1"
+    for answer in (health, unknown, listing):
+        assert len(answer.headers["x-request-id"]) >= 16, answer.headers  # Envoy's, one per request
+    assert len({health.headers["x-request-id"], unknown.headers["x-request-id"]}) == 2
+
+
 def test_envoy_carries_a_large_body(epp: EppStack, tmp_path: Path) -> None:
     """A prompt of several streamed chunks (the picker reads it whole, sends it back in 62 kB
     replies): the engine gets it all."""

@@ -120,7 +120,10 @@ def test_the_picker_killed_fails_closed_at_once_and_comes_back(
         started = time.monotonic()
         failed = httpx.post(envoy.url + "/v1/chat/completions", **ask(stream=False))
         assert time.monotonic() - started < NO_TIMER_S
-        assert failed.status_code >= 500
+        assert failed.status_code == 500
+        error = failed.json()["error"]  # Envoy's own answer, in OpenAI's shape, saying what happened
+        assert error["code"] == "picker_unavailable", failed.text
+        assert "turnout's endpoint picker did not answer" in error["message"]
         picker = PickerThread(settings, port=picker.port).start()
         envoy.picker_healthy()
         back = httpx.post(envoy.url + "/v1/chat/completions", **ask(stream=False))
