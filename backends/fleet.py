@@ -69,6 +69,8 @@ class Fleet:
         """Per backend, how many times it was seen to restart: whoever remembers what an engine holds
         (slot leases, the prefix index) forgets it when this moves (``restarted``)."""
         self._was_ready: dict[str, bool] = {}
+        self.log_health = True
+        """Log each backend's change of health (``turnout config check`` prints its own table instead)."""
         self.breakers: dict[str, Breaker] = {
             spec.id: Breaker(
                 spec.circuit_failures, spec.circuit_cool_down_s, spec.circuit_max_cool_down_s, clock.monotonic
@@ -175,7 +177,7 @@ class Fleet:
     def observe(self, snapshot: BackendSnapshot) -> None:
         """Take in a probe's snapshot (the probe loop's, or a virtual-time replay's)."""
         previous = self._snapshots.get(snapshot.backend_id)
-        if previous is None or previous.health != snapshot.health:
+        if self.log_health and (previous is None or previous.health != snapshot.health):
             log.info(
                 "backend.health", backend=snapshot.backend_id, health=snapshot.health, error=snapshot.error
             )

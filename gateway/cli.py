@@ -68,14 +68,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from gateway.logging import configure_logging
     from gateway.probe_check import check_backends
 
     settings = load_settings(Path(args.file))
     print(f"{args.file}: valid ({len(settings.backends)} backends, {len(settings.models)} models)")
     if args.no_probe:
         return 0
-    configure_logging(settings.log_format, "warning")  # the table says each probe once: no log line too
     return asyncio.run(check_backends(settings))
 
 
