@@ -18,7 +18,8 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -134,18 +135,9 @@ class LlamaEngine(Engine):
     async def _stream(self, tokens: Sequence[int], slot: int, limit: int, tick: Tick) -> None:
         body = {"prompt": list(tokens), "n_predict": limit, "id_slot": slot, "cache_prompt": True,
                 "ignore_eos": True, "temperature": 0.0, "stream": True}  # fmt: skip
-        async with self.client.stream("POST", "/completion", json=body) as response:
-            if response.status_code != 200:
-                raise CalibrationError(
-                    f"llama-server answered {response.status_code}: {(await response.aread())[:300]!r}"
-                )
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("stop"):
-                    return
-                if "content" in chunk and tick():
+        async with _streamed(self.client, "/completion", body, "llama-server") as chunks:
+            async for chunk in chunks:
+                if chunk.get("stop") or ("content" in chunk and tick()):
                     return
 
     async def erase(self, slot: int) -> None:
@@ -184,15 +176,8 @@ class VllmEngine(Engine):
         started = time.perf_counter()
         first = last = 0.0
         count = cached = 0
-        async with self.client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                raise CalibrationError(
-                    f"vLLM answered {response.status_code}: {(await response.aread())[:300]!r}"
-                )
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+        async with _streamed(self.client, "/v1/completions", body, "vLLM") as chunks:
+            async for chunk in chunks:
                 if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
                     last = time.perf_counter() - started
                     first = first or last
@@ -215,15 +200,9 @@ class VllmEngine(Engine):
     async def _decode_stream(self, tokens: Sequence[int], limit: int, tick: Tick) -> None:
         body = {"model": self.info.model, "prompt": list(tokens), "max_tokens": limit, "min_tokens": limit,
                 "ignore_eos": True, "temperature": 0.0, "stream": True}  # fmt: skip
-        async with self.client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                raise CalibrationError(
-                    f"vLLM answered {response.status_code}: {(await response.aread())[:300]!r}"
-                )
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                choices = json.loads(line[6:]).get("choices") or []
+        async with _streamed(self.client, "/v1/completions", body, "vLLM") as chunks:
+            async for chunk in chunks:
+                choices = chunk.get("choices") or []
                 if choices and choices[0].get("text") is not None and tick():
                     return
 
@@ -257,6 +236,28 @@ async def connect(client: httpx.AsyncClient, seed: int = 0) -> Engine:
     engine = VllmEngine(client, info, _varied(tokenized["tokens"]), seed)
     await engine.prefill(engine.prompt(8))  # the first request pays for warming up: not a measurement
     return engine
+
+
+@asynccontextmanager
+async def _streamed(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], engine: str
+) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+    """A streamed answer's events (its ``data:`` lines, parsed; ``[DONE]`` left out), or
+    :class:`CalibrationError` for any status but 200. Leaving the block closes the stream: the engine
+    drops the request."""
+    async with client.stream("POST", path, json=body) as response:
+        if response.status_code != 200:
+            raise CalibrationError(
+                f"{engine} answered {response.status_code}: {(await response.aread())[:300]!r}"
+            )
+        yield _events(response)
+
+
+async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunk: dict[str, Any] = json.loads(line[6:])
+            yield chunk
 
 
 DECODE_LIMIT = 4096

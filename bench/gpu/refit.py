@@ -29,6 +29,24 @@ from policies.engine_profile import Check, EngineProfile, Point  # noqa: E402
 from policies.profile_fit import fit_prefill  # noqa: E402
 
 
+def shown(path: Path) -> Path:
+    """``path`` as a profile's comment names it: from the repository's root where it is inside."""
+    resolved = path.resolve()
+    return resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else resolved
+
+
+def save_noted(profile: EngineProfile, path: Path, note: str) -> None:
+    """Rewrite the profile at ``path``, keeping its leading comments and adding ``note`` (once)."""
+    header = [
+        line[2:] if line.startswith("# ") else line[1:]
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.startswith("#")
+    ]
+    if note not in header:
+        header.append(note)
+    save_profile(profile, path, header=header)
+
+
 def _recheck(profile: EngineProfile, check: Check) -> Check:
     """The scenario's cold price and prediction by the refit profile (as ``turnout calibrate`` prices
     them: ``backends.calibrate.procedure``)."""
@@ -62,17 +80,8 @@ def main() -> int:
         context_window=max(profile.context_window, *(p.a + p.b for p in points)),
     )
     refit = msgspec.structs.replace(refit, checks=tuple(_recheck(refit, c) for c in refit.checks))
-    header = [
-        line[2:] if line.startswith("# ") else line[1:]
-        for line in args.profile.read_text(encoding="utf-8").splitlines()
-        if line.startswith("#")
-    ]
-    source = args.cold.resolve()
-    source = source.relative_to(REPO) if source.is_relative_to(REPO) else source
-    note = f"Prefill refit by bench/gpu/refit.py with {len(added)} cold prompts from {source}."
-    if note not in header:
-        header.append(note)
-    save_profile(refit, args.profile, header=header)
+    note = f"Prefill refit by bench/gpu/refit.py with {len(added)} cold prompts from {shown(args.cold)}."
+    save_noted(refit, args.profile, note)
     for point in points:
         predicted = refit.prefill_seconds(point.a, point.b)
         error = (predicted - point.seconds) / point.seconds

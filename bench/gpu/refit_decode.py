@@ -26,7 +26,9 @@ import msgspec
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from backends.engine_profiles import load_profile, save_profile  # noqa: E402  (after the path is set)
+from refit import save_noted, shown  # noqa: E402  (beside this script)
+
+from backends.engine_profiles import load_profile  # noqa: E402  (after the path is set)
 from policies.engine_profile import Point  # noqa: E402
 from policies.profile_fit import fit_decode  # noqa: E402
 
@@ -64,20 +66,11 @@ def main() -> int:
     added = [p for p in switch_points(args.switch_log) if p not in kept]
     points = tuple(kept + added)
     refit = msgspec.structs.replace(profile, decode=fit_decode(points), decode_points=points)
-    header = [
-        line[2:] if line.startswith("# ") else line[1:]
-        for line in args.profile.read_text(encoding="utf-8").splitlines()
-        if line.startswith("#")
-    ]
-    source = args.switch_log.resolve()
-    source = source.relative_to(REPO) if source.is_relative_to(REPO) else source
     note = (
         f"Decode refit by bench/gpu/refit_decode.py: {len(dropped)} points timed during the others' "
-        f"prefill dropped, {len(added)} from {source} added."
+        f"prefill dropped, {len(added)} from {shown(args.switch_log)} added."
     )
-    if note not in header:
-        header.append(note)
-    save_profile(refit, args.profile, header=header)
+    save_noted(refit, args.profile, note)
     old, new = profile.decode, refit.decode
     print(f"decode was {old.step_s * 1000:.2f} ms + {old.seq_s * 1000:.3f} a sequence + "
           f"{old.context_s * 1000:.3f} per 1k; now {new.step_s * 1000:.2f} + {new.seq_s * 1000:.3f} + "
