@@ -18,7 +18,10 @@
 #                     two GPUs (issue #30: the kind nvidia-h200-x2; the per-card memory goes to
 #                     $OUT/gpu-memory-split.txt)
 #   calibrate:FLAGSET:WINDOW:BUDGET_S   turnout calibrate against it -> $OUT/CARD-llamacpp-MODEL-FLAGSET.toml
-#   turns:FLAGSET     three turns of one session through turnout serve -> $OUT/turns-FLAGSET.json
+#   turns:FLAGSET     agent sessions through turnout serve, the flag set's profile (this machine's
+#                     calibration, else the committed one): TURNS turns (3) of each GROW (250 words),
+#                     then each FRESH prompt, MAX_TOKENS (16) an answer (bench/gpu/turns.py)
+#                     -> $OUT/turns-TAG-FLAGSET.json
 #   cold:FLAGSET:N[,N...]  fresh prompts of N tokens, one at a time, beside the profile's price -> $OUT/cold.json
 #   disk              copy the GGUF to a disk ($DISK_DIR, not tmpfs) once; later stages serve it from there
 #   evict             drop the served GGUF's pages from the page cache (the next serve reads the disk)
@@ -107,13 +110,15 @@ need_gpus() {  # the split flag set is compose.yaml as written: --split-mode lay
 }
 
 gpus_text() {  # the --machine gpu= of a calibration: what the machine has, not what the flags ask for
-  local have
+  local have card
   have=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  card=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  card=${card:-no GPU (a dry run)}
   if [ "$1" = split ] && [ "$have" -ge 2 ]; then
-    echo "${have}x NVIDIA H200 141 GB, the model split by layer over two (--tensor-split 1,1)"
+    echo "${have}x $card, the model split by layer over two (--tensor-split 1,1)"
   elif [ "$1" = split ]; then
-    echo "${have}x NVIDIA H200 141 GB, compose's split flags as written (a dry run: one GPU, nothing to split)"
-  else echo "1x NVIDIA H200 141 GB (PCIe 5 x16 host link)"; fi
+    echo "${have}x $card, compose's split flags as written (a dry run: one GPU, nothing to split)"
+  else echo "1x $card"; fi
 }
 
 stop_server() {
@@ -158,16 +163,21 @@ stage_calibrate() {
     --machine gpu="$(gpus_text "$set")" --machine cpu="$(nproc) cores, $(free -g | awk '/^Mem/ {print $2}') GiB RAM" \
     --machine model="$MODEL_TEXT" \
     --machine flags="$(cat "$OUT/flags-$set.txt")" 2>&1 | tee "$OUT/calibrate-$set.log"
+  mkdir -p "$KEEP" && cp "$(profile_out "$set")" "$KEEP/"  # for a later call's turns: $OUT starts empty
 }
 
 stage_turns() {
   python_env
-  python3 bench/gpu/turns.py --engine "http://127.0.0.1:$PORT" --profile "$(profile_out "$1")" \
-    --turns ${TURNS:-3} --first ${FIRST_WORDS:-1000} --grow ${GROW:-250} --out "$OUT/turns-$TAG-$1.json" 2>&1 \
+  local model=qwen3.8-flash-next
+  case "$TAG" in 27b-shape*) model=qwen3.8-27b ;; esac
+  python3 bench/gpu/turns.py --engine "http://127.0.0.1:$PORT" --profile "$(profile_of "$1")" --model "$model" \
+    --turns ${TURNS:-3} --first ${FIRST_WORDS:-1000} --grow ${GROW:-250} --fresh ${FRESH:-} \
+    --max-tokens "${MAX_TOKENS:-16}" --out "$OUT/turns-$TAG-$1.json" 2>&1 \
     | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$TAG-$1.log"
 }
 
 profile_out() { echo "$OUT/$CARD-llamacpp-$TAG-$1.toml"; }
+KEEP=/tmp/llama-profiles   # this machine's calibrations, kept between calls while it is warm
 
 stage_gguf27() {
   local fmt=$1
@@ -193,8 +203,12 @@ stage_router() {
     --port "$PORT" --rounds 2 --log "$OUT/router-server.log" --out "$OUT/router.json" 2>&1 | tee "$OUT/router.log"
 }
 
-profile_of() {  # this run's calibration of a flag set, else the committed one of its batch size
+profile_of() {  # this machine's calibration of a flag set, else the committed one
   if [ -s "$(profile_out "$1")" ]; then profile_out "$1"; return; fi
+  local kept
+  kept="$KEEP/$(basename "$(profile_out "$1")")"
+  if [ -s "$kept" ]; then echo "$kept"; return; fi
+  case "$TAG" in 27b-shape*) echo "backends/profiles/$CARD-llamacpp-$TAG-$1.toml"; return ;; esac
   case "$1" in
     pinned) echo backends/profiles/h200-llamacpp-flash-next-shape-pinned.toml ;;
     *) echo "backends/profiles/h200-llamacpp-flash-next-shape-mmap$(flag_value "$1" ubatch-size).toml" ;;

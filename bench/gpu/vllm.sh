@@ -29,7 +29,8 @@
 #   turns             agent sessions (4 turns growing by 300, 1,500 and 5,000 words) and fresh prompts
 #                     (1k-60k) through turnout with the flag set's profile (this run's calibration, or
 #                     the built-in one): predicted TTFT and time to the last token against measured
-#                     (bench/gpu/turns.py) -> $OUT/turns-vllm-FLAGSET.json
+#                     (bench/gpu/turns.py) -> $OUT/turns-vllm-FLAGSET.json, and the server's
+#                     /metrics after them -> $OUT/metrics-vllm-FLAGSET.txt
 #   switch[:reload]   sleep and wake at levels 1 and 2, the prefix cache across them, decode at 1, 4
 #                     and 16 streams (bench/gpu/vllm_switch.py) -> $OUT/switch.json
 #   stop              stop the server
@@ -179,6 +180,7 @@ stage_turns() {
     --grow ${GROW:-300 1500 5000} --fresh ${FRESH:-1024 4096 16384 32768 60000} \
     --max-tokens "${MAX_TOKENS:-128}" --out "$OUT/turns-vllm-$(cat "$WORK/flagset").json" 2>&1 \
     | grep -v '^\S* \S* \[info' | tee "$OUT/turns-vllm-$(cat "$WORK/flagset").log"
+  curl -fsS "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics-vllm-$(cat "$WORK/flagset").txt" || true
 }
 
 stage_switch() {
