@@ -28,6 +28,13 @@ micro-batches, not one.
 **Restores**: ``ram_restore_token_s`` per token a llama.cpp slot loads back from its RAM prompt cache
 (``--cache-ram``); ``prefix_block`` the tokens a vLLM prefix-cache block holds (0: no reuse measured).
 
+**vLLM's align mode**: a hybrid model on vLLM 0.25 with prefix caching (``prefix_caching = "on"`` and a
+``prefix_block``) reuses prompts in whole blocks, and its scheduler cuts every prefill step to whole
+blocks and at the prompt's last block boundary (``_mamba_block_aligned_split``), so that the recurrent
+state is cached there: with 2,048 tokens a step and 1,568-token blocks a step takes 1,568, and a
+4,000-token prompt runs in steps of 1,568, 1,568 and 864. ``prefix_caching = "off"`` is vLLM 0.24 and
+older, which reuse nothing of a hybrid model.
+
 A profile built from two rates (:func:`linear_profile`) reproduces the two-constant model turnout
 used before profiles: prefill ``n / rate``, decode ``(1 / rate) * (1 + slowdown * (n - 1))``.
 """
@@ -107,6 +114,16 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """llama.cpp: seconds per token a slot loads back from the RAM prompt cache."""
     prefix_block: int = 0
     """vLLM: tokens per prefix-cache block a hybrid model's prompt is reused in (0: none measured)."""
+    prefix_caching: Literal["on", "off"] = "on"
+    """vLLM serving a hybrid model: ``on``, reuse in whole ``prefix_block`` blocks and align its
+    prefill steps to them (vLLM 0.25); ``off``, reuse nothing (vLLM 0.24 and older: module docstring)."""
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.ram_restore_token_s) or self.ram_restore_token_s < 0:
+            value = self.ram_restore_token_s
+            raise ProfileSchemaError(f"cache.ram_restore_token_s must be >= 0, not {value!r}")
+        if self.prefix_block < 0:
+            raise ProfileSchemaError(f"cache.prefix_block must be >= 0, not {self.prefix_block!r}")
 
 
 class Check(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -163,15 +180,32 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     # --- prefill ---------------------------------------------------------------------------------
 
-    def step_tokens(self, remaining: int, budget: int | None = None) -> int:
-        """Prompt tokens the next engine step takes of a prompt with ``remaining`` tokens left to
-        process, given ``budget`` tokens left in the step (default: the profile's ``batch``)."""
+    @property
+    def align_block(self) -> int:
+        """The block vLLM's align mode cuts prefill steps to (module docstring); 0: no such cuts."""
+        cache = self.cache
+        return cache.prefix_block if self.engine == "vllm" and cache.prefix_caching == "on" else 0
+
+    def step_tokens(self, remaining: int, budget: int | None = None, *, prompt: int = 0) -> int:
+        """Prompt tokens the next engine step takes of a prompt of ``prompt`` tokens with ``remaining``
+        left to process, given ``budget`` tokens left in the step (default: the profile's ``batch``).
+        0 when an aligned step has too little budget left for a whole block (the prompt waits)."""
+        whole = budget is None
         take = min(remaining, self.prefill.batch if budget is None else budget)
         if self.prefill.checkpoint_splits:
             for offset in (CHECKPOINT_TAIL + self.prefill.ubatch, CHECKPOINT_TAIL):
                 tail = min(self.prefill.batch, offset)
                 if remaining > tail >= remaining - take:
                     return remaining - tail
+        block = self.align_block
+        if block and prompt >= remaining:
+            done = prompt - remaining
+            last = prompt - prompt % block  # where the last whole block ends
+            if done + take < last:
+                aligned = take // block * block
+                take = aligned if aligned or not whole else take  # a step smaller than a block: as is
+            elif done < last < done + take:
+                take = last - done
         return take
 
     def chunk_seconds(self, tokens: int, context: int = 0, *, first: bool = False) -> float:
@@ -190,7 +224,7 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """The engine steps (tokens, context before them) a prompt's ``new`` tokens run in."""
         done = 0
         while done < new:
-            take = self.step_tokens(new - done)
+            take = self.step_tokens(new - done, prompt=new + cached)
             yield take, cached + done
             done += take
 

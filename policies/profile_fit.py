@@ -14,13 +14,27 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from policies.engine_profile import DecodeModel, EngineProfile, Point, PrefillModel, ProfileSchemaError
+from policies.engine_profile import (
+    CacheModel,
+    DecodeModel,
+    EngineProfile,
+    Point,
+    PrefillModel,
+    ProfileSchemaError,
+)
 
 
-def prefill_features(shape: PrefillModel, new: int, cached: int) -> tuple[float, float, float, float]:
-    """``(1, T, B, A)`` of one prefill under ``shape``'s batching (module docstring)."""
+def prefill_features(
+    shape: PrefillModel, new: int, cached: int, *, align: int = 0
+) -> tuple[float, float, float, float]:
+    """``(1, T, B, A)`` of one prefill under ``shape``'s batching (module docstring); ``align``: the
+    block vLLM's align mode cuts its steps to (``EngineProfile.align_block``)."""
     unit = EngineProfile(
-        name="unit", engine="llamacpp", prefill=shape, decode=DecodeModel(step_s=1.0)
+        name="unit",
+        engine="vllm" if align else "llamacpp",
+        prefill=shape,
+        decode=DecodeModel(step_s=1.0),
+        cache=CacheModel(prefix_block=align),
     )  # only its batching is used
     tokens = batches = attention = 0.0
     for step, context in unit.prefill_steps(new, cached):
@@ -35,13 +49,15 @@ def prefill_features(shape: PrefillModel, new: int, cached: int) -> tuple[float,
     return 1.0, tokens, batches, attention
 
 
-def fit_prefill(shape: PrefillModel, points: Sequence[Point], *, attention: bool = True) -> PrefillModel:
+def fit_prefill(
+    shape: PrefillModel, points: Sequence[Point], *, attention: bool = True, align: int = 0
+) -> PrefillModel:
     """``shape`` (its batching) with ``token_s``, ``batch_s`` and ``context_s`` fitted to ``points``
     (``new``, ``cached``, ``seconds``); ``attention=False`` keeps ``context_s`` at 0 (too few long
-    prompts to tell it apart). Attention adds to a per-token or per-batch cost, never replaces it: a
-    fit that explains the points by attention alone (noisy timings of short prompts) is done again
-    without it."""
-    rows = [prefill_features(shape, p.a, p.b) for p in points]
+    prompts to tell it apart); ``align``: vLLM's align-mode block, which cuts the steps. Attention adds
+    to a per-token or per-batch cost, never replaces it: a fit that explains the points by attention
+    alone (noisy timings of short prompts) is done again without it."""
+    rows = [prefill_features(shape, p.a, p.b, align=align) for p in points]
     if not attention:
         rows = [(one, t, b, 0.0) for one, t, b, _ in rows]
     seconds = [p.seconds for p in points]

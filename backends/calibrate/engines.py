@@ -27,6 +27,7 @@ from typing import Any, Literal
 import httpx
 
 from backends.calibrate.together import Tick, decode_together
+from backends.parsers.vllm import parse_metrics
 
 EngineName = Literal["vllm", "llamacpp"]
 WORDS = (
@@ -56,6 +57,8 @@ class EngineInfo:
     window: int
     slots: int
     notes: tuple[str, ...] = ()
+    block: int = 0
+    """vLLM: the block its prefix cache hits come in, as its ``/metrics`` says (0: not said, or off)."""
 
 
 class Engine:
@@ -231,7 +234,8 @@ async def connect(client: httpx.AsyncClient, seed: int = 0) -> Engine:
         raise CalibrationError(f"{client.base_url} is neither llama-server (/props) nor vLLM (/metrics)")
     models = (await _get(client, "/v1/models")).json()["data"]
     model = models[0]
-    info = EngineInfo("vllm", str(model["id"]), int(model.get("max_model_len") or 0), 1)
+    block = parse_metrics(metrics.text).cache_block or 0
+    info = EngineInfo("vllm", str(model["id"]), int(model.get("max_model_len") or 0), 1, block=block)
     tokenized = (await _post(client, "/tokenize", {"model": info.model, "prompt": WORDS * 4})).json()
     engine = VllmEngine(client, info, _varied(tokenized["tokens"]), seed)
     await engine.prefill(engine.prompt(8))  # the first request pays for warming up: not a measurement

@@ -29,6 +29,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from msgspec.structs import replace
+
 from backends.calibrate.engines import CalibrationError, Engine, Prefill
 from policies.engine_profile import (
     OFFLOAD_MIN_BATCH,
@@ -169,6 +171,17 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
         checks, cache = await (
             _llama_checks(run, draft, window) if llama else _vllm_checks(run, draft, window)
         )
+        if cache.prefix_block and not llama:  # vLLM's align mode cut the steps measured: fit them so
+            prefill = fit_prefill(
+                shape, run.prefill, attention=any(p.b > 0 for p in run.prefill), align=cache.prefix_block
+            )
+            aligned = EngineProfile(
+                name=options.name, engine=info.engine, prefill=prefill, decode=decode, cache=cache
+            )
+            checks = [
+                replace(c, predicted_s=round(aligned.prefill_seconds(c.prompt - c.cached, c.cached), 6))
+                for c in checks
+            ]
     finally:
         for slot in sorted(run.used_slots):
             await engine.erase(slot)
@@ -292,12 +305,29 @@ async def _vllm_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[li
             Check("prefix", n, second.cached, round(second.seconds, 6), round(first.seconds, 6),
                   round(draft.prefill_seconds(n - second.cached, second.cached), 6))
         )  # fmt: skip
-    block = math.gcd(*hits) if hits and all(hits) else 0
+    block = _block(run, hits)
     if not block:
         run.notes.append(
-            "vLLM reused no prompt prefix (a hybrid model on vLLM <= 0.25, or prefix caching off)"
+            "vLLM reused no prompt prefix (a hybrid model on vLLM <= 0.24, or prefix caching off)"
         )
     return checks, CacheModel(prefix_block=block)
+
+
+def _block(run: _Run, hits: Sequence[int]) -> int:
+    """The prefix-cache block of the ``hits`` (cached tokens of prompts sent twice): the one vLLM's
+    ``/metrics`` reports where every hit is whole blocks of it, else their greatest common divisor
+    (which a 784-token block's hits of 2,352 and 4,704 would give as 2,352: two prompts need not
+    tell the block)."""
+    if not hits or not all(hits):
+        return 0
+    reported = run.engine.info.block
+    if reported > 0 and all(hit % reported == 0 for hit in hits):
+        return reported
+    if reported > 0:
+        run.notes.append(
+            f"vLLM reports a {reported}-token block, its hits {list(hits)} are not whole blocks of it"
+        )
+    return math.gcd(*hits)
 
 
 def _check(name: str, prompt: int, got: Prefill, draft: EngineProfile, *, restore_s: float = 0.0) -> Check:

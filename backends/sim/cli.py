@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--architecture", choices=[a.value for a in Architecture], default=Architecture.HYBRID.value
     )
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument(
+        "--block-size", type=int, default=0, help="a hybrid's prefix-cache block (0: the profile's, else 256)"
+    )
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)

@@ -16,6 +16,8 @@ DEFAULT_PROFILES: dict[str, str] = {"vllm": "seed-5090-vllm-27b", "llamacpp": "s
 """Each kind's engine profile when a config names none (``backends/profiles/``)."""
 DEFAULT_PREFILL_CHUNK = 2048
 DENSE_BLOCK_SIZE = 16
+DEFAULT_BLOCK_SIZE = 256
+"""A hybrid model's block when neither the config nor the profile says one."""
 
 
 @functools.cache
@@ -48,9 +50,11 @@ class SimConfig:
     max_num_seqs: int = 256
     """vLLM ``--max-num-seqs`` (ignored by llama.cpp)."""
     prefix_caching: bool = True
-    """vLLM only: hybrid -> block-aligned reuse when on, none when off; dense/moe -> 16-token blocks."""
-    block_size: int = 256
-    """vLLM prefix-cache block for hybrid ``align`` mode."""
+    """vLLM only: hybrid -> block-aligned reuse when on, none when off; dense/moe -> 16-token blocks.
+    A vLLM profile of a hybrid model that says ``prefix_caching = "off"`` (vLLM 0.24) turns it off."""
+    block_size: int = 0
+    """vLLM prefix-cache block for hybrid ``align`` mode; 0: the profile's ``prefix_block``, else
+    ``DEFAULT_BLOCK_SIZE``."""
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
     batch_slowdown: float = 0.06
@@ -96,6 +100,16 @@ class SimConfig:
             object.__setattr__(self, "prefill_tok_s", base.prefill_tok_s())
         if self.profile is not None or self.decode_tok_s <= 0:
             object.__setattr__(self, "decode_tok_s", base.decode_tok_s())
+        vllm_cache = self.profile.cache if self.profile is not None and self.kind == "vllm" else None
+        if self.block_size <= 0:
+            measured = vllm_cache.prefix_block if vllm_cache is not None else 0
+            object.__setattr__(self, "block_size", measured or DEFAULT_BLOCK_SIZE)
+        if (
+            vllm_cache is not None
+            and vllm_cache.prefix_caching == "off"
+            and self.architecture is Architecture.HYBRID
+        ):
+            object.__setattr__(self, "prefix_caching", False)
         if self.prefill_chunk <= 0:
             chunk = self.profile.prefill.batch if self.profile is not None else DEFAULT_PREFILL_CHUNK
             object.__setattr__(self, "prefill_chunk", chunk)

@@ -99,9 +99,10 @@ class BatchEngine(ABC):
         decoding = tuple(t for t in self.running if t.prefill_left == 0)
         for task in self.running:
             if task.prefill_left > 0 and budget > 0:
-                n = self.perf.profile.step_tokens(task.prefill_left, budget)
-                chunks.append((task, n))
-                budget -= n
+                n = self.perf.profile.step_tokens(task.prefill_left, budget, prompt=len(task.prompt))
+                if n > 0:  # 0: an aligned step's budget left holds no whole block (vLLM align mode)
+                    chunks.append((task, n))
+                    budget -= n
         priced = [
             (n, len(task.prompt) - task.prefill_left, task.prefill_left == len(task.prompt) - task.cached)
             for task, n in chunks

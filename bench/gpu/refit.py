@@ -2,6 +2,10 @@
 
     python bench/gpu/refit.py backends/profiles/h200-llamacpp-flash-next-shape-mmap512.toml \
         bench/gpu/results/2026-12-03b-h200/cold.json --label compose
+    python bench/gpu/refit.py backends/profiles/h100-vllm-27b-shape-fp8.toml   # its own points again
+
+A vLLM profile with a prefix block is fitted with its steps cut to whole blocks, as vLLM 0.25's align
+mode ran them (``policies.engine_profile``).
 
 ``turnout calibrate`` sizes its grid to its budget; prompts of 16k and 32k with 512-token micro-batches
 (compose's flags then) take minutes each, so they were measured apart (``bench/gpu/run.sh cold:...``).
@@ -63,25 +67,29 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("profile", type=Path)
-    parser.add_argument("cold", type=Path)
-    parser.add_argument("--label", required=True, help="the rows of cold.json whose label starts so")
+    parser.add_argument("cold", type=Path, nargs="?", help="cold.json (none: refit the profile's own points)")
+    parser.add_argument("--label", help="the rows of cold.json whose label starts so")
     args = parser.parse_args()
     profile = load_profile(args.profile)
-    rows = [r for r in json.loads(args.cold.read_text()) if str(r["label"]).startswith(args.label)]
-    if not rows:
-        raise SystemExit(f"{args.cold}: no row labelled {args.label}...")
-    added = [Point(int(r["prompt_n"]), int(r["cache_n"]), float(r["seconds"])) for r in rows]  # new, cached
+    added: list[Point] = []
+    if args.cold is not None:
+        rows = [r for r in json.loads(args.cold.read_text()) if str(r["label"]).startswith(args.label or "")]
+        if not rows:
+            raise SystemExit(f"{args.cold}: no row labelled {args.label}...")
+        added = [Point(int(r["prompt_n"]), int(r["cache_n"]), float(r["seconds"])) for r in rows]  # new, cached
     points = tuple(p for p in profile.prefill_points if p not in added) + tuple(added)
     attention = any(p.b > 0 for p in points)
+    align = profile.align_block  # vLLM's align mode cut the measured steps to whole blocks
     refit = msgspec.structs.replace(
         profile,
-        prefill=fit_prefill(profile.prefill, points, attention=attention),
+        prefill=fit_prefill(profile.prefill, points, attention=attention, align=align),
         prefill_points=points,
         context_window=max(profile.context_window, *(p.a + p.b for p in points)),
     )
     refit = msgspec.structs.replace(refit, checks=tuple(_recheck(refit, c) for c in refit.checks))
-    note = f"Prefill refit by bench/gpu/refit.py with {len(added)} cold prompts from {shown(args.cold)}."
-    save_noted(refit, args.profile, note)
+    cut = f", its steps cut to whole {align}-token blocks (vLLM's align mode)" if align else ""
+    source = f"{len(added)} cold prompts from {shown(args.cold)}" if args.cold else "its own points"
+    save_noted(refit, args.profile, f"Prefill refit by bench/gpu/refit.py with {source}{cut}.")
     for point in points:
         predicted = refit.prefill_seconds(point.a, point.b)
         error = (predicted - point.seconds) / point.seconds

@@ -1,13 +1,15 @@
 """The simulated fleet a virtual replay runs on: the gateway's settings, and an engine model per backend.
 
-The default is docs/replay.md's workstation: ``vllm`` (hybrid, prefix caching off, a 94,000-token
-window) and ``llama`` (hybrid, ``llama_slots`` slots of 65,536 tokens, its RAM prompt cache at the
-default 8 GiB), at DOMAIN.md's rates, probed every 2 simulated seconds. ``--backends FILE`` replays on
+The default is docs/replay.md's workstation: ``vllm`` (hybrid, a 94,000-token window, on the engine
+profile ``seed-5090-vllm-27b``: DOMAIN.md's rates and vLLM 0.25's prefix cache, whole 1,568-token
+blocks) and ``llama`` (hybrid, ``llama_slots`` slots of 65,536 tokens, its RAM prompt cache at the
+default 8 GiB, at DOMAIN.md's rates), probed every 2 simulated seconds. ``--backends FILE`` replays on
 the backends of a turnout config instead (at most :data:`MAX_BACKENDS`): each backend's engine model
 takes its kind, the upstream name and window of its deployment of the replayed model (a model group:
 of its members; of its first deployment if it serves none of them), that model's architecture, and
 the backend's ``[backends.sim]`` table (slots, rates, chunk, prefix caching, ...). vLLM's prefix cache
-defaults to off for a hybrid model (no prefix reuse in older releases) and on otherwise.
+defaults to on for a hybrid model where the backend's engine profile measured its blocks (vLLM 0.25),
+off for one without (vLLM 0.24 and older reuse nothing of a hybrid model), and on otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from backends.sim import SimConfig
-from gateway.replay.workstation import StackOptions, gateway_settings
+from gateway.replay.workstation import VLLM_PROFILE, StackOptions, gateway_settings
 from gateway.settings import ConfigError, Settings, load_settings, served_models
 from policies.types import Architecture, EngineKind
 
@@ -25,10 +27,14 @@ PROBE_INTERVAL_S = 2.0
 """Simulated seconds between probes of the default fleet (the wall replay's 0.1 s at scale 0.05)."""
 
 
-def default_fleet(model: str, profile: str, llama_slots: int = 2) -> Settings:
+def default_fleet(
+    model: str, profile: str, llama_slots: int = 2, vllm_profile: str = VLLM_PROFILE
+) -> Settings:
     """The two-backend workstation (module docstring) serving ``model`` with ``profile``."""
     urls = {"vllm": "http://vllm.virtual", "llama": "http://llama.virtual"}
-    options = StackOptions(model=model, llama_slots=llama_slots, probe_interval_s=PROBE_INTERVAL_S)
+    options = StackOptions(
+        model=model, llama_slots=llama_slots, probe_interval_s=PROBE_INTERVAL_S, vllm_profile=vllm_profile
+    )
     settings: Settings = gateway_settings(urls, options, profile)
     return settings
 
@@ -56,15 +62,17 @@ def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimC
         deployment = own[0][1] if own else others[0] if others else None
         architecture = own[0][0].architecture if own else _architecture(settings, backend.id)
         sim = backend.sim
+        profile = backend.load_engine_profile()
+        measured = profile is not None and profile.align_block > 0  # vLLM 0.25's hybrid prefix cache
         base = SimConfig(
             kind="vllm" if backend.kind is EngineKind.VLLM else "llamacpp",
             model=deployment.upstream_name if deployment is not None else backend.id,
             architecture=architecture,
             prefix_caching=sim.prefix_caching
             if sim.prefix_caching is not None
-            else architecture is not Architecture.HYBRID,
+            else architecture is not Architecture.HYBRID or measured,
             seed=seed,
-            profile=backend.load_engine_profile(),
+            profile=profile,
         )
         if deployment is not None and deployment.context_window is not None:
             base = replace(base, context_window=deployment.context_window)

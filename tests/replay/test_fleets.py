@@ -74,7 +74,9 @@ class TestDefaultFleet:
             94000,
             hybrid,
         )
-        assert (vllm.prefill_tok_s, vllm.decode_tok_s, vllm.prefix_caching) == (6600.0, 64.0, False)
+        # vLLM 0.25 on the seed's rates: a hybrid model's prompts reused in whole 1,568-token blocks
+        assert (vllm.prefill_tok_s, vllm.decode_tok_s, vllm.prefix_caching) == (6600.0, 64.0, True)
+        assert (vllm.cache_block_size, vllm.engine_profile.align_block) == (1568, 1568)
         assert (llama.kind, llama.model, llama.context_window, llama.slots) == (
             "llamacpp",
             "qwen",

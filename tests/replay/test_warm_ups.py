@@ -1,18 +1,30 @@
 """Background warm-ups in the virtual replay (``gateway.warming``, ``policies.warm``): a named
 session's first turn answered on vLLM while its prompt is prefilled into a llama.cpp slot, so its
-next turn there is warm; what the engine and the decision log say of it."""
+next turn there is warm; what the engine and the decision log say of it. The fleet's vLLM is 0.24,
+which keeps nothing of a hybrid model's conversation (on 0.25 the session stays on vLLM)."""
 
 from __future__ import annotations
 
 from msgspec.structs import replace
 
+from backends.sim import SimConfig
 from gateway.replay.fleets import default_fleet
 from gateway.replay.traces import TraceRequest
 from gateway.replay.virtual import GatewayReplay, run_now
 from gateway.replay.workstation import StackOptions
+from gateway.settings import Settings
 
 MODEL = "replay"
 BLOCK = 512
+VLLM_024 = "seed-5090-vllm-0.24-27b"
+
+
+def fleet(profile: str = "cost") -> tuple[Settings, dict[str, SimConfig]]:
+    """The default workstation with vLLM 0.24, routed by ``profile``: its settings and its engines."""
+    return (
+        default_fleet(MODEL, profile, vllm_profile=VLLM_024),
+        StackOptions(model=MODEL, vllm_profile=VLLM_024).sim_configs(),
+    )
 
 
 def conversation(turns: int = 3, start: int = 8000, growth: int = 2000) -> list[TraceRequest]:
@@ -25,7 +37,7 @@ def conversation(turns: int = 3, start: int = 8000, growth: int = 2000) -> list[
 
 
 def replay(profile: str, requests: list[TraceRequest]) -> tuple[list, list[dict]]:  # type: ignore[type-arg]
-    world = GatewayReplay(requests, default_fleet(MODEL, profile), StackOptions(model=MODEL).sim_configs())
+    world = GatewayReplay(requests, *fleet(profile))
     results = world.run()
     decisions = run_now(world.router.store.decisions(100))
     return results, sorted(decisions, key=lambda d: int(d["request_id"].split(".")[0][1:]))
@@ -48,9 +60,7 @@ def test_warming_beats_the_cold_first_turn_it_replaces() -> None:
     """Without warm-ups the same session starts cold on llama.cpp (its look-ahead says its slot will
     pay): its first TTFT is the whole cold prefill; with them, vLLM's, and the rest as warm."""
     warmed, _ = replay("cost", conversation())
-    world = GatewayReplay(
-        conversation(), default_fleet(MODEL, "cost"), StackOptions(model=MODEL).sim_configs()
-    )
+    world = GatewayReplay(conversation(), *fleet())
     world.router.profile = replace(world.router.profile, warms=False)
     cold = world.run()
     assert cold[0].backend == "llama"
@@ -70,7 +80,7 @@ def test_a_warm_up_is_in_flight_on_the_engine_as_any_request() -> None:
     """The llama.cpp engine model ran it: one more task than the requests it answered, and the
     slot's prompt came from it (the served requests there reused it)."""
     requests = conversation(turns=2)
-    world = GatewayReplay(requests, default_fleet(MODEL, "cost"), StackOptions(model=MODEL).sim_configs())
+    world = GatewayReplay(requests, *fleet())
     results = world.run()
     answered = sum(1 for r in results if r.backend == "llama")
     assert world.engines["llama"].n_tasks == answered + 1
