@@ -18,8 +18,9 @@ from backends.base import Adapter, BackendSpec, Documents, Poster
 from backends.breaker import Breaker
 from backends.clock import WALL, Clock
 from backends.history import LoadHistory
-from backends.inflight import InFlight, Load, Own, Sent
+from backends.inflight import InFlight, Load, Own
 from backends.registry import create_adapter
+from backends.sent import Sent
 from backends.watchdog import Watchdog
 from policies.types import BackendSnapshot, EngineKind, Health
 

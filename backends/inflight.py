@@ -53,86 +53,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable
 from typing import NamedTuple
 
 import msgspec
 from msgspec.structs import replace
 
+from backends.sent import Sent, busy_until
 from policies.types import BackendSnapshot, SlotState
 
 ARRIVALS_WINDOW_S = 30.0
 """How far back ``arrivals_per_s`` counts the requests begun on a backend."""
-OVERDUE_FLOOR = 0.3
 FORGET_AFTER_S = 3600.0  # a request not ended by then was lost
 RELEASE_LAG_S = 1.0
 """A slot turnout's request left is still taken for free in a probe this much younger than the
 request's end: llama-server releases the slot after its last event, and a probe taken in between
 (a busy machine: tens to hundreds of milliseconds) still sees it processing. Trusting that probe made
 a session's next turn leave its warm slot for the idle one."""
-
-
-class Sent(msgspec.Struct, frozen=True):
-    """One request in flight, with what routing predicted for it (seconds)."""
-
-    backend_id: str
-    slot: int | None
-    started: float
-    total_s: float = 0.0
-    queue_s: float = 0.0
-    deferred_s: float = 0.0
-    """The part of ``queue_s`` it waits deferred for a llama.cpp slot busy with work not of turnout's
-    (not in the engine till then); behind turnout's own request on its slot it waits till that ends."""
-    prefill_s: float = 0.0
-    interleaved_s: float = 0.0
-    prompt_tokens: int = 0
-    """Its prompt's tokens (the estimate), for the router's own count of what it sent (``own``)."""
-    holds: bool = True
-    """An inference request, which holds the engine's prompt processing or a slot while it runs (a
-    token count does not: it is not an arrival in ``arrivals_per_s``)."""
-    warm: bool = False
-    """A background warm-up of a llama.cpp slot (``gateway.warming``): no client waits for it."""
-
-    def prefill_left_s(self, now: float) -> float:
-        """Seconds of prompt processing still to do: ``prefill_s``, worked off over its predicted
-        span (the decode steps interleaved with its chunks stretch it)."""
-        done = max(now - self.started - self.queue_s, 0.0) / self.prefill_span_s if self.prefill_s else 1.0
-        return self.prefill_s * max(1.0 - done, 0.0)
-
-    def deferred_at(self, now: float) -> bool:
-        """Whether it is still predicted deferred for a slot busy with others' work at ``now``."""
-        return now < self.started + self.deferred_s
-
-    @property
-    def prefill_span_s(self) -> float:
-        """How long its prompt is predicted to take once it starts: the prefill and the decode steps
-        of other requests run in the same engine steps."""
-        return self.prefill_s + self.interleaved_s
-
-    @property
-    def run_s(self) -> float:
-        """How long it is predicted to run once it has the slot: its predicted total less its
-        predicted wait (the wait for the requests ahead of it is the chain's, ``busy_until``)."""
-        return max(self.total_s - self.queue_s, 0.0)
-
-    @property
-    def prefilled_by(self) -> float:
-        """When its prompt is predicted processed: no backlog left from then on."""
-        return self.started + self.queue_s + self.prefill_span_s
-
-
-def busy_until(requests: Iterable[Sent], now: float) -> float:
-    """When a slot running ``requests`` (pinned there, in the order sent) is predicted free: each
-    starts when it was sent or when the one before it ends, whichever is later, and runs for its
-    predicted total less its predicted wait (``Sent.run_s``: that wait is this chain); a request past
-    its predicted end is still running, ``OVERDUE_FLOOR`` of its run more (module docstring). ``now``
-    or later."""
-    end = -math.inf
-    for request in requests:
-        start = max(request.started, end)
-        run = request.run_s
-        end = max(start + run, now + OVERDUE_FLOOR * run)
-    return max(end, now)
 
 
 class Load(msgspec.Struct, frozen=True):

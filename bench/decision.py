@@ -32,7 +32,7 @@ import httpx
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backends.inflight import Sent
+from backends.sent import Sent
 from gateway.core import Core, build_core
 from gateway.logging import configure_logging
 from gateway.requests import parse_body

@@ -171,7 +171,8 @@ def _decisions(workloads: list[str]) -> None:
     from gateway.replay.fleets import default_fleet, fleet_from_file, sim_configs
     from gateway.replay.results import request_body, request_headers
     from gateway.replay.traces import TraceRequest, with_model
-    from gateway.replay.virtual import Flight, GatewayReplay, SimTask, answer_of, run_now
+    from gateway.replay.virtual import GatewayReplay, SimTask, run_now
+    from gateway.replay.virtual_world import Flight, answer_of
 
     configure_logging("json", "warning")
 

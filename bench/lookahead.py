@@ -43,7 +43,7 @@ from gateway.logging import configure_logging
 from gateway.replay.results import LOOKAHEAD, ORACLE, Result
 from gateway.replay.simulate import simulate
 from gateway.replay.traces import with_model
-from gateway.replay.virtual import VirtualOptions
+from gateway.replay.virtual_world import VirtualOptions
 
 ROWS = (
     "chat", "mixed", "contention-1", "contention-1-nosession", "contention-2", "contention-2-nosession",

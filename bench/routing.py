@@ -75,7 +75,7 @@ from gateway.replay.report import Draw, percentile, pooled_report, report, table
 from gateway.replay.results import ORACLE, Result
 from gateway.replay.simulate import simulate
 from gateway.replay.traces import rate_for_load, with_model, with_rate
-from gateway.replay.virtual import VirtualOptions, World
+from gateway.replay.virtual_world import VirtualOptions, World
 from gateway.settings import Settings
 
 OTHERS = "<!-- other benchmarks: kept when this file is regenerated -->"

@@ -21,7 +21,7 @@ from backends.sim.prefix_cache import add_checkpoints, llama_reuse
 from gateway.replay.report import LONG_PROMPT_TOKENS, LOWER_BOUND, table
 from gateway.replay.synth import prompt_tokens
 from gateway.replay.traces import TraceRequest, with_model
-from gateway.replay.virtual import ANSWER_TOKEN, OVERHEAD_S
+from gateway.replay.virtual_world import ANSWER_TOKEN, OVERHEAD_S
 from gateway.replay.workstation import StackOptions
 
 SINGLE_ENGINE = ("prefer-vllm", "prefer-llamacpp")

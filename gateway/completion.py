@@ -28,7 +28,8 @@ from gateway.routed import Routed
 from gateway.routing import Router
 from gateway.state import SentPrompt
 from gateway.timeline import turn_record
-from policies.types import Endpoint, EngineKind, Outcome, ScoredCandidate, SessionView, Usage
+from policies.decision import Outcome, ScoredCandidate
+from policies.types import Endpoint, EngineKind, SessionView, Usage
 
 
 @dataclass(slots=True)

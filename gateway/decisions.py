@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.routed import Routed
+from policies.decision import Outcome, WarmUp
 from policies.sessions import session_label
-from policies.types import Endpoint, Outcome, Reason, WarmUp
+from policies.types import Endpoint, Reason
 
 MOVES = {
     Reason.CONTEXT_TOO_LONG: "it outgrew that backend's window",

@@ -19,7 +19,7 @@ from msgspec.structs import replace
 from backends.base import Adapter, UpstreamRequest
 from backends.errors import UpstreamError, UpstreamUnavailable
 from backends.fleet import Fleet
-from backends.inflight import Sent
+from backends.sent import Sent
 from backends.stream import ResponseRelay
 from backends.watchdog import Expired
 from gateway.catalog import Catalog, max_output_tokens

@@ -13,8 +13,8 @@ from gateway.errors import (
     NoBackendAvailable,
 )
 from policies import Decision, Endpoint, Reason, RequestFeatures
+from policies.decision import Rejection
 from policies.features import SIZE_FLOOR_HEADER
-from policies.types import Rejection
 
 PROMPT_PARAM = {Endpoint.COMPLETIONS: "prompt", Endpoint.RESPONSES: "input"}
 NOT_ASKED = (Reason.PINNED, Reason.KEEPS_MODEL, Reason.STAYS_HOME)

@@ -8,7 +8,8 @@ from msgspec.structs import replace
 
 from backends.errors import UpstreamStatusError
 from policies import Decision, RequestFeatures
-from policies.types import SessionView, WarmUp
+from policies.decision import WarmUp
+from policies.types import SessionView
 
 
 class Routed(msgspec.Struct, frozen=True):

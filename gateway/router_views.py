@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import deque
 
 from backends.fleet import Fleet
+from policies.decision import Outcome
 from policies.ledger import RouterView
 from policies.peers import litellm_samples
-from policies.types import Outcome
 
 MINUTE_S = 60.0
 

@@ -28,6 +28,7 @@ from gateway.state import StateStore
 from gateway.traffic import TrafficRecorder
 from policies import Endpoint, Profile, RequestFeatures, route
 from policies.context import RoutingContext
+from policies.decision import Outcome
 from policies.features import MESSAGE_OVERHEAD_TOKENS
 from policies.learning import LearnedState, learn, learn_prefill
 from policies.prefix import PromptChain
@@ -37,7 +38,6 @@ from policies.types import (
     Deployment,
     EngineKind,
     Health,
-    Outcome,
     PrefixMatch,
     SessionSource,
     SessionView,

@@ -17,8 +17,9 @@ from typing import Any
 
 from gateway.decisions import MOVES, moved
 from gateway.routed import Routed
+from policies.decision import Outcome
 from policies.shape import Break, where_it_breaks
-from policies.types import EngineKind, Outcome, Reason
+from policies.types import EngineKind, Reason
 
 BREAK_MIN_TOKENS = 600
 """Below this a shortfall is a hybrid slot's checkpoint gap (516 tokens) or a vLLM block, not a break."""

@@ -29,8 +29,9 @@ import math
 from pathlib import Path
 from typing import TextIO
 
+from policies.decision import Outcome
 from policies.prefix import CHUNK_BYTES, PromptChain
-from policies.types import Outcome, RequestFeatures
+from policies.types import RequestFeatures
 
 BLOCK_TOKENS = 512
 """Tokens a ``hash_ids`` block stands for (the trace format's, Mooncake's)."""

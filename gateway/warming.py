@@ -29,14 +29,15 @@ import structlog
 from backends.base import UpstreamRequest
 from backends.errors import UpstreamError
 from backends.fleet import Fleet
-from backends.inflight import Sent
+from backends.sent import Sent
 from backends.stream import ResponseRelay
 from gateway.routed import Routed
 from gateway.routing import Router
 from gateway.state import SentPrompt
 from policies import Endpoint
+from policies.decision import Outcome, WarmUp
 from policies.features import OUTPUT_LIMIT_FIELDS
-from policies.types import Deployment, EngineKind, Outcome, Usage, WarmUp
+from policies.types import Deployment, EngineKind, Usage
 
 log = structlog.get_logger(__name__)
 

@@ -4,21 +4,19 @@ This package imports neither ``gateway`` nor ``backends`` (nor httpx, litestar o
 plain Python over frozen dataclasses, with the clock passed in.
 """
 
+from policies.decision import Decision, Rejection, ScoredCandidate
 from policies.features import extract
 from policies.profiles import BUILTIN_PROFILES, Profile, ProfileError, build_profile
 from policies.route import route
 from policies.types import (
     Architecture,
     BackendSnapshot,
-    Decision,
     Deployment,
     Endpoint,
     EngineKind,
     Health,
     Reason,
-    Rejection,
     RequestFeatures,
-    ScoredCandidate,
     SlotState,
     Usage,
 )

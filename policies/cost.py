@@ -58,7 +58,7 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                start after this one)
                a busy llama.cpp slot: what its request is predicted to still need (``busy_s``), plus
                the prompts deferred meanwhile (the other slots' prompts in the engine run in the
-               steps that decode it: ``policies.slots._slot_queue``)
+               steps that decode it: ``policies.slot_costs.slot_queue``)
                llama.cpp unpinned with no idle slot: the first slot to free + queued * service_s / slots
     queue_factor: vLLM: learned, how much longer queues really were than predicted
                (``policies.learning``); llama.cpp: 1 (its slot queue is modelled whole)
@@ -101,22 +101,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+from policies.decision import Estimate
 from policies.learning import DeploymentStats, LearnedState
 from policies.pricing import decode_step_s, interleaved_decode_s, prefill_s
+from policies.slot_costs import Situation
 from policies.slot_rules import ram_span, reuse
-from policies.slots import (
-    DEFAULT_LEASE_IDLE_S,
-    Situation,
-    SlotOption,
-    llama_options,
-    proven,
-)
+from policies.slots import DEFAULT_LEASE_IDLE_S, SlotOption, llama_options, proven
 from policies.types import (
     BackendSnapshot,
     Deployment,
     Endpoint,
     EngineKind,
-    Estimate,
     PrefixMatch,
     RequestFeatures,
     SessionView,

@@ -16,16 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from policies.types import (
-    BackendSnapshot,
-    Deployment,
-    Endpoint,
-    EngineKind,
-    Health,
-    Reason,
-    Rejection,
-    RequestFeatures,
-)
+from policies.decision import Rejection
+from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health, Reason, RequestFeatures
 
 Candidate = tuple[Deployment, BackendSnapshot]
 FilterResult = tuple[list[Candidate], list[Rejection]]

@@ -30,9 +30,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from policies.context import RoutingContext
+from policies.decision import Rejection
 from policies.filters import Candidate, FilterResult
 from policies.slots import proven, slots_of
-from policies.types import BackendSnapshot, EngineKind, Reason, Rejection, RequestFeatures, SessionView
+from policies.types import BackendSnapshot, EngineKind, Reason, RequestFeatures, SessionView
 
 
 def at_home(snapshot: BackendSnapshot, homes: Mapping[str, int], session: SessionView | None) -> int:

@@ -77,8 +77,9 @@ from types import MappingProxyType
 import msgspec
 from msgspec.structs import replace
 
+from policies.decision import Estimate, Outcome
 from policies.ewma import ALPHA, FAR, MAX_STEP, RATIO_MAX, SPREAD, Ewma
-from policies.types import Architecture, Deployment, EngineKind, Estimate, Outcome
+from policies.types import Architecture, Deployment, EngineKind
 
 __all__ = ["ALPHA", "FAR", "MAX_STEP", "RATIO_MAX", "SPREAD", "Ewma"]  # re-exported: learning's vocabulary
 

@@ -55,7 +55,8 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
-from policies.types import Reason, RequestFeatures, ScoredCandidate
+from policies.decision import ScoredCandidate
+from policies.types import Reason, RequestFeatures
 from policies.views import CandidateView, Pick
 
 EPP_BLOCK_TOKENS = 16

@@ -14,6 +14,7 @@ from msgspec.structs import replace
 
 from policies.context import RoutingContext
 from policies.cost import estimate
+from policies.decision import Decision, Rejection, ScoredCandidate
 from policies.filters import Candidate
 from policies.homes import sharing
 from policies.ledger import IDLE
@@ -21,15 +22,7 @@ from policies.profiles import Profile
 from policies.scorers import SCORERS
 from policies.slots import free_slot, keep_chance, proven
 from policies.stages import PICKERS, stages
-from policies.types import (
-    BackendSnapshot,
-    Decision,
-    EngineKind,
-    Reason,
-    Rejection,
-    RequestFeatures,
-    ScoredCandidate,
-)
+from policies.types import BackendSnapshot, EngineKind, Reason, RequestFeatures
 from policies.views import CandidateView
 from policies.warm import with_warm_ups
 

@@ -13,10 +13,11 @@ import functools
 from collections.abc import Callable, Sequence
 
 from policies.context import RoutingContext
+from policies.decision import Rejection, ScoredCandidate
 from policies.filters import FILTERS, Candidate, FilterResult
 from policies.homes import stays_home
 from policies.peers import PEER_PICKERS
-from policies.types import Deployment, Reason, Rejection, RequestFeatures, ScoredCandidate
+from policies.types import Deployment, Reason, RequestFeatures
 from policies.views import CandidateView, Pick
 
 Stage = Callable[[RequestFeatures, Sequence[Candidate], RoutingContext], FilterResult]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
+from policies.decision import Estimate
 from policies.ledger import IDLE, RouterView
-from policies.types import BackendSnapshot, Deployment, Estimate, PrefixMatch, Reason
+from policies.types import BackendSnapshot, Deployment, PrefixMatch, Reason
 
 
 class CandidateView(msgspec.Struct, frozen=True):

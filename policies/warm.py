@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from msgspec.structs import replace
 
 from policies.cost import held_s
-from policies.types import BackendSnapshot, EngineKind, Estimate, WarmUp
+from policies.decision import Estimate, WarmUp
+from policies.types import BackendSnapshot, EngineKind
 from policies.views import CandidateView
 
 BACKLOG_EPSILON_S = 1e-6

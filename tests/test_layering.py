@@ -95,6 +95,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gateway.agents.configs",
             "gateway.replay",
             "gateway.replay.virtual",
+            "gateway.replay.virtual_world",
             "gateway.replay.virtual_oracle",
             "gateway.replay.virtual_lookahead",
             "gateway.replay.oracle",

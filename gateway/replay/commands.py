@@ -272,7 +272,7 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
     from gateway.replay.report import report
     from gateway.replay.simulate import simulate
     from gateway.replay.traces import block_tokens, with_model, with_rate
-    from gateway.replay.virtual import OVERHEAD_S, VirtualOptions
+    from gateway.replay.virtual_world import OVERHEAD_S, VirtualOptions
     from gateway.settings import ConfigError
 
     def settings_for(profile: str) -> Any:

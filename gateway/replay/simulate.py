@@ -16,9 +16,10 @@ from functools import partial
 from gateway.replay.fleets import sim_configs
 from gateway.replay.results import BEST_SCHEDULE, LOOKAHEAD, ORACLE, Result
 from gateway.replay.traces import TraceRequest
-from gateway.replay.virtual import GatewayReplay, VirtualOptions, World
+from gateway.replay.virtual import GatewayReplay
 from gateway.replay.virtual_lookahead import LookaheadOracleReplay
 from gateway.replay.virtual_oracle import OracleReplay, SampledOracleReplay
+from gateway.replay.virtual_world import VirtualOptions, World
 from gateway.replay.yardsticks import lower_bounds
 from gateway.settings import Settings, served_models
 

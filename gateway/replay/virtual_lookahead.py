@@ -33,8 +33,8 @@ from backends.sim import SimConfig
 from gateway.replay.oracle import Candidate, owners, scores
 from gateway.replay.results import Result
 from gateway.replay.traces import TraceRequest
-from gateway.replay.virtual import DEFAULT_OPTIONS, Flight, VirtualOptions
 from gateway.replay.virtual_oracle import OracleReplay
+from gateway.replay.virtual_world import DEFAULT_OPTIONS, Flight, VirtualOptions
 
 WIDTH = 3
 """Candidates tried per request: the greedy oracle's best ``WIDTH`` by score."""

@@ -20,7 +20,7 @@ from backends.sim.vllm_engine import VllmEngine
 from backends.sim.whatif import whatif_slots, whatif_vllm
 from gateway.replay.oracle import Candidate, choose, engines_of, horizons, owners, scores
 from gateway.replay.traces import TraceRequest, conversations
-from gateway.replay.virtual import DEFAULT_OPTIONS, Flight, VirtualOptions, World, answer_of
+from gateway.replay.virtual_world import DEFAULT_OPTIONS, Flight, VirtualOptions, World, answer_of
 
 
 class OracleReplay(World):

@@ -11,7 +11,8 @@ from msgspec.structs import replace
 from backends.base import BackendSpec
 from backends.clock import VirtualClock
 from backends.fleet import Fleet
-from backends.inflight import ARRIVALS_WINDOW_S, OVERDUE_FLOOR, RELEASE_LAG_S, Load, Sent
+from backends.inflight import ARRIVALS_WINDOW_S, RELEASE_LAG_S, Load
+from backends.sent import OVERDUE_FLOOR, Sent
 from policies import EngineKind, Health, SlotState
 
 NOW = time.time()

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from backends.inflight import ARRIVALS_WINDOW_S, FORGET_AFTER_S, RELEASE_LAG_S, InFlight, Sent, busy_until
+from backends.inflight import ARRIVALS_WINDOW_S, FORGET_AFTER_S, RELEASE_LAG_S, InFlight
+from backends.sent import Sent, busy_until
 from policies.types import BackendSnapshot, EngineKind, Health, SlotState
 
 BACKENDS = ("llama", "vllm")

@@ -11,9 +11,10 @@ import openai
 
 from gateway.admin.accuracy import MAX_DRAWN
 from policies import EngineKind
+from policies.decision import Outcome
 from policies.sessions import session_label
 from policies.shape import PIECE_CHARS
-from policies.types import Outcome, Usage
+from policies.types import Usage
 from tests.dashboard.conftest import HOSTILE, screenshot
 from tests.e2e.conftest import Stack, start_stack, stop_stack
 from tests.servers import ADMIN, ADMIN_TOKEN

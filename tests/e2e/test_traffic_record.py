@@ -15,9 +15,10 @@ import pytest
 from gateway.replay.traces import read_trace
 from gateway.traffic import TrafficRecorder
 from policies import Endpoint, RequestFeatures
+from policies.decision import Outcome
 from policies.prefix import chain_of
 from policies.sessions import session_label
-from policies.types import EngineKind, Outcome, Usage
+from policies.types import EngineKind, Usage
 from tests.e2e.conftest import start_stack, stop_stack
 from tests.servers import ADMIN
 

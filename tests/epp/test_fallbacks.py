@@ -20,7 +20,8 @@ from gateway.epp.exchange import endpoint_address
 from gateway.epp.fallbacks import fallbacks
 from gateway.settings import Settings
 from policies import BackendSnapshot, Decision, Health
-from policies.types import Deployment, EngineKind, Estimate, Reason, ScoredCandidate
+from policies.decision import Estimate, ScoredCandidate
+from policies.types import Deployment, EngineKind, Reason
 from tests.e2e.conftest import Tap, stack_settings
 from tests.epp.envoy import Envoy, PickerThread
 from tests.servers import ServerThread

@@ -15,7 +15,8 @@ from gateway.completion import STEPS, Completion, Step, settle
 from gateway.routing import Router
 from gateway.state.memory import MemoryStore
 from policies import BUILTIN_PROFILES, Architecture, Deployment, Endpoint, EngineKind, Health, extract
-from policies.types import BackendSnapshot, Outcome, SlotState, Usage
+from policies.decision import Outcome
+from policies.types import BackendSnapshot, SlotState, Usage
 
 DEPLOYMENT = Deployment("m", "llama", "m", 65536, Architecture.HYBRID)
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Refactor the parser. " * 500}]}

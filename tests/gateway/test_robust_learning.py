@@ -23,7 +23,8 @@ from gateway.routing import Router
 from gateway.state.memory import MemoryStore
 from policies import BUILTIN_PROFILES, Architecture, Deployment, Endpoint, EngineKind, Health, extract
 from policies import ewma as ewma_module
-from policies.types import BackendSnapshot, Outcome, SlotState, Usage
+from policies.decision import Outcome
+from policies.types import BackendSnapshot, SlotState, Usage
 
 VLLM = Deployment("m", "vllm", "m", 94_000, Architecture.HYBRID)
 LLAMA = Deployment("m", "llama", "m", 65_536, Architecture.HYBRID)

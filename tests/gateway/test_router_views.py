@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from backends.inflight import InFlight, Sent
+from backends.inflight import InFlight
+from backends.sent import Sent
 from gateway.replay.fleets import default_fleet, sim_configs
 from gateway.replay.generate import agent_trace
 from gateway.replay.virtual import GatewayReplay, run_now
 from gateway.router_views import RouterHistory
+from policies.decision import Outcome
 from policies.profiles import PEER_PROFILES
-from policies.types import EngineKind, Outcome, Usage
+from policies.types import EngineKind, Usage
 
 MODEL = "replay"
 

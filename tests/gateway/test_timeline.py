@@ -5,8 +5,9 @@ from __future__ import annotations
 from gateway.routed import Routed
 from gateway.timeline import turn_record
 from policies import Deployment, EngineKind, Reason, RequestFeatures
+from policies.decision import Decision, Estimate, Outcome, ScoredCandidate
 from policies.shape import PIECE_CHARS, shape_of
-from policies.types import Decision, Endpoint, Estimate, Outcome, ScoredCandidate, SessionView, Usage
+from policies.types import Endpoint, SessionView, Usage
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 100}
 FIRST = [SYSTEM, {"role": "user", "content": "fix it " * 500}]

@@ -18,18 +18,9 @@ from policies import (
     RequestFeatures,
 )
 from policies.cost import estimate
+from policies.decision import Estimate, Outcome
 from policies.learning import LearnedState, learn
-from policies.types import (
-    Estimate,
-    Outcome,
-    PrefixMatch,
-    SessionSource,
-    SessionView,
-    SlotLease,
-    SlotMatch,
-    SlotState,
-    Usage,
-)
+from policies.types import PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState, Usage
 
 LLAMA = Deployment("m", "llama", "up", 65536, Architecture.HYBRID)
 VLLM = Deployment("m", "vllm", "up", 94000, Architecture.HYBRID)

@@ -16,21 +16,13 @@ from policies import (
     RequestFeatures,
 )
 from policies.cost import estimate
+from policies.decision import Estimate, Outcome
 from policies.learning import LearnedState, learn
 from policies.pricing import prefill_s
 from policies.sessions import session_label
-from policies.slots import Situation, llama_options
-from policies.types import (
-    Estimate,
-    Outcome,
-    PrefixMatch,
-    SessionSource,
-    SessionView,
-    SlotLease,
-    SlotMatch,
-    SlotState,
-    Usage,
-)
+from policies.slot_costs import Situation
+from policies.slots import llama_options
+from policies.types import PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState, Usage
 from tests.policies.cost_helpers import (
     HELD,
     LLAMA,

@@ -10,6 +10,7 @@ from policies import (
     EngineKind,
 )
 from policies.cost import estimate
+from policies.decision import Estimate, Outcome
 from policies.learning import (
     ALPHA,
     PRIMED_SAMPLES,
@@ -20,13 +21,7 @@ from policies.learning import (
     learn,
     learn_prefill,
 )
-from policies.types import (
-    Estimate,
-    Outcome,
-    SlotLease,
-    SlotState,
-    Usage,
-)
+from policies.types import SlotLease, SlotState, Usage
 from tests.policies.cost_helpers import (
     CPU_MOE,
     LLAMA,

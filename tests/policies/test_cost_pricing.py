@@ -22,23 +22,13 @@ from policies import (
     route,
 )
 from policies.cost import OTHERS_SHARE, estimate
+from policies.decision import Decision, Estimate, Outcome
 from policies.engine_profile import DecodeModel
 from policies.learning import LearnedState, learn
 from policies.pricing import BATCH_SLOWDOWN, STEP_TOKENS
 from policies.route import RoutingContext
 from policies.slots import keep_chance
-from policies.types import (
-    Decision,
-    Estimate,
-    Outcome,
-    PrefixMatch,
-    SessionSource,
-    SessionView,
-    SlotLease,
-    SlotMatch,
-    SlotState,
-    Usage,
-)
+from policies.types import PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState, Usage
 from tests.policies.cost_helpers import (
     CPU_MOE,
     HELD,

@@ -1,6 +1,6 @@
 """What taking a slot costs the session holding it: the holder comes back to find the evictor's
 prompt in the slot, and llama-server reuses the slot as it is, or loads from its RAM cache, by how
-much the two share from the holder's side (``policies.slots._eviction``)."""
+much the two share from the holder's side (``policies.slot_costs.eviction``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 
 from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
 from policies.cost import estimate
+from policies.decision import Estimate
 from policies.learning import LearnedState
-from policies.types import Estimate, PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState
+from policies.types import PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState
 
 SYSTEM = 2048  # a system prompt the agents and the chat share
 AGENT = 11_000  # each agent's conversation, held in its slot

@@ -6,8 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import Architecture, Deployment, EngineKind
+from policies.decision import Outcome
 from policies.learning import MERGE_WEIGHT_CAP, LearnedState, learn, merge
-from policies.types import Outcome, Usage
+from policies.types import Usage
 
 LLAMA = Deployment("m", "llama", "up", 65536, Architecture.HYBRID)
 VLLM = Deployment("m", "vllm", "up", 94000, Architecture.HYBRID)

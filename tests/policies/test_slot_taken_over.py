@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
 from policies.cost import estimate
+from policies.decision import Estimate
 from policies.learning import LearnedState
-from policies.types import Estimate, PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState
+from policies.types import PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState
 
 NOW = 1000.0
 LLAMA = Deployment("m", "llama", "up", 65536, Architecture.HYBRID)

@@ -12,8 +12,9 @@ from msgspec.structs import replace
 
 from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
 from policies.cost import estimate
+from policies.decision import Estimate
 from policies.learning import Ewma, LearnedState
-from policies.types import Estimate, PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState
+from policies.types import PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState
 
 NOW = 1000.0
 LLAMA = Deployment("tiny", "llama", "up", 4096, Architecture.HYBRID)

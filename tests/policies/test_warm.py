@@ -9,17 +9,9 @@ from msgspec.structs import replace
 
 from policies import BUILTIN_PROFILES, route
 from policies.cost import OTHERS_SHARE
+from policies.decision import Decision, ScoredCandidate
 from policies.route import RoutingContext
-from policies.types import (
-    BackendSnapshot,
-    Decision,
-    PrefixMatch,
-    ScoredCandidate,
-    SessionSource,
-    SessionView,
-    SlotLease,
-    SlotMatch,
-)
+from policies.types import BackendSnapshot, PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch
 from policies.views import CandidateView
 from policies.warm import offer
 from tests.policies.cost_helpers import features, llama_snapshot, vllm_snapshot

@@ -35,7 +35,8 @@ from gateway.replay.fleets import sim_configs
 from gateway.replay.results import Result
 from gateway.replay.synth import prompt_tokens
 from gateway.replay.traces import TraceRequest
-from gateway.replay.virtual import GatewayReplay, VirtualOptions
+from gateway.replay.virtual import GatewayReplay
+from gateway.replay.virtual_world import VirtualOptions
 from gateway.settings import Settings, load_settings
 from policies.engine_profile import EngineProfile, Point
 from policies.profile_fit import fit_prefill

@@ -15,8 +15,8 @@ from gateway.replay.generate import mixed_trace
 from gateway.replay.results import BEST_SCHEDULE, ORACLE, Result
 from gateway.replay.simulate import simulate
 from gateway.replay.traces import write_trace
-from gateway.replay.virtual import VirtualOptions
 from gateway.replay.virtual_oracle import OracleReplay, SampledOracleReplay
+from gateway.replay.virtual_world import VirtualOptions
 
 MODEL = "replay"
 TRACE = mixed_trace(agents=2, turns=5, requests=20, duration=30.0, seed=4, max_context=20_000, model=MODEL)

@@ -18,8 +18,9 @@ from gateway.replay.results import ORACLE
 from gateway.replay.runner import ReplayOptions, run_replay
 from gateway.replay.simulate import simulate
 from gateway.replay.traces import TraceRequest, write_trace
-from gateway.replay.virtual import OVERHEAD_S, GatewayReplay, VirtualOptions, run_now
+from gateway.replay.virtual import GatewayReplay, run_now
 from gateway.replay.virtual_oracle import OracleReplay
+from gateway.replay.virtual_world import OVERHEAD_S, VirtualOptions
 from gateway.replay.workstation import StackOptions
 from gateway.replay.yardsticks import TEMPLATE_TOKENS, distinct_tokens, new_tokens
 
