@@ -34,7 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--context-window", type=int, default=32768)
     parser.add_argument("--slots", type=int, default=2, help="llama.cpp -np")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="vLLM --max-num-seqs")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=0,
+        help="vLLM --max-num-seqs (0: 256, fewer where a hybrid's pool says)",
+    )
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument(
         "--engine-profile",

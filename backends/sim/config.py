@@ -16,6 +16,9 @@ DEFAULT_PROFILES: dict[str, str] = {"vllm": "seed-5090-vllm-27b", "llamacpp": "s
 """Each kind's engine profile when a config names none (``backends/profiles/``)."""
 DEFAULT_PREFILL_CHUNK = 2048
 DENSE_BLOCK_SIZE = 16
+DEFAULT_MAX_NUM_SEQS = 256
+KV_POOL_FACTOR = 3
+"""The simulated vLLM's KV pool holds ``KV_POOL_FACTOR * context_window`` tokens."""
 DEFAULT_BLOCK_SIZE = 256
 """A hybrid model's block when neither the config nor the profile says one."""
 
@@ -47,8 +50,12 @@ class SimConfig:
     architecture: Architecture = Architecture.HYBRID
     slots: int = 2
     """llama.cpp ``-np`` (ignored by vLLM)."""
-    max_num_seqs: int = 256
-    """vLLM ``--max-num-seqs`` (ignored by llama.cpp)."""
+    max_num_seqs: int = 0
+    """vLLM ``--max-num-seqs`` (ignored by llama.cpp); 0: ``DEFAULT_MAX_NUM_SEQS``, or fewer for a
+    hybrid model whose KV pool holds fewer blocks. vLLM 0.25 gives each decoding sequence of a
+    hybrid model one block of its pool for the recurrent state and refuses to start with more
+    sequences than blocks (measured on the H100: "max_num_seqs (1024) exceeds available Mamba cache
+    blocks (267)"); so does the simulator, for an explicit value."""
     prefix_caching: bool = True
     """vLLM only: hybrid -> block-aligned reuse when on, none when off; dense/moe -> 16-token blocks.
     A vLLM profile of a hybrid model that says ``prefix_caching = "off"`` (vLLM 0.24) turns it off."""
@@ -110,6 +117,7 @@ class SimConfig:
             and self.architecture is Architecture.HYBRID
         ):
             object.__setattr__(self, "prefix_caching", False)
+        self._check_sequences()
         if self.prefill_chunk <= 0:
             chunk = self.profile.prefill.batch if self.profile is not None else DEFAULT_PREFILL_CHUNK
             object.__setattr__(self, "prefill_chunk", chunk)
@@ -133,6 +141,24 @@ class SimConfig:
             batch=self.prefill_chunk,
             name=f"{self.kind}-linear",
         )
+
+    def _check_sequences(self) -> None:
+        """``max_num_seqs`` resolved, and refused as vLLM refuses it (the field's docstring)."""
+        blocks = self.kv_pool_tokens // max(self.cache_block_size, 1)
+        hybrid = self.kind == "vllm" and self.architecture is Architecture.HYBRID
+        if self.max_num_seqs == 0:
+            limit = min(DEFAULT_MAX_NUM_SEQS, blocks) if hybrid else DEFAULT_MAX_NUM_SEQS
+            object.__setattr__(self, "max_num_seqs", max(limit, 1))
+        elif hybrid and self.max_num_seqs > blocks:
+            raise ValueError(
+                f"max_num_seqs ({self.max_num_seqs}) exceeds available Mamba cache blocks ({blocks}):"
+                f" each decoding sequence of a hybrid model needs one; lower it to at most {blocks}"
+            )
+
+    @property
+    def kv_pool_tokens(self) -> int:
+        """Tokens the simulated vLLM's KV pool holds (``KV_POOL_FACTOR`` context windows)."""
+        return KV_POOL_FACTOR * self.context_window
 
     @property
     def cache_block_size(self) -> int:

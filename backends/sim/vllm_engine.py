@@ -18,16 +18,13 @@ from backends.sim.events import EventKind
 from backends.sim.prefix_cache import BlockCache
 from backends.sim.task import SimTask
 
-KV_POOL_FACTOR = 3
-"""The simulated KV pool holds ``KV_POOL_FACTOR * context_window`` tokens."""
-
 
 class VllmEngine(BatchEngine):
     """The vLLM scheduler + engine core (see the module docstring)."""
 
     def __init__(self, config: SimConfig, *, clock: Clock = WALL) -> None:
         super().__init__(config, clock=clock)
-        self.kv_pool_tokens = KV_POOL_FACTOR * config.context_window
+        self.kv_pool_tokens = config.kv_pool_tokens
         block = config.cache_block_size
         self.cache: BlockCache | None = (
             BlockCache(block, self.kv_pool_tokens // block) if config.prefix_caching else None

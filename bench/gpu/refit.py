@@ -76,7 +76,9 @@ def main() -> int:
         rows = [r for r in json.loads(args.cold.read_text()) if str(r["label"]).startswith(args.label or "")]
         if not rows:
             raise SystemExit(f"{args.cold}: no row labelled {args.label}...")
-        added = [Point(int(r["prompt_n"]), int(r["cache_n"]), float(r["seconds"])) for r in rows]  # new, cached
+        added = [
+            Point(int(r["prompt_n"]), int(r["cache_n"]), float(r["seconds"])) for r in rows
+        ]  # new, cached
     points = tuple(p for p in profile.prefill_points if p not in added) + tuple(added)
     attention = any(p.b > 0 for p in points)
     align = profile.align_block  # vLLM's align mode cut the measured steps to whole blocks

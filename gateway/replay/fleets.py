@@ -14,8 +14,8 @@ off for one without (vLLM 0.24 and older reuse nothing of a hybrid model), and o
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from backends.sim import SimConfig
 from gateway.replay.workstation import VLLM_PROFILE, StackOptions, gateway_settings
@@ -64,7 +64,10 @@ def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimC
         sim = backend.sim
         profile = backend.load_engine_profile()
         measured = profile is not None and profile.align_block > 0  # vLLM 0.25's hybrid prefix cache
-        base = SimConfig(
+        fields: dict[str, Any] = sim.model_dump(exclude_none=True, exclude={"prefix_caching"})
+        if deployment is not None and deployment.context_window is not None:
+            fields = {"context_window": deployment.context_window, **fields}
+        configs[backend.id] = SimConfig(
             kind="vllm" if backend.kind is EngineKind.VLLM else "llamacpp",
             model=deployment.upstream_name if deployment is not None else backend.id,
             architecture=architecture,
@@ -73,11 +76,8 @@ def sim_configs(settings: Settings, model: str, seed: int = 0) -> dict[str, SimC
             else architecture is not Architecture.HYBRID or measured,
             seed=seed,
             profile=profile,
-        )
-        if deployment is not None and deployment.context_window is not None:
-            base = replace(base, context_window=deployment.context_window)
-        fields = sim.model_dump(exclude_none=True, exclude={"prefix_caching"})
-        configs[backend.id] = replace(base, **fields)
+            **fields,
+        )  # one construction: what it resolves (the pool's sequences, the block) sees every field
     return configs
 
 

@@ -123,3 +123,23 @@ def test_prefill_steps_are_cut_to_whole_blocks() -> None:
     assert list(profile.prefill_steps(4000)) == [(1568, 0), (1568, 1568), (864, 3136)]
     assert list(profile.prefill_steps(2500, cached=1568)) == [(1568, 1568), (932, 3136)]
     assert list(load_profile("seed-5090-vllm-0.24-27b").prefill_steps(4000)) == [(2048, 0), (1952, 2048)]
+
+
+def test_a_hybrid_model_gets_no_more_sequences_than_its_pool_has_blocks() -> None:
+    """vLLM 0.25 refuses to start a hybrid model with more sequences than blocks (one recurrent
+    state each; measured: "max_num_seqs (1024) exceeds available Mamba cache blocks (267)"); the
+    simulator too, and its default stays under the limit (3 windows of 32,768 tokens hold 62
+    blocks of 1,568)."""
+    profile = load_profile("seed-5090-vllm-27b")
+    config = SimConfig(kind="vllm", architecture=Architecture.HYBRID, context_window=32768, profile=profile)
+    assert (config.kv_pool_tokens // 1568, config.max_num_seqs) == (62, 62)
+    with pytest.raises(ValueError, match=r"max_num_seqs \(64\) exceeds available Mamba cache blocks \(62\)"):
+        SimConfig(
+            kind="vllm",
+            architecture=Architecture.HYBRID,
+            context_window=32768,
+            profile=profile,
+            max_num_seqs=64,
+        )
+    dense = SimConfig(kind="vllm", architecture=Architecture.DENSE, context_window=32768, profile=profile)
+    assert dense.max_num_seqs == 256  # no recurrent state: vLLM's own limit only
