@@ -12,8 +12,9 @@ from backends.anthropic_chat import to_chat
 from backends.base import UPSTREAM_PATHS, Adapter, UpstreamRequest
 from backends.errors import UpstreamStatusError
 from backends.parsers.llamacpp import parse_metrics, parse_props, parse_slots
+from backends.slot_watch import CLEARED_IDLE_SLOTS, cleared_while_idle
 from policies.features import within_window
-from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health
+from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health, SlotState
 
 
 class LlamaCppAdapter(Adapter):
@@ -82,9 +83,16 @@ class LlamaCppAdapter(Adapter):
             return Health.LOADING
         return Health.DOWN
 
+    seen_slots: tuple[SlotState, ...] = ()
+    """The slots as the previous probe saw them."""
+    cleared_slots: int = 0
+    """Idle slots seen cleared by the server so far (``backends.slot_watch``)."""
+
     async def probe_engine(self, base: BackendSnapshot) -> BackendSnapshot:
         props = parse_props(await self._get_ok("/props"))
         slots = await self._probe_slots()
+        self.cleared_slots += len(cleared_while_idle(self.seen_slots, slots))
+        self.seen_slots = slots
         status, text = await self._get("/metrics")
         work_done = None
         if status < 400:  # /metrics needs --metrics; without it, busy slots are all we know
@@ -106,8 +114,22 @@ class LlamaCppAdapter(Adapter):
             slots=slots,
             total_slots=props.total_slots,
             work_done=work_done,
+            warnings=(CLEARED_IDLE_SLOTS,) if self.cleared_slots else (),
         )
 
-    async def _probe_slots(self) -> tuple[Any, ...]:
+    async def _probe_slots(self) -> tuple[SlotState, ...]:
         status, data = await self._get("/slots")
         return parse_slots(data) if status < 400 else ()
+
+    async def slot_test(self) -> bool | None:
+        """Whether a slot keeps its cache while another slot works: a few tokens on slot 0, then on
+        slot 1, then ``/slots`` (``backends.slot_watch``). None when it cannot tell: fewer than two
+        slots, or a slot busy (the test waits for none). It replaces what slots 0 and 1 held."""
+        slots = await self._probe_slots()
+        if len(slots) < 2 or any(slot.is_processing for slot in slots):
+            return None
+        for slot, words in ((0, "turnout slot test one two three four"), (1, "turnout slot test five six")):
+            body = {"prompt": words, "max_tokens": 1, "id_slot": slot, "cache_prompt": True}
+            await self._post_json("/v1/completions", body)
+        after = {slot.id: slot for slot in await self._probe_slots()}
+        return after[0].tokens != 0 if 0 in after and after[0].tokens is not None else None

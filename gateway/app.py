@@ -130,11 +130,13 @@ def favicon() -> Response[bytes]:
 @get("/health")
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     """200 while at least one backend is ready (or not yet probed); 503 otherwise, and while the
-    gateway drains before it exits (``draining``)."""
+    gateway drains before it exits (``draining``). ``warnings``: per backend, what its probe saw it
+    do against routing's plan (a llama-server clearing idle slots), with the fix."""
     core = _core(request)
     snapshots = core.fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
     circuits = {s.backend_id: s.circuit for s in snapshots}
+    warnings = {s.backend_id: list(s.warnings) for s in snapshots if s.warnings}
     ok = any(s.health.value in ("ready", "unknown") and not s.circuit_blocks for s in snapshots)
     store, counter = core.store, core.access.counter
     parts = (store, counter)  # Redis away: routing state and key limits both fall back to memory
@@ -145,7 +147,7 @@ async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if degraded else "ok"
     status = "draining" if _relay(request).draining else "ok" if ok else "unavailable"
     return Response(
-        {"status": status, "backends": backends, "circuits": circuits, "state": shared},
+        {"status": status, "backends": backends, "circuits": circuits, "warnings": warnings, "state": shared},
         status_code=200 if status == "ok" else 503,
     )
 

@@ -119,6 +119,8 @@ class SlotState(msgspec.Struct, frozen=True):
     n_ctx: int
     is_processing: bool
     busy_s: float | None = None
+    task: int | None = None  # the id of its last task (``id_task``); None: none yet, or not said
+    tokens: int | None = None  # the prompt tokens its cache holds (``n_prompt_tokens``)
 
 
 class BackendSnapshot(msgspec.Struct, frozen=True):
@@ -154,6 +156,8 @@ class BackendSnapshot(msgspec.Struct, frozen=True):
     circuit: str = "closed"  # closed, or open / half-open while its circuit breaker keeps requests away
     circuit_blocks: bool = False  # no request may go there now (open, or half-open with its trial out)
     arrivals_per_s: float = 0.0  # turnout's requests begun here per second lately (``backends.inflight``)
+    warnings: tuple[str, ...] = ()  # what the probe saw the engine do against turnout's plan, with
+    # the fix (llama-server clearing idle slots: ``backends.llamacpp``)
 
     @property
     def busy_slots(self) -> int:

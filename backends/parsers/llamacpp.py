@@ -45,15 +45,20 @@ def parse_slots(data: Any) -> tuple[SlotState, ...]:
     slots = []
     for item in data:
         if isinstance(item, Mapping) and isinstance(item.get("id"), int):
-            n_ctx = item.get("n_ctx")
             slots.append(
                 SlotState(
                     id=item["id"],
-                    n_ctx=n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else 0,
+                    n_ctx=_int(item.get("n_ctx")) or 0,
                     is_processing=bool(item.get("is_processing", False)),
+                    task=_int(item.get("id_task")),
+                    tokens=_int(item.get("n_prompt_tokens")),
                 )
             )
     return tuple(slots)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def parse_props(data: Any) -> LlamaProps:

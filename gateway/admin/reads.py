@@ -158,6 +158,7 @@ class AdminReads:
                     "kind": snapshot.kind.value,
                     "health": snapshot.health.value,
                     "error": snapshot.error,
+                    "warnings": list(snapshot.warnings),
                     "drained": snapshot.backend_id in router.drained,
                     "circuit": snapshot.circuit,
                     "models": [d.model for d in snapshot.deployments],

@@ -83,7 +83,8 @@ def test_llama_metrics() -> None:
 
 def test_llama_slots_and_props() -> None:
     slots = llamacpp.parse_slots(json.loads(fixture("llama_slots.json")))
-    assert slots == (SlotState(0, 2048, False), SlotState(1, 2048, True))
+    # a slot's last task and the prompt its cache holds (backends.slot_watch): none yet on slot 0
+    assert slots == (SlotState(0, 2048, False), SlotState(1, 2048, True, task=14, tokens=13))
     props = llamacpp.parse_props(json.loads(fixture("llama_props.json")))
     assert props == llamacpp.LlamaProps(total_slots=2, n_ctx=2048, model_alias="tiny-qwen35")
 

@@ -114,7 +114,8 @@ name = "m"
     assert "NOT SERVED: wrong-name" in out
     assert "gone" in out
     assert "down" in out
-    assert "2 of 3 backends not ready or not serving their models (exit status 3)" in out
+    verdict = "2 of 3 backends not ready, not serving their models, or clearing their slots (exit status 3)"
+    assert verdict in out
 
 
 def test_config_check_rejects_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -79,6 +79,7 @@ function backendSection(b) {
   let line = "models: " + b.models.join(", ") + " · running " + b.running + " · waiting " + b.queued;
   if (b.kv_usage !== null) line += " · KV " + Math.round(b.kv_usage * 100) + "%";
   section.appendChild(el("p", line));
+  (b.warnings || []).forEach((w) => section.appendChild(el("p", w, "warning")));
   const table = (head, rows, className) => {
     const t = el("table", null, className);
     const thead = el("thead");
