@@ -74,7 +74,7 @@ from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_
 from gateway.replay.report import Draw, percentile, pooled_report, report, table
 from gateway.replay.results import ORACLE, Result
 from gateway.replay.simulate import simulate
-from gateway.replay.traces import rate_for_load, with_model, with_rate
+from gateway.replay.traces import TraceRequest, rate_for_load, with_model, with_rate
 from gateway.replay.virtual_world import VirtualOptions, World
 from gateway.settings import Settings
 
@@ -129,11 +129,18 @@ def run(workload: Workload, quick: bool, jobs: int = 1, draws: range = range(SEE
         "homogeneous": workload.homogeneous,
         "requests": len(requests),
         "rate": round(rate, 6),
+        "agent_share": agent_share(requests),
         "simulated_s": round(max(runs.simulated_s.values()), 1),
         "wall_s": round(time.monotonic() - started, 1),
         "speedup": round(runs.speedup),
     }
     return report(runs.runs, meta, requests, bounds=runs.bounds)
+
+
+def agent_share(requests: Sequence[TraceRequest]) -> float:
+    """The share of a row's requests that are agents' calls (``TraceRequest.agent``): from half of
+    them the row is judged on the time to the last token (``routing_peers.peer_targets``)."""
+    return round(sum(r.agent for r in requests) / len(requests), 4) if requests else 0.0
 
 
 def _draw_of(name: str, seed: int) -> tuple[Draw, dict[str, float], dict[str, float]]:
@@ -165,6 +172,7 @@ def _pooled(workload: Workload, jobs: int, seeds: range) -> dict[str, Any]:
         "first_draw": seeds.start,
         "requests": sum(len(d.trace) for d in draws),
         "rate": 1.0,
+        "agent_share": agent_share([r for d in draws for r in d.trace]),
         "simulated_s": round(sum(max(s.values()) for _, s, _ in done), 1),
         "wall_s": round(time.monotonic() - started, 1),
         "speedup": round(simulated / wall) if wall > 0 else 0,
@@ -230,6 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --validation: cost alone (no peers, no oracle), each row's pooled mean and p90 TTFT, "
         "printed: the numbers a routing change's commit quotes, before and after",
     )
+    parser.add_argument(
+        "--profile",
+        default="cost",
+        help="with --cost-only: the profile replayed (default cost; cost-ttft: cost before issue #61)",
+    )
     parser.add_argument("--only", action="append", choices=[w.name for w in WORKLOADS], default=None)
     parser.add_argument("--out", type=Path, default=None, help="default: docs/benchmarks.md")
     parser.add_argument("--json", type=Path, default=None)
@@ -294,13 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _cost_draw(name: str, seed: int) -> list[float]:
-    """The TTFTs ``cost`` gives draw ``seed`` of the validation row ``name`` (a worker's task)."""
+def _cost_draw(name: str, seed: int, profile: str = "cost") -> list[tuple[float, float]]:
+    """The TTFTs and times to the last token ``profile`` gives draw ``seed`` of the validation row
+    ``name`` (a worker's task)."""
     workload = next(w for w in VALIDATION if w.name == name)
     assert workload.seeded is not None
     requests = with_model(workload.seeded(seed), MODEL)
-    runs = simulate(requests, ["cost"], workload_settings(workload), MODEL, VirtualOptions(), oracle=False)
-    return [r.ttft_s for r in runs.runs["cost"] if r.ok and r.ttft_s is not None]
+    runs = simulate(requests, [profile], workload_settings(workload), MODEL, VirtualOptions(), oracle=False)
+    return [(r.ttft_s, r.completion_s) for r in runs.runs[profile] if r.ok and r.ttft_s is not None]
 
 
 def check(args: argparse.Namespace) -> int:
@@ -314,12 +328,20 @@ def check(args: argparse.Namespace) -> int:
     ) as pool:
         for workload in VALIDATION:
             own = range(workload.draws) if workload.draws is not None else draws
-            ttfts = [t for part in pool.map(_cost_draw, itertools.repeat(workload.name), own) for t in part]
-            mean, p90 = statistics.fmean(ttfts), percentile(ttfts, 0.9)
-            out[workload.name] = {"ttft_mean_s": round(mean, 4), "ttft_p90_s": round(p90 or 0.0, 4)}
+            parts = pool.map(_cost_draw, itertools.repeat(workload.name), own, itertools.repeat(args.profile))
+            times = [t for part in parts for t in part]
+            ttfts, ends = [t for t, _ in times], [e for _, e in times]
+            mean, p90 = statistics.fmean(ttfts), percentile(ttfts, 0.9) or 0.0
+            end_mean, end_p90 = statistics.fmean(ends), percentile(ends, 0.9) or 0.0
+            out[workload.name] = {
+                "ttft_mean_s": round(mean, 4),
+                "ttft_p90_s": round(p90, 4),
+                "completion_mean_s": round(end_mean, 4),
+                "completion_p90_s": round(end_p90, 4),
+            }
             print(
-                f"{workload.name}: cost mean {mean:.4f} s, p90 {p90:.4f} s "
-                f"({len(ttfts)} requests, {len(own)} draws)"
+                f"{workload.name}: {args.profile} mean {mean:.4f} s, p90 {p90:.4f} s; last token mean "
+                f"{end_mean:.4f} s, p90 {end_p90:.4f} s ({len(ttfts)} requests, {len(own)} draws)"
             )
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")

@@ -85,7 +85,10 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
         first = result["meta"].get("first_draw", 0)
         if result.get("seeds"):
             lines.append(seed_target(result["seeds"], first))
-        lines += peer_targets(name, result["profiles"], bool(result["meta"].get("homogeneous")))
+        meta = result["meta"]
+        lines += peer_targets(
+            name, result["profiles"], bool(meta.get("homogeneous")), meta.get("agent_share", 0.0)
+        )
         if name == "agent":
             lines += agent_peer_bound(result["profiles"], quick)
         if result.get("peer_seeds"):

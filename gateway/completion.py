@@ -29,7 +29,7 @@ from gateway.routing import Router
 from gateway.state import SentPrompt
 from gateway.timeline import turn_record
 from policies.decision import Outcome, ScoredCandidate
-from policies.types import Endpoint, EngineKind, SessionView, Usage
+from policies.types import Awaited, Endpoint, EngineKind, SessionView, Usage
 
 
 @dataclass(slots=True)
@@ -117,7 +117,20 @@ def next_session(router: Router, done: Completion) -> None:
         total_cached_tokens=session.total_cached_tokens + cached,
         saved_s=session.saved_s + (cached / rate if rate > 0 else 0.0),
         model=chosen.deployment.model,
+        agent=session.agent or routed.features.awaited is Awaited.LAST_TOKEN,
+        answer_tokens=_answers(session.answer_tokens, usage.completion_tokens),
     )
+
+
+ANSWER_WEIGHT = 0.3
+"""How much a session's newest answer moves what its next one is expected to be."""
+
+
+def _answers(average: float, tokens: int) -> float:
+    """A session's answer tokens after one more answer: its moving average (the first: the answer)."""
+    if tokens <= 0:
+        return average
+    return float(tokens) if average <= 0 else average + ANSWER_WEIGHT * (tokens - average)
 
 
 def turn_ended(router: Router, done: Completion) -> None:
@@ -177,4 +190,5 @@ def measured(
         contended=estimate.contended if estimate else False,
         shared_prefill=shared,
         predicted=estimate,
+        client=routed.features.client,
     )

@@ -136,6 +136,8 @@ def decision_entry(
         "warm_up": _warm_up(routed.warm),
         "reason": _shown_in(decision.header, evicted, redact),
         "follow_up_rate": round(decision.follow_rate, 3) if decision.follow_rate is not None else None,
+        "objective": decision.objective or None,
+        "objective_why": decision.objective_why or None,
         "candidates": [
             _for_endpoint(
                 features.endpoint,
@@ -151,7 +153,12 @@ def decision_entry(
                             "predicted_total_s": round(c.estimate.total_s, 4),
                             "next_turn_s": round(c.estimate.future_s, 4),
                             "look_ahead_turns": round(c.estimate.horizon, 3),
-                            "objective_s": round(c.estimate.objective_ttft_s, 4),
+                            "objective_s": round(
+                                c.estimate.objective_total_s
+                                if decision.objective == "last-token"
+                                else c.estimate.objective_ttft_s,
+                                4,
+                            ),
                             "queue_s": round(c.estimate.queue_s, 4),
                             "slot": c.estimate.slot,
                             "warm": c.estimate.warm,

@@ -102,7 +102,7 @@ import enum
 from collections.abc import Sequence
 
 from policies.decision import Estimate
-from policies.learning import DeploymentStats, LearnedState
+from policies.learning import DeploymentStats, LearnedState, client_key
 from policies.pricing import decode_step_s, interleaved_decode_s, prefill_s
 from policies.slot_costs import Situation
 from policies.slot_rules import ram_span, reuse
@@ -169,8 +169,18 @@ def prefix_cache_span(match: PrefixMatch) -> int:
     return match.recent_age + match.recent if match.recent else 0
 
 
-def expected_output(features: RequestFeatures, learned: LearnedState) -> int:
-    typical = round(learned.for_model(features.model).completion_tokens.value)
+def expected_output(
+    features: RequestFeatures, learned: LearnedState, session: SessionView | None = None
+) -> int:
+    """The answer's expected tokens: the session's own answers so far, else the model's to its client
+    (the program, ``RequestFeatures.client``), else the model's; never more than ``max_tokens``."""
+    client = learned.clients.get(client_key(features.model, features.client)) if features.client else None
+    if session is not None and session.answer_tokens > 0:
+        typical = round(session.answer_tokens)
+    elif client is not None and client.samples > 0:
+        typical = round(client.value)
+    else:
+        typical = round(learned.for_model(features.model).completion_tokens.value)
     return max(1, min(features.max_tokens, typical) if features.max_tokens is not None else typical)
 
 
@@ -314,7 +324,8 @@ def estimate(
         ahead = snapshot.prefill_backlog_s * stats.prefill_tok_s.value
         interleaved = interleaved_decode_s(deployment, stats, snapshot.running, ahead + prompt - cached)
     ttft = queue + prefill + interleaved
-    total = ttft + (expected_output(features, learned) - 1) * decode_step
+    decode = (expected_output(features, learned, session) - 1) * decode_step
+    total = ttft + decode
     # what the engine could reuse by its rules: learning measures how much of it it really did
     shared = option.usable
     return Estimate(
@@ -324,6 +335,7 @@ def estimate(
         deferred_s=option.deferred_s * factor,
         ttft_s=ttft,
         total_s=total,
+        decode_s=decode,
         prefill_s=prefill,
         interleaved_s=interleaved,
         shared_prefix_tokens=shared,

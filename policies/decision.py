@@ -68,6 +68,7 @@ class Estimate(msgspec.Struct, frozen=True):
     margin_s: float = 0.0  # a decode step of the batch running there: in the objective, not the TTFT
     others_s: float = 0.0  # what sending it here is expected to add to the requests that come next
     warm_up: WarmUp | None = None  # a llama.cpp slot warmed meanwhile for the next turn (in future_s)
+    decode_s: float = 0.0  # the expected answer's decode after its first token (total_s - ttft_s)
 
     @property
     def objective_ttft_s(self) -> float:
@@ -77,7 +78,10 @@ class Estimate(msgspec.Struct, frozen=True):
 
     @property
     def objective_total_s(self) -> float:
-        return self.total_s + self.horizon * self.future_s + self.evict_cost_s + self.margin_s + self.others_s
+        """The same to the last token: this turn's, and the turns to come each with an answer as long
+        decoded where this one is (a session stays where it is warm)."""
+        future = self.horizon * (self.future_s + self.decode_s)
+        return self.total_s + future + self.evict_cost_s + self.margin_s + self.others_s
 
 
 class ScoredCandidate(msgspec.Struct, frozen=True):
@@ -102,6 +106,11 @@ class Decision(msgspec.Struct, frozen=True):
     follow_rate: float | None = None
     """A first turn known only by its content: the chance it comes back that its look-ahead was
     weighed by (``RoutingContext.follow_rate``, its prompt family's); None for any other request."""
+    objective: str = ""
+    """What the candidates were compared by where a cost scorer did it: ``first-token`` or
+    ``last-token`` (``policies.awaited``); "" for the other profiles."""
+    objective_why: str = ""
+    """Why the last token (tools in the request, an agent's header or session); "" for the first."""
 
     @property
     def chosen_candidate(self) -> ScoredCandidate | None:
@@ -158,3 +167,4 @@ class Outcome(msgspec.Struct, frozen=True):
     contended: bool = False  # other work was running or queued there when it was sent
     shared_prefill: bool = False  # a background warm-up's prompt processing overlapped its own
     predicted: Estimate | None = None  # what the cost model expected of it, for learning to compare
+    client: str = ""  # the client program (``RequestFeatures.client``): answer lengths are learned per client

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
+from policies.awaited import awaited_of, client_of
 from policies.prefix import chain_of, message_text, render, render_completion
 from policies.sessions import explicit_session, responses_messages
 from policies.shape import shape_of
@@ -157,6 +158,7 @@ def extract(
     """
     chars, overhead = prompt_size(body, endpoint)
     key, source = explicit_session(headers or {}, body)
+    awaited, why = awaited_of(body, source, headers)
     messages = conversation(body, endpoint)
     ids = token_ids(body.get("prompt")) if endpoint is Endpoint.COMPLETIONS else None
     return RequestFeatures(
@@ -177,6 +179,9 @@ def extract(
         shape=shape_of(messages, body.get("tools")) if shape and endpoint in SHAPED else None,
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,
+        awaited=awaited,
+        awaited_why=why,
+        client=client_of(headers or {}),
     )
 
 

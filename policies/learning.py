@@ -177,6 +177,9 @@ class LearnedState(msgspec.Struct, frozen=True):
     models: Mapping[str, ModelStats] = msgspec.field(default_factory=lambda: MappingProxyType({}))
     speed: Ewma = msgspec.field(default_factory=lambda: Ewma(1.0, 1.0))
     """Measured prefill rates over their priors, across deployments: scales an unmeasured one's prior."""
+    clients: Mapping[str, Ewma] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    """Answer tokens per model and client program (``client_key``: ``Outcome.client``): what an
+    agent's answers run to."""
 
     def for_deployment(self, deployment: Deployment, kind: EngineKind) -> DeploymentStats:
         key = f"{deployment.backend_id}/{deployment.model}"
@@ -197,6 +200,11 @@ class LearnedState(msgspec.Struct, frozen=True):
 def _model_prior(chars_per_token: float) -> ModelStats:
     """Before any measurement of a model (immutable: shared)."""
     return ModelStats(_ewma(chars_per_token), _ewma(PRIOR_COMPLETION_TOKENS))
+
+
+def client_key(model: str, client: str) -> str:
+    """The key of a model's answers to one client program in ``LearnedState.clients``."""
+    return f"{model} {client}"
 
 
 def profile_rates(deployment: Deployment) -> tuple[float, float] | None:
@@ -319,12 +327,18 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
         model = replace(
             model, chars_per_token=model.chars_per_token.update(outcome.prompt_chars / usage.prompt_tokens)
         )
+    clients = state.clients
     if usage.completion_tokens > 0:
         model = replace(model, completion_tokens=model.completion_tokens.update(usage.completion_tokens))
+        if outcome.client:
+            who = client_key(deployment.model, outcome.client)
+            answers = clients.get(who) or _ewma(PRIOR_COMPLETION_TOKENS)
+            clients = MappingProxyType({**clients, who: answers.update(usage.completion_tokens)})
     return LearnedState(
         deployments=MappingProxyType({**state.deployments, key: stats}),
         models=MappingProxyType({**state.models, deployment.model: model}),
         speed=speed,
+        clients=clients,
     )
 
 
@@ -374,6 +388,13 @@ def merge(own: LearnedState, others: Sequence[LearnedState]) -> LearnedState:
         )
         for key in dict.fromkeys(k for s in states for k in s.models)
     }
+    clients = {
+        key: _merge_ewma([s.clients[key] for s in states if key in s.clients])
+        for key in dict.fromkeys(k for s in states for k in s.clients)
+    }
     return LearnedState(
-        MappingProxyType(deployments), MappingProxyType(models), _merge_ewma([s.speed for s in states])
+        MappingProxyType(deployments),
+        MappingProxyType(models),
+        _merge_ewma([s.speed for s in states]),
+        MappingProxyType(clients),
     )

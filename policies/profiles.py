@@ -88,6 +88,13 @@ BUILTIN_PROFILES: dict[str, Profile] = {
     "cost": build_profile(
         "cost",
         filters=COST_FILTERS,
+        scorers={"answer": 1.0, "session-affinity": 0.001},
+        reason=Reason.LOWEST_TTFT,
+        warms=True,
+    ),
+    "cost-ttft": build_profile(
+        "cost-ttft",
+        filters=COST_FILTERS,
         scorers={"ttft": 1.0, "session-affinity": 0.001},
         reason=Reason.LOWEST_TTFT,
         warms=True,

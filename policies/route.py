@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from msgspec.structs import replace
 
+from policies.awaited import in_session
 from policies.context import RoutingContext
 from policies.cost import estimate
 from policies.decision import Decision, Rejection, ScoredCandidate
@@ -22,7 +23,7 @@ from policies.profiles import Profile
 from policies.scorers import SCORERS
 from policies.slots import free_slot, keep_chance, proven
 from policies.stages import PICKERS, stages
-from policies.types import BackendSnapshot, EngineKind, Reason, RequestFeatures
+from policies.types import Awaited, BackendSnapshot, EngineKind, Reason, RequestFeatures
 from policies.views import CandidateView
 from policies.warm import with_warm_ups
 
@@ -61,6 +62,7 @@ def route(
 ) -> Decision:
     """Choose a deployment (and llama.cpp slot) for ``features`` under ``profile``."""
     context = context or RoutingContext()
+    features = in_session(features, context.session)  # an agent's session waits for the last token
     candidates: list[Candidate] = []
     for name in features.members or (features.model,):
         for snapshot in snapshots:
@@ -118,7 +120,9 @@ def route(
         scored.append(ScoredCandidate(view.deployment, score / total_weight, components, view.estimate))
 
     best, picked = PICKERS[profile.picker](features, scored, views, context.sequence)
-    reason = Reason.ONLY_CANDIDATE if len(scored) == 1 else picked or profile.reason
+    objective, why = _objective(features, names)
+    chosen_by = Reason.LOWEST_COMPLETION if objective == Awaited.LAST_TOKEN.value else profile.reason
+    reason = Reason.ONLY_CANDIDATE if len(scored) == 1 else picked or chosen_by
     return Decision(
         profile.name,
         scored[best].deployment,
@@ -127,4 +131,18 @@ def route(
         tuple(rejected),
         pinned=profile.pins_slots,
         follow_rate=context.follow_rate if session is not None and not proven(features, session) else None,
+        objective=objective,
+        objective_why=why,
     )
+
+
+def _objective(features: RequestFeatures, scorers: Sequence[str]) -> tuple[str, str]:
+    """What the cost scorers compared (``Decision.objective``) and why."""
+    if "answer" in scorers:
+        last = features.awaited is Awaited.LAST_TOKEN
+        return features.awaited.value, features.awaited_why if last else ""
+    if "completion" in scorers:
+        return Awaited.LAST_TOKEN.value, "the profile's objective (cost-completion)"
+    if "ttft" in scorers:
+        return Awaited.FIRST_TOKEN.value, ""
+    return "", ""

@@ -7,6 +7,8 @@ them with the profile's weights, so a scorer only states its formula.
 - ``ttft``: ``best / cost`` with ``cost = ttft + horizon * future_ttft`` from the cost model
   (this turn's time to first token, plus the session's expected turns to come; 1 for the best).
 - ``completion``: the same with the time to the last token.
+- ``answer``: ``completion`` for a request whose client waits for the last token (an agent:
+  ``policies.awaited``), ``ttft`` for the others; the ``cost`` profile's.
 - ``session-affinity``: 1 where the session's cache is warm, else 0 (a tie-breaker).
 - ``least-loaded``: ``1 / (1 + load)``, ``load = (running + queued) / parallelism``, parallelism
   being the llama.cpp slot count (1 for engines whose running count already is batch pressure).
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from policies.peers import PEER_SCORERS
-from policies.types import BackendSnapshot, EngineKind, RequestFeatures
+from policies.types import Awaited, BackendSnapshot, EngineKind, RequestFeatures
 from policies.views import CandidateView
 
 Scorer = Callable[[RequestFeatures, Sequence[CandidateView], int], list[float]]
@@ -52,6 +54,13 @@ def completion(features: RequestFeatures, candidates: Sequence[CandidateView], s
     return _relative([c.estimate.objective_total_s for c in candidates])
 
 
+def answer(features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int) -> list[float]:
+    """``completion`` where the client waits for the last token (an agent), else ``ttft``."""
+    if features.awaited is Awaited.LAST_TOKEN:
+        return completion(features, candidates, sequence)
+    return ttft(features, candidates, sequence)
+
+
 def session_affinity(
     features: RequestFeatures, candidates: Sequence[CandidateView], sequence: int
 ) -> list[float]:
@@ -78,6 +87,7 @@ def _prefer(kind: EngineKind) -> Scorer:
 SCORERS: dict[str, Scorer] = {
     "ttft": ttft,
     "completion": completion,
+    "answer": answer,
     "session-affinity": session_affinity,
     "least-loaded": least_loaded,
     "kv-headroom": kv_headroom,

@@ -80,6 +80,13 @@ class Reason(StrEnum):
     PEER_RULE = "peer-rule"  # chosen by a published router's rule (policies.peers)
 
 
+class Awaited(StrEnum):
+    """What the client waits for before it can act (``policies.cost``: the objective it is routed by)."""
+
+    FIRST_TOKEN = "first-token"  # a person reading the answer as it streams
+    LAST_TOKEN = "last-token"  # an agent: it acts on a tool call only once the whole call has arrived
+
+
 class SessionSource(StrEnum):
     """How a request's session was recognised (documented priority order, first match wins)."""
 
@@ -196,6 +203,9 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     """For a model group: how much better another member must score than the default member (the
     first of ``members``) to answer instead: 0.25 means 25% (with the ``cost`` profile, predicted 1.25x
     faster); 0: the cost model alone chooses."""
+    awaited: Awaited = Awaited.FIRST_TOKEN
+    awaited_why: str = ""  # why the client waits for the last token (``policies.features.awaited``)
+    client: str = ""  # the client program, from its User-Agent (``claude-cli``, ``codex``...; "" unknown)
 
 
 class SessionView(msgspec.Struct, frozen=True):
@@ -221,6 +231,8 @@ class SessionView(msgspec.Struct, frozen=True):
     total_cached_tokens: int = 0
     saved_s: float = 0.0  # prefill seconds its cached tokens saved, at the learned rates
     model: str | None = None  # the model that answered its last turn (a group's member: it keeps it)
+    agent: bool = False  # a turn of it offered tools: its client acts on whole answers
+    answer_tokens: float = 0.0  # its answers' tokens, a moving average (0: none answered yet)
 
 
 class SlotLease(msgspec.Struct, frozen=True):

@@ -54,7 +54,7 @@ def _blocks(tokens: int) -> int:
 def _turn(
     stream: list[int], ids: _Ids, t: float, session: str, model: str, size: int, max_tokens: int
 ) -> TraceRequest:
-    """A session's next turn of ``size`` tokens: ``stream`` (its block ids) grows to cover it."""
+    """An agent session's next turn of ``size`` tokens: ``stream`` (its block ids) grows to cover it."""
     stream += ids.take(_blocks(size) - len(stream))
     return TraceRequest(
         t=round(t, 3),
@@ -63,6 +63,7 @@ def _turn(
         input_tokens=size,
         hash_ids=tuple(stream[: _blocks(size)]),
         max_tokens=max_tokens,
+        agent=True,
     )
 
 

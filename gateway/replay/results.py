@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.replay.synth import request_messages
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest
+from policies.awaited import WAIT_HEADER
 
 ORACLE = "oracle"
 """The name a report gives the oracle's run."""
@@ -56,5 +57,7 @@ def request_body(request: TraceRequest, block_tokens: int = BLOCK_TOKENS) -> dic
 
 
 def request_headers(request: TraceRequest) -> dict[str, str]:
-    """``x-session-id`` when the trace names a session."""
-    return {"x-session-id": request.session} if request.session else {}
+    """``x-session-id`` when the trace names a session; ``x-turnout-wait-for: last-token`` for an
+    agent's call (``TraceRequest.agent``)."""
+    headers = {"x-session-id": request.session} if request.session else {}
+    return {**headers, WAIT_HEADER: "last-token"} if request.agent else headers

@@ -3,13 +3,15 @@
 turnout's format, one request per line (``t`` ascending is not required; readers sort)::
 
     {"t": 12.5, "session": "agent-0" | null, "model": "m", "input_tokens": 20480,
-     "hash_ids": [0, 1, 2, ...], "max_tokens": 256}
+     "hash_ids": [0, 1, 2, ...], "max_tokens": 256, "agent": true}
 
 ``t`` is the arrival in seconds from the trace start; ``hash_ids`` name the prompt's 512-token blocks
 (Mooncake-style: equal ids mean equal text, so requests sharing a leading run of ids share that prefix;
 the last block may be partial). Instead of ``hash_ids`` a line may give ``"messages"`` (OpenAI chat
 messages) to send literally. Requests of one ``session`` are sent one after the other, with
-``x-session-id: <session>``.
+``x-session-id: <session>``. ``agent`` (default false) marks an agent's call, whose client waits for
+the whole answer: it is sent with ``x-turnout-wait-for: last-token`` and judged on its time to the
+last token (docs/benchmarks.md).
 
 Mooncake (``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids``) has no sessions:
 requests share prefixes only through their ``hash_ids``.
@@ -45,6 +47,9 @@ class TraceRequest:
     hash_ids: tuple[int, ...]
     max_tokens: int
     messages: tuple[dict[str, Any], ...] | None = None
+    agent: bool = False
+    """An agent's call: its client acts on the whole answer (sent with ``x-turnout-wait-for:
+    last-token``, ``policies.awaited``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The turnout JSONL object of this request (``messages`` only when given)."""
@@ -58,6 +63,8 @@ class TraceRequest:
         }
         if self.messages is not None:
             out["messages"] = list(self.messages)
+        if self.agent:
+            out["agent"] = True
         return out
 
 
@@ -102,7 +109,15 @@ def parse_turnout(obj: Any, where: str, default_model: str = "replay") -> TraceR
         hash_ids=ids,
         max_tokens=max(_int(obj, "max_tokens", where, default=128), 1),
         messages=tuple(messages) if messages is not None else None,
+        agent=_agent(obj, where),
     )
+
+
+def _agent(obj: dict[str, Any], where: str) -> bool:
+    agent = obj.get("agent", False)
+    if not isinstance(agent, bool):
+        raise TraceError(f"{where}: 'agent' must be true or false")
+    return agent
 
 
 def parse_mooncake(obj: Any, where: str, model: str = "replay") -> TraceRequest:

@@ -5,11 +5,13 @@ which keeps nothing of a hybrid model's conversation (on 0.25 the session stays 
 
 from __future__ import annotations
 
+import dataclasses
+
 from msgspec.structs import replace
 
 from backends.sim import SimConfig
 from gateway.replay.fleets import default_fleet
-from gateway.replay.traces import TraceRequest
+from gateway.replay.traces import TraceRequest, parse_turnout
 from gateway.replay.virtual import GatewayReplay, run_now
 from gateway.replay.workstation import StackOptions
 from gateway.settings import Settings
@@ -85,3 +87,18 @@ def test_a_warm_up_is_in_flight_on_the_engine_as_any_request() -> None:
     answered = sum(1 for r in results if r.backend == "llama")
     assert world.engines["llama"].n_tasks == answered + 1
     assert not world.fleet.load()  # nothing left in flight: the warm-up ended too
+
+
+def test_an_agents_call_is_routed_by_its_last_token() -> None:
+    """A trace's agent call (``"agent": true``) is sent with ``x-turnout-wait-for: last-token``: the
+    decision compares the candidates' times to the last token and says why; a chat request keeps
+    the first token."""
+    agent = dataclasses.replace(conversation(turns=1)[0], agent=True)
+    chat = TraceRequest(5.0, None, MODEL, 3000, tuple(range(900, 906)), 64)
+    _, decisions = replay("cost", [agent, chat])
+    assert [(d["objective"], d["objective_why"]) for d in decisions] == [
+        ("last-token", "the client's x-turnout-wait-for header"),
+        ("first-token", None),
+    ]
+    assert decisions[0]["reason"].startswith(("lowest-predicted-completion", "only-candidate"))
+    assert parse_turnout(agent.to_json(), "line 1") == agent  # "agent": true round-trips

@@ -250,6 +250,7 @@ class TestReport:
             "ttft_p90_s": 0.6,  # the 7th of 7
             "ttft_mean_long_s": None,  # no prompt of 30k tokens
             "completion_mean_s": None,
+            "completion_p90_s": None,
             "throughput_tok_s": None,
             "cache_hit_ratio": None,
             "backend_share": {},
