@@ -29,10 +29,10 @@ routers (``policies.peers``), the hindsight oracle and ``best-schedule`` (the be
 hindsight schedules), and the lower bound. A full run takes over an hour on 2 cores (the homogeneous
 rows most of it); ``--json`` is written after every row.
 
-The fleet, except for fleet-16 and the homogeneous rows: a vLLM engine (hybrid, no prefix caching,
-94k window) and a llama.cpp engine (hybrid, 2 slots of 64k, RAM prompt cache at 8 GiB), DOMAIN.md
-rates, probes every 2 s, the gateway's own time 1.6 ms a request. It prints each target as met or
-missed, with the reason.
+The fleet, except for fleet-16 and the homogeneous rows: a vLLM engine (hybrid, vLLM 0.25's prefix
+cache in 1,568-token blocks, 94k window) and a llama.cpp engine (hybrid, 2 slots of 64k, RAM prompt
+cache at 8 GiB), DOMAIN.md rates, probes every 2 s, the gateway's own time 1.6 ms a request. It
+prints each target as met or missed, with the reason.
 
 A generated workload (chat, mixed, contention-N) is ``SEEDS`` draws of its generator (seeds 0 to
 ``SEEDS - 1``; contention-A's draw N is ``turnout trace contention --agents A --seed A+100N``), each

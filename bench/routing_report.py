@@ -345,12 +345,15 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
         "",
         "Fleet per run (except fleet-16 and the homogeneous rows, `-8vllm`: 8 vLLM replicas of a dense "
         "model with prefix caching on, `bench/fleets/eight-vllm.toml`; `-8llama`: 8 llama-servers of 2 "
-        "slots, `bench/fleets/eight-llama.toml`): a vLLM engine (hybrid, no prefix caching, 94k window), a "
+        "slots, `bench/fleets/eight-llama.toml`): a vLLM engine (hybrid, vLLM 0.25: its prefix cache in "
+        "1,568-token blocks, `seed-5090-vllm-27b`; 94k window), a "
         "llama.cpp engine (hybrid, 2 slots x 64k, RAM prompt cache on at its 8 GiB default with 64 KiB of "
         "state per token and 64 MiB per recurrent state or checkpoint), DOMAIN.md rates (vLLM 6600/64 "
         "tok/s, llama.cpp 3000/109 tok/s prefill/decode), a fresh gateway per profile, probes every 2 s, "
         "the gateway's own time 1.6 ms a request. `lower-bound`: each request alone on its best engine "
-        "with the most reuse it could have had.",
+        "with the most reuse it could have had. `last token`, `last p90`: the mean and p90 time to the last "
+        "token, what an agent waits for; a row of agents' calls (at least half of its requests) is judged "
+        "on them, the others on the TTFT (issue #61).",
         "",
     ]
     for name, result in results.items():
