@@ -31,7 +31,7 @@ from typing import TextIO
 
 from policies.decision import Outcome
 from policies.prefix import CHUNK_BYTES, PromptChain
-from policies.types import RequestFeatures
+from policies.types import Awaited, RequestFeatures
 
 BLOCK_TOKENS = 512
 """Tokens a ``hash_ids`` block stands for (the trace format's, Mooncake's)."""
@@ -64,6 +64,8 @@ class TrafficRecorder:
             "hash_ids": self._block_ids(features.model, features.chain, tokens),
             "max_tokens": max(outcome.usage.completion_tokens or 0, 1),
         }
+        if features.awaited is Awaited.LAST_TOKEN:  # an agent's call (policies.awaited)
+            line["agent"] = True
         self._write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def close(self) -> None:

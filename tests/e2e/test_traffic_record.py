@@ -36,7 +36,10 @@ def test_answered_requests_become_a_trace_that_replays(tmp_path: Path) -> None:
                 for turn in range(3):
                     messages.append({"role": "user", "content": f"step {turn} {SECRET} " * 300})
                     body = {"model": "m-both", "messages": messages, "max_tokens": 5}
-                    answer = client.post("/v1/chat/completions", json=body, headers={"x-session-id": session})
+                    headers = {"x-session-id": session}
+                    if session == "agent-b":  # an agent's calls: recorded as such ("agent": true)
+                        headers["x-turnout-wait-for"] = "last-token"
+                    answer = client.post("/v1/chat/completions", json=body, headers=headers)
                     assert answer.status_code == 200, answer.text
                     usage.setdefault(session, []).append(answer.json()["usage"]["prompt_tokens"])
                     messages.append(
@@ -57,6 +60,7 @@ def test_answered_requests_become_a_trace_that_replays(tmp_path: Path) -> None:
     for name in ("agent-a", "agent-b"):
         turns = [r for r in trace if r.session == session_label(f"h:{name}")]
         assert [r.input_tokens for r in turns] == usage[name]  # the engine's own counts
+        assert [r.agent for r in turns] == [name == "agent-b"] * 3
         ids = [list(r.hash_ids) for r in turns]
         for earlier, later in itertools.pairwise(ids):
             assert later[: len(earlier) - 1] == earlier[:-1]  # a turn repeats the last one's whole blocks
