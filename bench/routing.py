@@ -64,7 +64,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from routing_peers import with_best_peer
+from routing_peers import AGENT_ROW, with_best_peer
 from routing_report import markdown, targets
 from routing_validation import DRAWS, VALIDATION, validation_markdown, validation_targets
 from routing_workloads import MODEL, MOONCAKE, PEERS, REPO, SCHEDULES, SEEDS, WORKLOADS, Workload
@@ -181,15 +181,21 @@ def _pooled(workload: Workload, jobs: int, seeds: range) -> dict[str, Any]:
     out = pooled_report(draws, meta)
     out["seeds"] = [round(_mean_ttft(d.runs["cost"]) / _mean_ttft(d.runs[ORACLE]), 4) for d in draws]
     peers = [p for p in workload.profiles if p in PEERS]
-    if peers:  # cost / the draw's best peer, mean TTFT
+    if peers:  # cost / the draw's best peer, on the mean the row is judged on (agents' rows: last token)
+        judged = _mean_end if agent_share([r for d in draws for r in d.trace]) >= AGENT_ROW else _mean_ttft
         out["peer_seeds"] = [
-            round(_mean_ttft(d.runs["cost"]) / min(_mean_ttft(d.runs[p]) for p in peers), 4) for d in draws
+            round(judged(d.runs["cost"]) / min(judged(d.runs[p]) for p in peers), 4) for d in draws
         ]
+        out["peer_seeds_on"] = "last token" if judged is _mean_end else "TTFT"
     return out
 
 
 def _mean_ttft(results: Sequence[Result]) -> float:
     return statistics.mean(r.ttft_s for r in results if r.ok and r.ttft_s is not None)
+
+
+def _mean_end(results: Sequence[Result]) -> float:
+    return statistics.mean(r.completion_s for r in results if r.ok)
 
 
 def positive_int(text: str) -> int:

@@ -103,13 +103,13 @@ def peer_targets(
     ]
 
 
-def peer_seed_target(ratios: Sequence[float], first: int = 0) -> str:
-    """Per draw, ``cost`` / the draw's best peer on mean TTFT: no draw above ``PEER_DRAW_SLACK``
-    (``first``: the draw number of ``ratios[0]``)."""
+def peer_seed_target(ratios: Sequence[float], first: int = 0, on: str = "TTFT") -> str:
+    """Per draw, ``cost`` / the draw's best peer on the mean ``on`` (TTFT, or the last token on an
+    agents' row): no draw above ``PEER_DRAW_SLACK`` (``first``: the draw number of ``ratios[0]``)."""
     worst = max(range(len(ratios)), key=lambda i: ratios[i])
     over = [f"{first + i} ({r:.2f}x)" for i, r in enumerate(ratios) if r > PEER_DRAW_SLACK]
     return (
-        f"  - per draw, cost / best peer mean TTFT: geometric mean {statistics.geometric_mean(ratios):.2f}x, "
+        f"  - per draw, cost / best peer mean {on}: geometric mean {statistics.geometric_mean(ratios):.2f}x, "
         f"worst {ratios[worst]:.2f}x (draw {first + worst}; target: no draw above {PEER_DRAW_SLACK:.2f}x): "
         f"{verdict(not over)}" + (f"; above it: {', '.join(over)}" if len(over) > 1 else "")
     )

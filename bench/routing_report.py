@@ -92,7 +92,7 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
         if name == "agent":
             lines += agent_peer_bound(result["profiles"], quick)
         if result.get("peer_seeds"):
-            lines.append(peer_seed_target(result["peer_seeds"], first))
+            lines.append(peer_seed_target(result["peer_seeds"], first, result.get("peer_seeds_on", "TTFT")))
     if "agent" in results:
         lines.append(agent_target(results, quick))
     return lines
