@@ -262,3 +262,11 @@ def test_context_sizes_from_either_engine() -> None:
     )
     assert parse_error_body("b", 400, newer).context_sizes() == (4097, 4096)
     assert parse_error_body("b", 400, b'{"error":{"message":"m"}}').context_sizes() == (None, None)
+
+
+def test_vllm_025_reports_its_hybrid_block_and_pool() -> None:
+    """vLLM 0.25 serving the 27B's shape on an H100 with an fp8 KV cache (its ``/metrics``, saved by
+    ``bench/gpu/vllm.sh turns``): the raised 1,568-token block and the pool's tokens are read as such."""
+    text = (Path(__file__).parents[2] / "bench/gpu/results/2026-12-06d-h100/metrics-vllm-fp8.txt").read_text()
+    metrics = vllm.parse_metrics(text)
+    assert (metrics.cache_block, metrics.cache_tokens) == (1568, 1_022_634)
