@@ -103,23 +103,6 @@ def test_a_first_turn_known_by_content_says_how_often_its_kind_came_back(page: A
     assert page.errors == []
 
 
-def test_a_decision_says_which_token_its_client_waits_for(page: Any, stack: Stack) -> None:
-    """An agent's request is compared by the time to the last token and the page says why; a chat
-    request by the first (issue #61)."""
-    log_in(page, stack)
-    agent = ask(stack, **{"x-session-id": "agent-1", "x-turnout-wait-for": "last-token"})
-    page.goto(f"{stack.url}/admin/decisions/{agent}")
-    text = page.inner_text("p.objective")
-    assert "time to the last token: the client waits for the whole answer" in text
-    assert "x-turnout-wait-for" in text
-    assert "predicted last token" in page.inner_text("table")
-    screenshot(page, "decision-agent")
-    chat = ask(stack, **{"x-session-id": "chat-1"})
-    page.goto(f"{stack.url}/admin/decisions/{chat}")
-    assert "time to the first token: a reader waits for the first token" in page.inner_text("p.objective")
-    assert page.errors == []
-
-
 def test_switch_profile_and_drain_and_the_next_decision_follows(page: Any, stack: Stack) -> None:
     log_in(page, stack)
     page.goto(stack.url + "/admin/policy")
