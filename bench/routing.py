@@ -162,6 +162,7 @@ def _pooled(workload: Workload, jobs: int, seeds: range) -> dict[str, Any]:
     ) as pool:
         done = list(pool.map(_draw_of, itertools.repeat(workload.name), seeds))
     draws = [draw for draw, _, _ in done]
+    share = agent_share([r for d in draws for r in d.trace])
     simulated = sum(sum(s.values()) for _, s, _ in done)
     wall = sum(sum(w.values()) for _, _, w in done)
     meta = {
@@ -172,7 +173,7 @@ def _pooled(workload: Workload, jobs: int, seeds: range) -> dict[str, Any]:
         "first_draw": seeds.start,
         "requests": sum(len(d.trace) for d in draws),
         "rate": 1.0,
-        "agent_share": agent_share([r for d in draws for r in d.trace]),
+        "agent_share": share,
         "simulated_s": round(sum(max(s.values()) for _, s, _ in done), 1),
         "wall_s": round(time.monotonic() - started, 1),
         "speedup": round(simulated / wall) if wall > 0 else 0,
@@ -182,7 +183,7 @@ def _pooled(workload: Workload, jobs: int, seeds: range) -> dict[str, Any]:
     out["seeds"] = [round(_mean_ttft(d.runs["cost"]) / _mean_ttft(d.runs[ORACLE]), 4) for d in draws]
     peers = [p for p in workload.profiles if p in PEERS]
     if peers:  # cost / the draw's best peer, on the mean the row is judged on (agents' rows: last token)
-        judged = _mean_end if agent_share([r for d in draws for r in d.trace]) >= AGENT_ROW else _mean_ttft
+        judged = _mean_end if share >= AGENT_ROW else _mean_ttft
         out["peer_seeds"] = [
             round(judged(d.runs["cost"]) / min(judged(d.runs[p]) for p in peers), 4) for d in draws
         ]

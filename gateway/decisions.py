@@ -9,7 +9,7 @@ from typing import Any
 from gateway.routed import Routed
 from policies.decision import Outcome, WarmUp
 from policies.sessions import session_label
-from policies.types import Endpoint, Reason
+from policies.types import Awaited, Endpoint, Reason
 
 MOVES = {
     Reason.CONTEXT_TOO_LONG: "it outgrew that backend's window",
@@ -155,7 +155,7 @@ def decision_entry(
                             "look_ahead_turns": round(c.estimate.horizon, 3),
                             "objective_s": round(
                                 c.estimate.objective_total_s
-                                if decision.objective == "last-token"
+                                if decision.objective == Awaited.LAST_TOKEN.value
                                 else c.estimate.objective_ttft_s,
                                 4,
                             ),

@@ -84,28 +84,17 @@ def build_profile(
     )
 
 
+def _cost(name: str, objective: str, reason: Reason) -> Profile:
+    """A cost profile: the cost model's ``objective`` scorer, session affinity as a tie-breaker,
+    warm-ups on."""
+    scorers = {objective: 1.0, "session-affinity": 0.001}
+    return build_profile(name, filters=COST_FILTERS, scorers=scorers, reason=reason, warms=True)
+
+
 BUILTIN_PROFILES: dict[str, Profile] = {
-    "cost": build_profile(
-        "cost",
-        filters=COST_FILTERS,
-        scorers={"answer": 1.0, "session-affinity": 0.001},
-        reason=Reason.LOWEST_TTFT,
-        warms=True,
-    ),
-    "cost-ttft": build_profile(
-        "cost-ttft",
-        filters=COST_FILTERS,
-        scorers={"ttft": 1.0, "session-affinity": 0.001},
-        reason=Reason.LOWEST_TTFT,
-        warms=True,
-    ),
-    "cost-completion": build_profile(
-        "cost-completion",
-        filters=COST_FILTERS,
-        scorers={"completion": 1.0, "session-affinity": 0.001},
-        reason=Reason.LOWEST_COMPLETION,
-        warms=True,
-    ),
+    "cost": _cost("cost", "answer", Reason.LOWEST_TTFT),  # route: the last token's reason for agents
+    "cost-ttft": _cost("cost-ttft", "ttft", Reason.LOWEST_TTFT),
+    "cost-completion": _cost("cost-completion", "completion", Reason.LOWEST_COMPLETION),
     "least-loaded": build_profile("least-loaded", scorers={"least-loaded": 1.0}),
     "round-robin": build_profile("round-robin", scorers={"round-robin": 1.0}, reason=Reason.ROUND_ROBIN),
     "prefer-vllm": build_profile(
