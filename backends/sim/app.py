@@ -16,6 +16,7 @@ from backends.sim.engine_base import BatchEngine
 from backends.sim.engines import create_engine
 from backends.sim.http_common import json_response
 from backends.sim.llama_engine import LlamaEngine
+from backends.sim.vllm_sleep import SLEEP_HANDLERS
 from backends.sim.whatif import sim_whatif
 
 
@@ -50,6 +51,8 @@ def create_sim_app(config: SimConfig) -> Litestar:
         handlers, before, not_found = _LLAMA_HANDLERS, llama_app.before_request, llama_app.not_found
     else:
         handlers, before, not_found = _VLLM_HANDLERS, vllm_app.before_request, vllm_app.not_found
+        if config.enable_sleep_mode:
+            handlers = (*handlers, *SLEEP_HANDLERS)
     exception_handlers: dict[
         int | type[Exception], Callable[[Request[Any, Any, Any], Any], Response[Any]]
     ] = {

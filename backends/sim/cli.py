@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size", type=int, default=0, help="a hybrid's prefix-cache block (0: the profile's, else 256)"
     )
     parser.add_argument("--api-key", default=None)
+    parser.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="vLLM: /sleep, /wake_up, /collective_rpc, /is_sleeping (real vLLM: with VLLM_SERVER_DEV_MODE=1)",
+    )
     parser.add_argument("--load-seconds", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -109,6 +114,7 @@ def parse_args(argv: list[str]) -> ServeOptions:
         time_scale=ns.time_scale,
         api_key=ns.api_key,
         load_seconds=ns.load_seconds,
+        enable_sleep_mode=ns.enable_sleep_mode,
         seed=ns.seed,
         tool_calls=ns.tool_calls,
         cache_ram_mib=ns.cache_ram,

@@ -68,6 +68,9 @@ class SimConfig:
     """Decode step time = (1 / decode_tok_s) * (1 + batch_slowdown * (n_running - 1))."""
     time_scale: float = 1.0
     api_key: str | None = None
+    enable_sleep_mode: bool = False
+    """vLLM ``--enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1``: ``/sleep``, ``/wake_up``,
+    ``/collective_rpc`` and ``/is_sleeping`` (``backends.sim.vllm_sleep``)."""
     load_seconds: float = 0.0
     """llama.cpp: every non-UI path answers 503 "Loading model" for this long after startup."""
     default_max_tokens: int | None = None

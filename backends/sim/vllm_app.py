@@ -34,6 +34,7 @@ from backends.sim.requests import Endpoint, GenRequest, parse_request
 from backends.sim.task import SimTask, UpdateKind
 from backends.sim.vllm_engine import VllmEngine
 from backends.sim.vllm_errors import context_error, json_error, validation_error, vllm_validation_error
+from backends.sim.vllm_sleep import answers_while_asleep
 
 AnyRequest = Request[Any, Any, Any]
 AUTH_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
@@ -54,9 +55,16 @@ def guard(request: AnyRequest) -> Response[bytes] | None:
     return None
 
 
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+
+
 async def before_request(request: AnyRequest) -> Response[bytes] | None:
-    """Litestar hook running :func:`guard`."""
-    return guard(request)
+    """Litestar hook running :func:`guard`; a generation request while asleep is answered 503
+    (``backends.sim.vllm_sleep``)."""
+    refused = guard(request)
+    if refused is None and request.url.path in GENERATION_PATHS:
+        return answers_while_asleep(engine_of(request))
+    return refused
 
 
 def not_found(request: AnyRequest, exc: HTTPException) -> Response[bytes]:

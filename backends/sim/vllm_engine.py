@@ -16,6 +16,7 @@ from backends.sim.config import SimConfig
 from backends.sim.engine_base import BatchEngine
 from backends.sim.events import EventKind
 from backends.sim.prefix_cache import BlockCache
+from backends.sim.sleep_state import SleepState
 from backends.sim.task import SimTask
 
 
@@ -37,6 +38,8 @@ class VllmEngine(BatchEngine):
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.request_success: Counter[str] = Counter()
+        self.sleep_state: SleepState | None = SleepState() if config.enable_sleep_mode else None
+        """Where the weights and KV cache are (``backends.sim.vllm_sleep``); None without sleep mode."""
 
     def submit(self, task: SimTask) -> None:
         """Queue a validated request."""
