@@ -64,14 +64,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from routing_peers import AGENT_ROW, with_best_peer
+from routing_peers import judged_on, with_best_peer
 from routing_report import markdown, targets
 from routing_validation import DRAWS, VALIDATION, validation_markdown, validation_targets
 from routing_workloads import MODEL, MOONCAKE, PEERS, REPO, SCHEDULES, SEEDS, WORKLOADS, Workload
 
 from gateway.logging import configure_logging
 from gateway.replay.fleets import capacity, default_fleet, fleet_from_file, sim_configs
-from gateway.replay.report import Draw, percentile, pooled_report, report, table
+from gateway.replay.report import Draw, awaited_s, percentile, pooled_report, report, table
 from gateway.replay.results import ORACLE, Result
 from gateway.replay.simulate import simulate
 from gateway.replay.traces import TraceRequest, rate_for_load, with_model, with_rate
@@ -182,12 +182,12 @@ def _pooled(workload: Workload, jobs: int, seeds: range) -> dict[str, Any]:
     out = pooled_report(draws, meta)
     out["seeds"] = [round(_mean_ttft(d.runs["cost"]) / _mean_ttft(d.runs[ORACLE]), 4) for d in draws]
     peers = [p for p in workload.profiles if p in PEERS]
-    if peers:  # cost / the draw's best peer, on the mean the row is judged on (agents' rows: last token)
-        judged = _mean_end if share >= AGENT_ROW else _mean_ttft
+    if peers:  # cost / the draw's best peer, on the mean the row is judged on (routing_peers.judged_on)
+        on = judged_on(share)[2]
         out["peer_seeds"] = [
-            round(judged(d.runs["cost"]) / min(judged(d.runs[p]) for p in peers), 4) for d in draws
+            round(_mean_awaited(d, "cost") / min(_mean_awaited(d, p) for p in peers), 4) for d in draws
         ]
-        out["peer_seeds_on"] = "last token" if judged is _mean_end else "TTFT"
+        out["peer_seeds_on"] = on
     return out
 
 
@@ -195,8 +195,11 @@ def _mean_ttft(results: Sequence[Result]) -> float:
     return statistics.mean(r.ttft_s for r in results if r.ok and r.ttft_s is not None)
 
 
-def _mean_end(results: Sequence[Result]) -> float:
-    return statistics.mean(r.completion_s for r in results if r.ok)
+def _mean_awaited(draw: Draw, profile: str) -> float:
+    """The mean wait of ``profile``'s requests in ``draw``: agents' calls by their last token, the
+    rest by their first (``awaited_s``)."""
+    agents = [r.agent for r in draw.trace]
+    return statistics.mean(awaited_s(r, agents) for r in draw.runs[profile] if r.ok)
 
 
 def positive_int(text: str) -> int:
@@ -314,14 +317,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _cost_draw(name: str, seed: int, profile: str = "cost") -> list[tuple[float, float]]:
-    """The TTFTs and times to the last token ``profile`` gives draw ``seed`` of the validation row
-    ``name`` (a worker's task)."""
+def _cost_draw(name: str, seed: int, profile: str = "cost") -> list[tuple[float, float, float]]:
+    """The TTFTs, times to the last token and waits (``awaited_s``) ``profile`` gives draw ``seed``
+    of the validation row ``name`` (a worker's task)."""
     workload = next(w for w in VALIDATION if w.name == name)
     assert workload.seeded is not None
     requests = with_model(workload.seeded(seed), MODEL)
     runs = simulate(requests, [profile], workload_settings(workload), MODEL, VirtualOptions(), oracle=False)
-    return [(r.ttft_s, r.completion_s) for r in runs.runs[profile] if r.ok and r.ttft_s is not None]
+    agents = [r.agent for r in requests]
+    return [
+        (r.ttft_s, r.completion_s, awaited_s(r, agents))
+        for r in runs.runs[profile]
+        if r.ok and r.ttft_s is not None
+    ]
 
 
 def check(args: argparse.Namespace) -> int:
@@ -337,18 +345,18 @@ def check(args: argparse.Namespace) -> int:
             own = range(workload.draws) if workload.draws is not None else draws
             parts = pool.map(_cost_draw, itertools.repeat(workload.name), own, itertools.repeat(args.profile))
             times = [t for part in parts for t in part]
-            ttfts, ends = [t for t, _ in times], [e for _, e in times]
-            mean, p90 = statistics.fmean(ttfts), percentile(ttfts, 0.9) or 0.0
-            end_mean, end_p90 = statistics.fmean(ends), percentile(ends, 0.9) or 0.0
-            out[workload.name] = {
-                "ttft_mean_s": round(mean, 4),
-                "ttft_p90_s": round(p90, 4),
-                "completion_mean_s": round(end_mean, 4),
-                "completion_p90_s": round(end_p90, 4),
-            }
+            row: dict[str, float] = {}
+            for i, key in enumerate(("ttft", "completion", "awaited")):
+                values = [t[i] for t in times]
+                row[f"{key}_mean_s"] = round(statistics.fmean(values), 4)
+                row[f"{key}_p90_s"] = round(percentile(values, 0.9) or 0.0, 4)
+            out[workload.name] = row
             print(
-                f"{workload.name}: {args.profile} mean {mean:.4f} s, p90 {p90:.4f} s; last token mean "
-                f"{end_mean:.4f} s, p90 {end_p90:.4f} s ({len(ttfts)} requests, {len(own)} draws)"
+                f"{workload.name}: {args.profile} mean {row['ttft_mean_s']:.4f} s, "
+                f"p90 {row['ttft_p90_s']:.4f} s; "
+                f"last token mean {row['completion_mean_s']:.4f} s, p90 {row['completion_p90_s']:.4f} s; "
+                f"wait mean {row['awaited_mean_s']:.4f} s, p90 {row['awaited_p90_s']:.4f} s "
+                f"({len(times)} requests, {len(own)} draws)"
             )
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")

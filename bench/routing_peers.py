@@ -20,11 +20,12 @@ PEER_DRAW_SLACK = 1.10
 """No draw where the best peer's mean TTFT beats ``cost``'s by more than 10%."""
 LOWER_IS_BETTER = (
     "errors", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_mean_long_s", "completion_mean_s",
-    "completion_p90_s", "session_completion_mean_s", "prefill_amplification",
+    "completion_p90_s", "awaited_mean_s", "awaited_p90_s", "session_completion_mean_s",
+    "prefill_amplification",
 )  # fmt: skip
 AGENT_ROW = 0.5
-"""A row whose requests are at least this share agents' calls is judged on the time to the last token
-(issue #61: an agent acts on a whole answer), the others on the first."""
+"""Before the reports had ``awaited_*`` (an older ``--from-json``): a row whose requests are at least
+this share agents' calls is judged on the time to the last token, the others on the first."""
 HIGHER_IS_BETTER = ("throughput_tok_s", "cache_hit_ratio")
 
 
@@ -53,12 +54,17 @@ def with_best_peer(profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, Mappi
     return out
 
 
-def judged_on(agent_share: float) -> tuple[str, str, str]:
-    """The mean and p90 keys a row is judged on, and their name: the time to the last token for an
-    agents' row (``AGENT_ROW``), else the TTFT."""
-    if agent_share >= AGENT_ROW:
+def judged_on(agent_share: float, awaited: bool = True) -> tuple[str, str, str]:
+    """The mean and p90 keys a row is judged on, and their name: what its clients wait for (issue
+    #61: an agent acts on a whole answer, a chat reader on the first token). A row of agents' calls
+    alone: the time to the last token; a row without any: the TTFT; a mixed row: each request by its
+    own clock (``awaited_*``, the report's docstring). ``awaited``: whether the report has those keys
+    (an older one: the mixed row by its majority, ``AGENT_ROW``)."""
+    if agent_share >= 1.0 or (not awaited and agent_share >= AGENT_ROW):
         return "completion_mean_s", "completion_p90_s", "time to the last token"
-    return "ttft_mean_s", "ttft_p90_s", "TTFT"
+    if agent_share <= 0.0 or not awaited:
+        return "ttft_mean_s", "ttft_p90_s", "TTFT"
+    return "awaited_mean_s", "awaited_p90_s", "wait (agents' calls: last token, the rest: TTFT)"
 
 
 def peer_targets(
@@ -72,7 +78,7 @@ def peer_targets(
     if best is None:
         return []
     cost = profiles["cost"]
-    mean_key, p90_key, what = judged_on(agent_share)
+    mean_key, p90_key, what = judged_on(agent_share, "awaited_mean_s" in cost)
     peers = [p for p in PEERS if p in profiles and profiles[p].get("requests")]
     leader = min(peers, key=lambda p: profiles[p].get(mean_key) or float("inf"))
     mean, p90 = cost[mean_key], cost[p90_key]
@@ -104,8 +110,8 @@ def peer_targets(
 
 
 def peer_seed_target(ratios: Sequence[float], first: int = 0, on: str = "TTFT") -> str:
-    """Per draw, ``cost`` / the draw's best peer on the mean ``on`` (TTFT, or the last token on an
-    agents' row): no draw above ``PEER_DRAW_SLACK`` (``first``: the draw number of ``ratios[0]``)."""
+    """Per draw, ``cost`` / the draw's best peer on the mean ``on`` (what the row is judged on,
+    ``judged_on``): no draw above ``PEER_DRAW_SLACK`` (``first``: the draw number of ``ratios[0]``)."""
     worst = max(range(len(ratios)), key=lambda i: ratios[i])
     over = [f"{first + i} ({r:.2f}x)" for i, r in enumerate(ratios) if r > PEER_DRAW_SLACK]
     return (

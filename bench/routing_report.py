@@ -352,8 +352,10 @@ def markdown(results: dict[str, dict[str, Any]], quick: bool) -> str:
         "tok/s, llama.cpp 3000/109 tok/s prefill/decode), a fresh gateway per profile, probes every 2 s, "
         "the gateway's own time 1.6 ms a request. `lower-bound`: each request alone on its best engine "
         "with the most reuse it could have had. `last token`, `last p90`: the mean and p90 time to the last "
-        "token, what an agent waits for; a row of agents' calls (at least half of its requests) is judged "
-        "on them, the others on the TTFT (issue #61).",
+        "token, what an agent waits for; `awaited`, `awaited p90`: each request by what its client waits "
+        "for (an agent's call: its last token, any other: its first). A row is judged on what its clients "
+        "wait for: a row of agents' calls alone on the last token, a row without any on the TTFT, a mixed "
+        "row on `awaited` (issue #61).",
         "",
     ]
     for name, result in results.items():

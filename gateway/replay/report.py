@@ -9,6 +9,10 @@ in simulated seconds:
   tokens (null when there are none);
 * ``completion_mean_s``, ``completion_p90_s``: mean and 90th percentile of the time from sending to
   the last token (what an agent waits for: ``policies.awaited``);
+* ``awaited_mean_s``, ``awaited_p90_s``: the same over what each request's client waits for: the last
+  token of an agent's call (``TraceRequest.agent``), the first token of any other request (without
+  the trace: the first token of every request). A row of agents alone has its completion here, a row
+  of chat its TTFT, and a mixed row each request by its own clock;
 * ``throughput_tok_s``: generated tokens / (last completion - first arrival);
 * ``cache_hit_ratio``: sum of cached prompt tokens / sum of prompt tokens;
 * ``backend_share``: backend -> fraction of the completed requests it served;
@@ -51,6 +55,8 @@ REPORT_KEYS = (
     "ttft_mean_long_s",
     "completion_mean_s",
     "completion_p90_s",
+    "awaited_mean_s",
+    "awaited_p90_s",
     "throughput_tok_s",
     "cache_hit_ratio",
     "backend_share",
@@ -83,13 +89,16 @@ def summarize(
     groups: Sequence[Sequence[int]] = (),
     distinct: Sequence[int] | None = None,
     draws: Sequence[range] = (),
+    agents: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
     """The report entry of one profile (keys: :data:`REPORT_KEYS`, formulas: module docstring);
     ``groups``: the trace's conversations (indices), ``distinct``: each request's new tokens;
     ``draws``: the request indices of each draw of a pooled report (:func:`pooled_report`), whose
-    spans and distinct tokens add up (none: one draw)."""
+    spans and distinct tokens add up (none: one draw); ``agents``: whether each request (by index) is
+    an agent's call, which waits for its last token."""
     done = [r for r in results if r.ok]
     ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
+    awaited = [awaited_s(r, agents) for r in done]
     long = [r.ttft_s for r in done if r.ttft_s is not None and r.prompt_tokens >= LONG_PROMPT_TOKENS]
     prompt = sum(r.prompt_tokens for r in done)
     parts = [[r for r in done if r.index in draw] for draw in draws] if draws else [done]
@@ -114,6 +123,8 @@ def summarize(
         "ttft_mean_long_s": _round(_mean(long)),
         "completion_mean_s": _round(_mean([r.completion_s for r in done])),
         "completion_p90_s": _round(percentile([r.completion_s for r in done], 0.9)),
+        "awaited_mean_s": _round(_mean(awaited)),
+        "awaited_p90_s": _round(percentile(awaited, 0.9)),
         "throughput_tok_s": _round(sum(r.completion_tokens for r in done) / span if span > 0 else None, 2),
         "cache_hit_ratio": _round(sum(r.cached_tokens for r in done) / prompt if prompt else None),
         "backend_share": {b: round(n / len(done), 4) for b, n in sorted(backends.items())},
@@ -121,6 +132,15 @@ def summarize(
         "prefill_amplification": _round(prefilled / new if new else None),
         "sessions_moved": _round(sum(moved) / len(moved) if moved else None),
     }
+
+
+def awaited_s(result: Result, agents: Sequence[bool] | None) -> float:
+    """What the client of a completed request waited for: its last token if it is an agent's call
+    (``agents[result.index]``), else its first."""
+    if agents is not None and agents[result.index]:
+        return result.completion_s
+    assert result.ttft_s is not None  # a completed request has its first token
+    return result.ttft_s
 
 
 def bound_summary(requests: Sequence[TraceRequest], bounds: Sequence[float | None]) -> dict[str, Any]:
@@ -157,7 +177,8 @@ def report(
     amplification keys are filled."""
     groups = conversations(trace) if trace is not None else []
     distinct = new_tokens(trace, block) if trace is not None else None
-    profiles = {name: summarize(rs, groups, distinct) for name, rs in runs.items()}
+    agents = [r.agent for r in trace] if trace is not None else None
+    profiles = {name: summarize(rs, groups, distinct, agents=agents) for name, rs in runs.items()}
     if bounds is not None and trace is not None:
         profiles[LOWER_BOUND] = bound_summary(trace, bounds)
     return {"meta": dict(meta or {}), "profiles": profiles}
@@ -189,6 +210,8 @@ def pooled_report(
         for group in conversations(d.trace)
     ]
     distinct = [n for d in draws for n in new_tokens(d.trace, block)]
+    trace = [r for d in draws for r in d.trace]
+    agents = [r.agent for r in trace]
     profiles = {
         name: summarize(
             [
@@ -199,10 +222,10 @@ def pooled_report(
             groups,
             distinct,
             ranges,
+            agents,
         )
         for name in draws[0].runs
     }
-    trace = [r for d in draws for r in d.trace]
     profiles[LOWER_BOUND] = bound_summary(trace, [b for d in draws for b in d.bounds])
     return {"meta": dict(meta or {}), "profiles": profiles}
 
@@ -258,6 +281,8 @@ TABLE_COLUMNS = (
     ("ttft>=30k", "ttft_mean_long_s"),
     ("last token", "completion_mean_s"),
     ("last p90", "completion_p90_s"),
+    ("awaited", "awaited_mean_s"),
+    ("awaited p90", "awaited_p90_s"),
     ("tok/s", "throughput_tok_s"),
     ("cache hit", "cache_hit_ratio"),
     ("session", "session_completion_mean_s"),

@@ -75,6 +75,26 @@ def test_a_row_pools_the_draws_it_was_given() -> None:
     assert "pools 2 draws of it" in text
 
 
+def test_a_row_is_judged_on_what_its_clients_wait_for() -> None:
+    """Agents' calls alone: the last token; none: the TTFT; a mix: each request by its own clock
+    (``awaited_*``), unless the report predates those keys (then by the majority, as before)."""
+    assert routing_peers.judged_on(1.0)[:2] == ("completion_mean_s", "completion_p90_s")
+    assert routing_peers.judged_on(0.0)[:2] == ("ttft_mean_s", "ttft_p90_s")
+    for share in (0.2252, 0.5, 0.942):
+        assert routing_peers.judged_on(share)[:2] == ("awaited_mean_s", "awaited_p90_s")
+    assert routing_peers.judged_on(0.942, awaited=False)[:2] == ("completion_mean_s", "completion_p90_s")
+    assert routing_peers.judged_on(0.2252, awaited=False)[:2] == ("ttft_mean_s", "ttft_p90_s")
+    # a mixed row where cost is slower to the first token but its agents finish first
+    profiles = {
+        "cost": {"ttft_mean_s": 0.37, "ttft_p90_s": 1.2, "awaited_mean_s": 1.0, "awaited_p90_s": 3.0},
+        "llm-d": {"requests": 9, "ttft_mean_s": 0.24, "ttft_p90_s": 0.6, "awaited_mean_s": 1.4,
+                  "awaited_p90_s": 4.0},
+    }  # fmt: skip
+    (line,) = routing_peers.peer_targets("mixed", profiles, homogeneous=False, agent_share=0.3)
+    assert "mean wait (agents' calls: last token, the rest: TTFT)" in line
+    assert "cost mean 1.000 s = 0.71x its 1.400 s (<= 0.8x), p90 3.000 s vs 4.000 s (no worse): MET" in line
+
+
 def test_the_agent_rows_miss_says_what_no_router_can_reach() -> None:
     """Where ``cost`` misses 0.8x the best peer on the agent row, the Targets say what every turn warm
     on its own slot would average (the engines' rules), and that nothing reaches 0.8x below it."""

@@ -3,6 +3,7 @@ built on them (session completion, prefill amplification, the ``lower-bound`` en
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -229,6 +230,23 @@ class TestReport:
         # of those three, only the pair 1 -> 7 changed backend (vllm, then llama)
         assert entry["sessions_moved"] == round(1 / 3, 4)
 
+    def test_each_request_is_judged_on_what_its_client_waits_for(self) -> None:
+        """``awaited_*``: an agent's call by its last token, any other request by its first; without
+        agents it is the TTFT, with agents alone the time to the last token."""
+        agents = [i in (0, 5) for i in range(len(self.TRACE))]  # the session s turns are an agent's
+        trace = [dataclasses.replace(r, agent=a) for r, a in zip(self.TRACE, agents, strict=True)]
+        entry = report({"cost": self.RESULTS}, None, trace, 512)["profiles"]["cost"]
+        # done: 0 (agent: 2.0), 1 (0.2), 2 (0.1), 3 (0.2), 4 (0.1), 5 (agent: 3.0), 7 (0.4)
+        assert entry["awaited_mean_s"] == round((2.0 + 0.2 + 0.1 + 0.2 + 0.1 + 3.0 + 0.4) / 7, 4)
+        assert entry["awaited_p90_s"] == 3.0  # the 7th of 7
+        assert entry["ttft_mean_s"] == round((0.5 + 0.2 + 0.1 + 0.2 + 0.1 + 0.3 + 0.4) / 7, 4)
+        chat = report({"cost": self.RESULTS}, None, self.TRACE, 512)["profiles"]["cost"]
+        assert (chat["awaited_mean_s"], chat["awaited_p90_s"]) == (chat["ttft_mean_s"], chat["ttft_p90_s"])
+        only = [dataclasses.replace(r, agent=True) for r in self.TRACE]
+        agents_only = report({"cost": self.RESULTS}, None, only, 512)["profiles"]["cost"]
+        assert agents_only["awaited_mean_s"] == agents_only["completion_mean_s"]
+        assert agents_only["awaited_p90_s"] == agents_only["completion_p90_s"]
+
     def test_without_the_trace_the_trace_keys_are_null(self) -> None:
         """No trace: no conversations and no new tokens to divide by."""
         entry = report({"cost": self.RESULTS})["profiles"]["cost"]
@@ -251,6 +269,8 @@ class TestReport:
             "ttft_mean_long_s": None,  # no prompt of 30k tokens
             "completion_mean_s": None,
             "completion_p90_s": None,
+            "awaited_mean_s": None,
+            "awaited_p90_s": None,
             "throughput_tok_s": None,
             "cache_hit_ratio": None,
             "backend_share": {},
