@@ -57,6 +57,8 @@ class BackendSpec:
     circuit_cool_down_s: float = 5.0
     circuit_max_cool_down_s: float = 60.0
     deployments: tuple[Deployment, ...] = ()
+    router_model: str | None = None
+    """llama-server in router mode: the model this backend is (its probes name it: ``?model=``)."""
 
 
 class UpstreamRequest(msgspec.Struct, frozen=True):

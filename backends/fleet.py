@@ -70,6 +70,7 @@ class Fleet:
         """Per backend, how many times it was seen to restart: whoever remembers what an engine holds
         (slot leases, the prefix index) forgets it when this moves (``restarted``)."""
         self._was_ready: dict[str, bool] = {}
+        self._resuming: set[str] = set()  # back with what it held restored (``resume``)
         self.log_health = True
         """Log each backend's change of health (``turnout config check`` prints its own table instead)."""
         self.breakers: dict[str, Breaker] = {
@@ -184,6 +185,10 @@ class Fleet:
             )
         if previous is not None and snapshot.health is Health.READY:
             why = restarted(previous, snapshot, self._was_ready.get(snapshot.backend_id, False))
+            if why and snapshot.backend_id in self._resuming:
+                log.info("backend.resumed", backend=snapshot.backend_id, note="its slots were restored")
+                why = None
+            self._resuming.discard(snapshot.backend_id)
             if why:
                 self.generations[snapshot.backend_id] += 1
                 log.warning("backend.restarted", backend=snapshot.backend_id, why=why)
@@ -194,6 +199,17 @@ class Fleet:
         self._view = tuple(self._snapshots.values())
         self._inflight.seen(snapshot)
         self.history.add(snapshot)
+
+    def forget(self, backend_id: str, why: str) -> None:
+        """The engine lost what it held without restarting (a vLLM sleep empties its prefix cache):
+        whoever remembers it forgets, as after a restart (``generations``)."""
+        self.generations[backend_id] += 1
+        log.info("backend.emptied", backend=backend_id, why=why)
+
+    def resume(self, backend_id: str) -> None:
+        """The engine comes back holding what it held (a llama-server model reloaded with its slots
+        restored): the next ready probe is not taken as a restart, whatever its counters say."""
+        self._resuming.add(backend_id)
 
     def report_failure(self, backend_id: str, error: str) -> None:
         """A request found the backend unreachable: route around it until the next probe says otherwise."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 import msgspec
 from msgspec.structs import replace
@@ -15,6 +16,9 @@ from backends.parsers.llamacpp import parse_metrics, parse_props, parse_slots
 from backends.slot_watch import CLEARED_IDLE_SLOTS, cleared_while_idle
 from policies.features import within_window
 from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health, SlotState
+
+ROUTER_MODEL_PATHS = ("/props", "/slots", "/metrics")
+"""What a llama-server router answers per model: the probes name theirs (``BackendSpec.router_model``)."""
 
 
 class LlamaCppAdapter(Adapter):
@@ -88,7 +92,36 @@ class LlamaCppAdapter(Adapter):
     cleared_slots: int = 0
     """Idle slots seen cleared by the server so far (``backends.slot_watch``)."""
 
+    async def _get(self, path: str) -> tuple[int, Any]:
+        """As for every engine; in router mode the per-model probes name the model (``?model=``)."""
+        model = self.spec.router_model
+        if model is not None and path.split("?")[0] in ROUTER_MODEL_PATHS:
+            path += ("&" if "?" in path else "?") + "model=" + quote(model, safe="")
+        return await super()._get(path)
+
+    async def _post_json(self, path: str, payload: Mapping[str, Any]) -> Any:
+        """As for every engine; a router routes a POST by its body's ``model``."""
+        model = self.spec.router_model
+        return await super()._post_json(path, payload if model is None else {**payload, "model": model})
+
+    async def router_status(self) -> str | None:
+        """In router mode, the model's status in ``GET /models`` (``loaded``, ``unloaded``, ...);
+        None otherwise, or when the router does not list it."""
+        model = self.spec.router_model
+        if model is None:
+            return None
+        status, data = await self._get("/models")
+        for entry in data.get("data", ()) if status < 400 and isinstance(data, dict) else ():
+            if entry.get("id") == model or model in (entry.get("aliases") or ()):
+                return str((entry.get("status") or {}).get("value", "unknown"))
+        return None
+
     async def probe_engine(self, base: BackendSnapshot) -> BackendSnapshot:
+        if self.spec.router_model is not None:
+            state = await self.router_status()
+            if state != "loaded":
+                error = f"{self.spec.router_model} is {state or 'not listed'} (llama-server router mode)"
+                return replace(base, health=Health.DOWN, error=error)
         props = parse_props(await self._get_ok("/props"))
         slots = await self._probe_slots()
         self.cleared_slots += len(cleared_while_idle(self.seen_slots, slots))

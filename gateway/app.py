@@ -131,7 +131,9 @@ def favicon() -> Response[bytes]:
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     """200 while at least one backend is ready (or not yet probed); 503 otherwise, and while the
     gateway drains before it exits (``draining``). ``warnings``: per backend, what its probe saw it
-    do against routing's plan (a llama-server clearing idle slots), with the fix."""
+    do against routing's plan (a llama-server clearing idle slots), with the fix. ``residency``
+    (with ``[[residency]]`` sets): per set, the member awake, the phase of a switch running, and the
+    last switch (a failed one says why)."""
     core = _core(request)
     snapshots = core.fleet.snapshots()
     backends = {s.backend_id: s.health.value for s in snapshots}
@@ -146,9 +148,23 @@ async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     degraded = any(part.degraded for part in resilient)
     shared = "memory" if not isinstance(store, ResilientStore) else "degraded" if degraded else "ok"
     status = "draining" if _relay(request).draining else "ok" if ok else "unavailable"
+    residency = {
+        one["name"]: {
+            "awake": one["awake"],
+            "phase": one["phase"],
+            "last_switch": one["history"][0] if one["history"] else None,
+        }
+        for one in core.residency.view()
+    }
+    body = {
+        "status": status,
+        "backends": backends,
+        "circuits": circuits,
+        "warnings": warnings,
+        "state": shared,
+    }
     return Response(
-        {"status": status, "backends": backends, "circuits": circuits, "warnings": warnings, "state": shared},
-        status_code=200 if status == "ok" else 503,
+        body | ({"residency": residency} if residency else {}), status_code=200 if status == "ok" else 503
     )
 
 

@@ -29,11 +29,13 @@ from gateway.key_limits.resilient import ResilientCounter
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.replicas import Replicas
+from gateway.residency import Residency, engine_switches, router_model_of
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.state import MemoryStore, StateStore
 from gateway.state.redis_store import RedisStore
 from gateway.state.resilient import ResilientStore
+from policies import EngineKind
 
 
 def backend_specs(settings: Settings, catalog: Catalog) -> list[BackendSpec]:
@@ -55,6 +57,9 @@ def backend_specs(settings: Settings, catalog: Catalog) -> list[BackendSpec]:
             circuit_cool_down_s=b.circuit.cool_down_s,
             circuit_max_cool_down_s=b.circuit.max_cool_down_s,
             deployments=catalog.deployments_on(b.id),
+            router_model=router_model_of(settings, b.id)
+            if b.kind is EngineKind.LLAMACPP and settings.residency_member(b.id) is not None
+            else None,
         )
         for b in settings.backends
     ]
@@ -128,6 +133,7 @@ class Core:
     access: Access
     metrics: Metrics
     lifecycle: Lifecycle
+    residency: Residency
 
 
 def build_core(
@@ -160,9 +166,22 @@ def build_core(
     )
     if record and settings.record.path is not None and settings.record.on_start:
         router.recorder = settings.record.recorder()
-    lifecycle = Lifecycle(fleet, catalog, router, retries=settings.limits.retries)
+    residency = Residency(settings.residency, engine_switches(settings, client, asyncio.sleep), fleet, clock)
+    router.asleep = residency.asleep
+    metrics = Metrics()
+    metrics.residency = residency.view
+    lifecycle = Lifecycle(fleet, catalog, router, retries=settings.limits.retries, residency=residency)
     return Core(
-        settings, clock, catalog, fleet, store, router, access_of(settings, clock), Metrics(), lifecycle
+        settings,
+        clock,
+        catalog,
+        fleet,
+        store,
+        router,
+        access_of(settings, clock),
+        metrics,
+        lifecycle,
+        residency,
     )
 
 
@@ -186,12 +205,14 @@ async def running_core(settings: Settings, clock: Clock = WALL) -> AsyncIterator
             asyncio.create_task(Replicas(core.router, core.fleet).run()),  # learned state and load
         ]
         await core.fleet.start()
+        background.append(asyncio.create_task(core.residency.reconcile()))  # routing avoids the asleep
         try:
             yield core
         finally:
             for task in background:
                 task.cancel()
             await core.lifecycle.warming.close()
+            await core.residency.stop()
             await core.fleet.stop()
             await core.access.close()
             if core.router.recorder is not None:

@@ -16,6 +16,7 @@ MOVES = {
     Reason.UNHEALTHY: "that backend is down",
     Reason.CIRCUIT_OPEN: "that backend's circuit is open",
     Reason.DRAINED: "an admin drained that backend",
+    Reason.ASLEEP: "another member of its residency set holds the GPUs",
     Reason.PINNED: "an admin pinned its model group to another member",
 }
 """Why a conversation must leave the backend it was on (the rejection of that backend), in words."""

@@ -26,6 +26,7 @@ from gateway.catalog import Catalog, max_output_tokens
 from gateway.completion import Completion, settle
 from gateway.errors import InvalidRequest, from_upstream
 from gateway.record import RequestRecord
+from gateway.residency import Residency
 from gateway.retry import after_failure, gave_up
 from gateway.routed import Routed
 from gateway.routing import Router
@@ -39,6 +40,7 @@ from policies.features import (
     request_features,
     with_shape,
 )
+from policies.types import Reason
 
 log = structlog.get_logger(__name__)
 
@@ -81,11 +83,21 @@ class Opened(msgspec.Struct, frozen=True):
 class Lifecycle:
     """Route, open and settle requests on one fleet, catalog and router (``gateway.core`` builds it)."""
 
-    def __init__(self, fleet: Fleet, catalog: Catalog, router: Router, *, retries: int) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        catalog: Catalog,
+        router: Router,
+        *,
+        retries: int,
+        residency: Residency | None = None,
+    ) -> None:
         self.fleet = fleet
         self.catalog = catalog
         self.router = router
         self.retries = retries
+        self.residency = residency
+        """The residency sets: a request whose backend a switch is waking waits for it (``wait``)."""
         self.warming = Warming(fleet, router)
         """The background warm-ups of llama.cpp slots the decisions ask for (``gateway.warming``)."""
 
@@ -124,6 +136,9 @@ class Lifecycle:
                         routed.features, routed.session, frozenset(excluded), routed.overflowed
                     )
                     routed = replace(again, output_capped=routed.output_capped)
+                if routed.decision.chosen is None and routed.residency_wait_s is None:
+                    routed = await self.wait(routed, frozenset(excluded))
+                    record.residency_wait_s = routed.residency_wait_s
                 decision = routed.decision
                 if decision.chosen is None:
                     raise gave_up(routed, last_error)
@@ -165,6 +180,19 @@ class Lifecycle:
         except UpstreamError as exc:
             raise from_upstream(exc) from exc
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    async def wait(self, routed: Routed, excluded: frozenset[str]) -> Routed:
+        """No backend could take the request, and a residency switch is waking one that could: wait
+        for it (at most the set's ``wait_s``) and route again, once; else ``routed`` as it is."""
+        asleep = [r.backend_id for r in routed.decision.rejected if r.reason is Reason.ASLEEP]
+        if self.residency is None or not self.residency.waking(asleep):
+            return routed
+        started = self.fleet.clock.monotonic()
+        await self.residency.wait_for(asleep)
+        waited = self.fleet.clock.monotonic() - started
+        log.info("residency.waited", backends=asleep, waited_s=round(waited, 3))
+        again = await self.router.decide(routed.features, routed.session, excluded, routed.overflowed)
+        return replace(again, output_capped=routed.output_capped, residency_wait_s=waited)
 
     async def _send(self, adapter: Adapter, upstream: UpstreamRequest) -> ResponseRelay:
         """Send, under the engine's watchdog (``backends.watchdog``: queued is waited for, hung is

@@ -71,6 +71,32 @@ class FleetCollector(Collector):
         yield from (up, health, running, waiting, kv, drained, circuit, trips, leases, slots)
 
 
+class ResidencyCollector(Collector):
+    """The residency sets at scrape time (``gateway.residency.Residency.view``): which member holds
+    the GPUs, whether a switch runs, and the switches made by how they ended."""
+
+    def __init__(self, sets: Callable[[], list[dict[str, Any]]]) -> None:
+        self._sets = sets
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        awake = GaugeMetricFamily(
+            "turnout_residency_awake", "1 for the member that holds the set's GPUs", labels=["set", "backend"]
+        )
+        switching = GaugeMetricFamily(
+            "turnout_residency_switching", "1 while a switch of the set runs", labels=["set"]
+        )
+        switches = CounterMetricFamily(
+            "turnout_residency_switches", "Switches of the set by how they ended", labels=["set", "result"]
+        )
+        for one in self._sets():
+            for member in one["members"]:
+                awake.add_metric([one["name"], member], 1.0 if member == one["awake"] else 0.0)
+            switching.add_metric([one["name"]], 0.0 if one["switch"] is None else 1.0)
+            for result, count in one["counts"].items():
+                switches.add_metric([one["name"], result], count)
+        yield from (awake, switching, switches)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -105,6 +131,13 @@ class Metrics:
             self.retries.labels(endpoint.value)
             self.disconnects.labels(endpoint.value)
         self.registry.register(FleetCollector(lambda: self._rows))
+        self.residency: Callable[[], list[dict[str, Any]]] = list
+        """The residency sets' view (``gateway.core`` sets it)."""
+        self.registry.register(ResidencyCollector(lambda: self.residency()))
+        self.residency_wait = Histogram(
+            "turnout_residency_wait_seconds", "What requests waited for a switch to wake their backend",
+            buckets=SECONDS, registry=self.registry,
+        )  # fmt: skip
         PAUSES.install()
         self.registry.register(GcCollector())
 
@@ -125,6 +158,8 @@ class Metrics:
             self.tokens.labels(backend, "prompt").inc(record.usage.prompt_tokens)
             self.tokens.labels(backend, "cached").inc(record.usage.cached_tokens or 0)
             self.tokens.labels(backend, "completion").inc(record.usage.completion_tokens)
+        if record.residency_wait_s is not None:
+            self.residency_wait.observe(record.residency_wait_s)
         if record.retries:
             self.retries.labels(record.endpoint).inc(record.retries)
         if record.status == CLIENT_CLOSED:

@@ -33,6 +33,7 @@ class RequestRecord:
     retries: int = 0
     error: str | None = None
     predicted_ttft: float | None = None  # the chosen candidate's, in seconds
+    residency_wait_s: float | None = None  # waited for a residency switch to wake its backend
     key: str | None = None  # the API key's name (never the key)
     ticket: Any = None  # the key's admission (gateway.access.Ticket), released when the request ends
     observer: Callable[[RequestRecord, float], None] | None = None  # the metrics, given the duration
@@ -71,6 +72,7 @@ class RequestRecord:
             completion_tokens=usage.completion_tokens if usage else None,
             cached_tokens=usage.cached_tokens if usage else None,
             retries=self.retries,
+            residency_wait_s=self.residency_wait_s,
             error=self.error,
             key=self.key,
         )

@@ -167,6 +167,8 @@ class Relay:
             headers["x-turnout-slot"] = str(decision.slot)
         if opened.routed.features.session_key is not None:
             headers["x-turnout-session-source"] = opened.routed.features.session_source.value
+        if opened.routed.residency_wait_s is not None:
+            headers["x-turnout-residency-wait"] = f"{opened.routed.residency_wait_s:.3f}"
         if opened.routed.output_capped is not None:
             asked, limit = opened.routed.output_capped
             headers["x-turnout-output-capped"] = f"{asked} -> {limit}"

@@ -25,6 +25,8 @@ class Routed(msgspec.Struct, frozen=True):
     the session where it is proven to continue."""
     output_capped: tuple[int, int] | None = None
     """The output limit the request asked for and the model's it was lowered to, where it asked more."""
+    residency_wait_s: float | None = None
+    """How long the request waited for a residency switch to wake its backend (``gateway.residency``)."""
 
 
 def engine_counted(routed: Routed, error: UpstreamStatusError) -> Routed:

@@ -10,7 +10,7 @@ slot. What a finished request teaches comes back through the completion pipeline
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -116,6 +116,8 @@ class Router:
         """What this replica learned from its own outcomes (what it shares with the others)."""
         self.drained: frozenset[str] = frozenset()
         """Backends an admin drained: routing sends them no new requests (in-flight ones finish)."""
+        self.asleep: Callable[[], Mapping[str, str]] = lambda: MappingProxyType({})
+        """Residency members that do not hold the GPUs now, and why (``gateway.residency``)."""
         self.pins: dict[str, str] = {}
         """Model groups an admin pinned to one member: group -> member."""
         self._sequence = itertools.count()
@@ -268,6 +270,7 @@ class Router:
             matches=matches,
             lease_idle_s=self.lease_idle_s,
             drained=self.drained,
+            asleep=self.asleep(),
             pins=MappingProxyType(dict(self.pins)),
             live_sessions=self.live.count(self.clock.time()),
             homes=self.homes.counts(now, excluding=session.key if session is not None else None),

@@ -26,6 +26,9 @@ from gateway.settings_fleet import ModelConfig as ModelConfig
 from gateway.settings_fleet import SimulatorConfig as SimulatorConfig
 from gateway.settings_fleet import StrictModel
 from gateway.settings_fleet import Timeouts as Timeouts
+from gateway.settings_residency import ResidencyConfig as ResidencyConfig
+from gateway.settings_residency import ResidencyMember as ResidencyMember
+from gateway.settings_residency import check_residency
 from gateway.traffic import TrafficRecorder
 from policies import BUILTIN_PROFILES, Profile, ProfileError, build_profile
 from policies.engine_profile import EngineProfile
@@ -210,6 +213,8 @@ class Settings(BaseSettings):
     models: tuple[ModelConfig, ...] = ()
     groups: tuple[GroupConfig, ...] = ()
     """Model groups (docs/routing.md): a name clients ask for, over several models."""
+    residency: tuple[ResidencyConfig, ...] = ()
+    """Deployments that share the GPUs, one awake at a time (docs/residency.md)."""
 
     @classmethod
     def settings_customise_sources(
@@ -301,7 +306,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"groups.{group.name}: default {group.default!r} is not one of its members")
             if len(set(group.members)) != len(group.members):
                 raise ValueError(f"groups.{group.name}: a member is listed twice")
+        check_residency(self.residency, self.backends)
         return self
+
+    def residency_member(self, backend_id: str) -> ResidencyMember | None:
+        """The residency member that ``backend_id`` is, if any."""
+        return next((m for s in self.residency for m in s.members if m.backend == backend_id), None)
 
     def engine_profiles(self) -> dict[str, EngineProfile]:
         """The engine profile of each backend that names one, by backend id."""

@@ -26,6 +26,9 @@ class RoutingContext(msgspec.Struct, frozen=True):
     matches: Mapping[str, PrefixMatch] = msgspec.field(default_factory=lambda: MappingProxyType({}))
     lease_idle_s: float = DEFAULT_LEASE_IDLE_S
     drained: frozenset[str] = frozenset()  # backends an admin drained: no new requests
+    asleep: Mapping[str, str] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    """Backend -> why it cannot take a request now: a member of a residency set that is not awake
+    (asleep, or being freed or woken by a switch: ``gateway.residency``)."""
     live_sessions: int = 0  # sessions that sent a turn within ``lease_idle_s``, this one included
     homes: Mapping[str, int] = msgspec.field(default_factory=lambda: MappingProxyType({}))
     """Backend -> the other active sessions at home there: a turn in flight there, or one that ended

@@ -35,6 +35,19 @@ def not_drained(
     return [(d, s) for d, s in candidates if s.backend_id not in context.drained], dropped
 
 
+def awake(
+    features: RequestFeatures, candidates: Sequence[Candidate], context: RoutingContext
+) -> FilterResult:
+    """A member of a residency set that does not hold the GPUs now (asleep, or in a switch) gets no
+    requests: a sleeping vLLM fails them, an unloaded llama-server model has nothing to answer with."""
+    dropped = [
+        Rejection(s.backend_id, Reason.ASLEEP, context.asleep[s.backend_id])
+        for _, s in candidates
+        if s.backend_id in context.asleep
+    ]
+    return [(d, s) for d, s in candidates if s.backend_id not in context.asleep], dropped
+
+
 def above_size_floor(
     features: RequestFeatures, candidates: Sequence[Candidate], context: RoutingContext
 ) -> FilterResult:
@@ -96,7 +109,7 @@ def keeps_model(
     return own, others
 
 
-BEFORE_PROFILE: tuple[tuple[str, Stage], ...] = (("not-drained", not_drained),)
+BEFORE_PROFILE: tuple[tuple[str, Stage], ...] = (("not-drained", not_drained), ("awake", awake))
 """Stages before the profile's filters."""
 AFTER_PROFILE: tuple[tuple[str, Stage], ...] = (
     ("size-floor", above_size_floor),

@@ -62,6 +62,7 @@ class Reason(StrEnum):
     UNHEALTHY = "backend-unhealthy"
     CONTEXT_TOO_LONG = "context-too-long"
     DRAINED = "drained"
+    ASLEEP = "asleep"  # its residency set holds another member awake on the GPUs (policies.stages)
     CIRCUIT_OPEN = "circuit-open"
     OUTPUT_WOULD_BE_CUT = "output-would-be-cut"
     UNSUPPORTED = "unsupported-by-engine"

@@ -1,8 +1,8 @@
 """The admin dashboard's JSON under ``/admin/api/`` (``api_router``): the data the pages show, for
 their live parts and for scripts (``Authorization: Bearer <token>``), and the admin's actions (switch
-the profile, drain a backend, pin a group's member, release a session's slots, start or stop
-recording, run a what-if), each behind a CSRF token from a browser. The guard ``logged_in`` lets in
-a browser's session cookie or the admin token.
+the profile, drain a backend, pin a group's member, switch a residency set's GPUs, release a
+session's slots, start or stop recording, run a what-if), each behind a CSRF token from a browser.
+The guard ``logged_in`` lets in a browser's session cookie or the admin token.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from gateway.admin.responses import (
     identity_of,
     service_of,
 )
-from gateway.admin.service import DECISION_FILTERS, AdminError, UnknownGroup
-from gateway.api.service import AdminPin, AdminProfile, WhatIfEdits
+from gateway.admin.service import DECISION_FILTERS, AdminError, ResidencyBusy, UnknownGroup
+from gateway.api.service import AdminPin, AdminProfile, AdminWake, WhatIfEdits
 from gateway.disconnect import ClientDisconnected, DisconnectWatch
 
 JSON = "application/json"
@@ -283,6 +283,33 @@ async def api_pin(
     return _json(service_of(state).policy())
 
 
+@get("/residency")
+async def api_residency(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """The residency sets: members, which one holds the GPUs, the switch running (its phase and
+    steps) and the last switches with each step's seconds."""
+    return _json({"object": "list", "data": service_of(state).core.residency.view()})
+
+
+@post("/residency/{name:str}", status_code=202)
+async def api_switch_residency(
+    request: Request[Any, Any, Any], state: State, name: Annotated[str, PathParameter()]
+) -> Response[bytes]:
+    """``{"wake": "<backend>"}``: move the set's GPUs to that member (drain, free, wake, probe; runs in
+    the background: follow it at ``GET /admin/api/residency``). 202 with the switch; 404 for an
+    unknown set or member, 409 while another switch of the set runs."""
+    actor = _actor(request, state)
+    if isinstance(actor, Response):
+        return actor
+    try:
+        target = msgspec.json.decode(await request.body(), type=AdminWake).wake
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return _api_error(400, 'send {"wake": "<backend id>"}')
+    try:
+        return _json(service_of(state).switch_residency(name, target, actor), 202)
+    except AdminError as exc:
+        return _api_error(409 if isinstance(exc, ResidencyBusy) else 404, str(exc))
+
+
 @post("/record/{action:str}", status_code=200)
 async def api_record(
     request: Request[Any, Any, Any], state: State, action: Annotated[str, PathParameter()]
@@ -305,6 +332,7 @@ api_router = Router(
     route_handlers=[
         api_overview, api_bought, api_decisions, api_decision, api_predictions, api_slots, api_sessions,
         api_session, api_release, api_series, api_whatif_form, api_whatif,
-        api_keys, api_policy, api_switch_profile, api_drain, api_pin, api_record,
+        api_keys, api_policy, api_switch_profile, api_drain, api_pin, api_record, api_residency,
+        api_switch_residency,
     ],
 )  # fmt: skip

@@ -1,11 +1,13 @@
 """What the admin pages do: the few actions (switch profile, drain and undrain a backend, pin a model
-group to one member, start and stop recording, release a session's slot), each written to an audit
+group to one member, switch a residency set's GPUs, start and stop recording, release a session's
+slot), each written to an audit
 log, and the live policy shared with the other replicas. What they show is ``AdminReads``
 (``gateway.admin.reads``)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import structlog
 
@@ -13,6 +15,7 @@ from gateway.admin.auth import Identity
 from gateway.admin.reads import DECISION_FILTERS as DECISION_FILTERS
 from gateway.admin.reads import AdminReads, AuditEvent
 from gateway.decisions import session_shown
+from gateway.residency import SwitchBusy, UnknownMember
 
 log = structlog.get_logger(__name__)
 
@@ -25,6 +28,14 @@ class AdminError(ValueError):
 
 class UnknownGroup(AdminError):
     """A pin of a model group that is not configured."""
+
+
+class UnknownResidency(AdminError):
+    """A switch of a residency set, or to a member, that is not configured."""
+
+
+class ResidencyBusy(AdminError):
+    """A switch of that residency set is already running."""
 
 
 class AdminService(AdminReads):
@@ -72,6 +83,18 @@ class AdminService(AdminReads):
             router.pins[group] = member
         self._record(identity, "pin" if member else "unpin", f"{group} -> {member}" if member else group)
         await self._share()
+
+    def switch_residency(self, name: str, target: str, identity: Identity) -> dict[str, Any]:
+        """Start moving residency set ``name``'s GPUs to ``target`` (``gateway.residency``); the
+        switch's record, as it starts."""
+        try:
+            switch = self.core.residency.start(name, target, identity.who)
+        except UnknownMember as exc:
+            raise UnknownResidency(str(exc)) from exc
+        except SwitchBusy as exc:
+            raise ResidencyBusy(str(exc)) from exc
+        self._record(identity, "residency-switch", f"{name}: {switch.source} -> {target}")
+        return switch.view()
 
     def record(self, on: bool, identity: Identity) -> None:
         """Start or stop writing answered requests to ``record.path`` (this replica's own file)."""

@@ -248,6 +248,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("post", "/admin/api/record/{action}"): _admin(dict[str, Any], 400, 403, 404),
     ("post", "/admin/api/groups/{group}/{action}"):
         _admin(dict[str, Any], 400, 403, 404, request=service.AdminPin),
+    ("get", "/admin/api/residency"): _admin(service.AdminList),
+    ("post", "/admin/api/residency/{name}"):
+        _admin(dict[str, Any], 400, 403, 404, 409, request=service.AdminWake),
 }  # fmt: skip
 """Every operation the document describes; :func:`complete` fails on one litestar does not know."""
 

@@ -78,6 +78,13 @@ class Health(Struct):
         dict[str, Literal["closed", "open", "half-open"]],
         Meta(description="each backend's circuit breaker (docs/reliability.md)"),
     ]
+    warnings: dict[str, list[str]] = {}
+    residency: Annotated[
+        dict[str, dict[str, Any]],
+        Meta(
+            description="per residency set: the member awake, the phase, the last switch (docs/residency.md)"
+        ),
+    ] = {}
 
 
 class AdminList(Struct):
@@ -91,6 +98,12 @@ class AdminProfile(Struct):
 
 class AdminPin(Struct):
     member: str
+
+
+class AdminWake(Struct, forbid_unknown_fields=True):
+    """A residency switch (``POST /admin/api/residency/{set}``): the member to give the GPUs to."""
+
+    wake: str
 
 
 class WhatIfEdits(Struct, forbid_unknown_fields=True):

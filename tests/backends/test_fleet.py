@@ -244,6 +244,23 @@ def test_an_engine_back_after_being_down_may_have_restarted(fleet: Fleet) -> Non
     assert fleet.generations["llama"] == 1
 
 
+def test_an_engine_resumed_with_its_slots_restored_is_remembered(fleet: Fleet) -> None:
+    """A residency switch that restored a llama-server model's slots (``Fleet.resume``): the new
+    process's counters and its time unloaded are no restart; once only. ``forget``: a vLLM sleep
+    emptied the cache, as a restart would."""
+    llama = fleet.snapshots()[0]
+    fleet.observe(replace(llama, work_done=5000.0, taken_at=NOW))
+    fleet.report_failure("llama", "llama-q27 is unloaded (llama-server router mode)")
+    fleet.resume("llama")
+    fleet.observe(replace(llama, health=Health.READY, work_done=12.0, taken_at=NOW))
+    assert fleet.generations["llama"] == 0
+    fleet.report_failure("llama", "unloaded again, not resumed")
+    fleet.observe(replace(llama, health=Health.READY, taken_at=NOW))
+    assert fleet.generations["llama"] == 1
+    fleet.forget("vllm", "slept")
+    assert fleet.generations == {"llama": 1, "vllm": 1}
+
+
 def test_the_first_probes_are_no_restart() -> None:
     """Unknown, then loading, then ready: an engine starting, not restarting."""
     fleet = Fleet([BackendSpec("llama", EngineKind.LLAMACPP, "http://127.0.0.1:9")], httpx.AsyncClient())

@@ -180,6 +180,22 @@ class TestGroups:
         assert decision.chosen is None
         assert {r.reason for r in decision.rejected} == {Reason.UNHEALTHY, Reason.PINNED}
 
+    def test_a_residency_member_that_is_not_awake_gets_nothing(self) -> None:
+        """``RoutingContext.asleep``: a member of a residency set without the GPUs is dropped, with why;
+        with none awake the request has no candidate."""
+        why = "asleep: residency set 'cards' holds b awake"
+        context = RoutingContext(asleep={"a": why})
+        decision = route(features(), [snapshot("a"), snapshot("b", running=9)], PROFILE, 0.0, context)
+        assert decision.chosen is not None
+        assert decision.chosen.backend_id == "b"
+        assert [(r.backend_id, r.reason, r.detail) for r in decision.rejected] == [("a", Reason.ASLEEP, why)]
+        awake = route(features(), [snapshot("a"), snapshot("b", running=9)], PROFILE, 0.0)
+        assert awake.chosen is not None
+        assert awake.chosen.backend_id == "a"
+        none = route(features(), [snapshot("a")], PROFILE, 0.0, context)
+        assert none.chosen is None
+        assert none.reason is Reason.NO_CANDIDATE
+
     def test_a_pin_of_another_group_or_a_plain_model_changes_nothing(self) -> None:
         context = RoutingContext(pins={"other": "large", "m": "large"})
         decision = route(group(), members(a_running=0, b_running=9), PROFILE, 0.0, context)

@@ -21,7 +21,9 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_the_built_in_stages_run_around_the_profile_s_filters_in_order() -> None:
     names = [name for name, _ in stages(("healthy", "context-fits"))]
-    assert names == ["not-drained", "healthy", "context-fits", "size-floor", "pinned-member", "keeps-model"]
+    assert names == [
+        "not-drained", "awake", "healthy", "context-fits", "size-floor", "pinned-member", "keeps-model"
+    ]  # fmt: skip
 
 
 def test_a_profile_names_its_picker_and_an_unknown_one_is_refused() -> None:

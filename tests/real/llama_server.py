@@ -237,3 +237,24 @@ def twin_sim_config(slot_ctx: int, slots: int = 2, **overrides: Any) -> SimConfi
         "time_scale": 0.001,
     }
     return SimConfig(**(config | overrides))
+
+
+class LlamaRouterServer(LlamaServer):
+    """``llama-server`` in router mode over ``model`` (a folder of GGUFs, each a model by its file's
+    stem): one loaded at a time (``--models-max 1``), none loaded by a request
+    (``--no-models-autoload``), slots saved to ``slot_dir``. Every other flag goes to the instances."""
+
+    def __init__(self, binary: Path, models_dir: Path, *, slot_dir: Path, **kwargs: Any) -> None:
+        super().__init__(binary, models_dir, **kwargs)
+        self.slot_dir = slot_dir
+
+    @property
+    def args(self) -> list[str]:
+        single = super().args
+        drop = {"-m", "--alias"}
+        kept = [a for i, a in enumerate(single) if a not in drop and (i == 0 or single[i - 1] not in drop)]
+        return [
+            *kept,
+            "--models-dir", str(self.model), "--models-max", "1", "--no-models-autoload",
+            "--slot-save-path", str(self.slot_dir),
+        ]  # fmt: skip
