@@ -8,10 +8,11 @@ talk to engines (``gateway.residency`` drains, orders and probes around them).
   {"method": "reload_weights"}``) and then the KV cache (``?tags=``). ``GET /is_sleeping`` says which.
   A sleeping vLLM must get no request: vLLM 0.25 has no answer for one (issue vllm-project/vllm#15483).
 * :class:`LlamaRouterModel`: one model of a llama-server in router mode (``--models-max``,
-  ``--no-models-autoload``). ``free`` saves the slots that hold a conversation (``POST
-  /slots/N?action=save``, needs ``--slot-save-path``) and unloads the model (``POST /models/unload``);
-  ``wake`` loads it (``POST /models/load``), waits until ``GET /models`` says ``loaded`` and restores
-  the slots it saved. A load that fails (``"failed": true``, an exit code) raises.
+  ``--no-models-autoload``). ``free`` saves its slots (``POST /slots/N?action=save``, needs
+  ``--slot-save-path``) and unloads the model (``POST /models/unload``); ``wake`` loads it (``POST
+  /models/load``), waits until ``GET /models`` says ``loaded`` and restores the slots that held tokens
+  (a restored slot has no checkpoints: its next turn must extend what it held). A load that fails
+  (``"failed": true``, an exit code) raises.
 
 Every failure is a :class:`SwitchError` that says which engine, which step and what it answered.
 """
@@ -171,16 +172,16 @@ class LlamaRouterModel(_Http):
         await self._until("free", "unloaded")
 
     async def _save_slots(self) -> list[int]:
+        """Save every slot (one restored and not used since says nothing of what it holds in
+        ``/slots``); the ones that held tokens are restored by the next wake."""
         slots = await self.call("free", "GET", f"/slots?model={self.model}")
         saved = []
         for slot in slots if isinstance(slots, list) else ():
-            held = slot.get("n_prompt_tokens") or len(slot.get("prompt", "") or "")
-            if not held:
-                continue
             sid = int(slot["id"])
             body = {"model": self.model, "filename": self._file(sid)}
-            await self.call("free", "POST", f"/slots/{sid}?action=save", body)
-            saved.append(sid)
+            answer = await self.call("free", "POST", f"/slots/{sid}?action=save", body)
+            if isinstance(answer, dict) and answer.get("n_saved"):
+                saved.append(sid)
         return saved
 
     async def wake(self) -> None:

@@ -16,6 +16,7 @@ from backends.sim.engine_base import BatchEngine
 from backends.sim.engines import create_engine
 from backends.sim.http_common import json_response
 from backends.sim.llama_engine import LlamaEngine
+from backends.sim.llama_slot_files import slot_action
 from backends.sim.vllm_sleep import SLEEP_HANDLERS
 from backends.sim.whatif import sim_whatif
 
@@ -49,6 +50,7 @@ def create_sim_app(config: SimConfig) -> Litestar:
     engine = create_engine(config)
     if isinstance(engine, LlamaEngine):
         handlers, before, not_found = _LLAMA_HANDLERS, llama_app.before_request, llama_app.not_found
+        handlers = (*handlers, slot_action)
     else:
         handlers, before, not_found = _VLLM_HANDLERS, vllm_app.before_request, vllm_app.not_found
         if config.enable_sleep_mode:

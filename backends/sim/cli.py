@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size", type=int, default=0, help="a hybrid's prefix-cache block (0: the profile's, else 256)"
     )
     parser.add_argument("--api-key", default=None)
+    parser.add_argument("--slot-save-path", default=None, help="llama.cpp: where slot files are saved")
     parser.add_argument(
         "--enable-sleep-mode",
         action="store_true",
@@ -115,6 +116,7 @@ def parse_args(argv: list[str]) -> ServeOptions:
         api_key=ns.api_key,
         load_seconds=ns.load_seconds,
         enable_sleep_mode=ns.enable_sleep_mode,
+        slot_save_path=ns.slot_save_path,
         seed=ns.seed,
         tool_calls=ns.tool_calls,
         cache_ram_mib=ns.cache_ram,

@@ -68,6 +68,9 @@ class SimConfig:
     """Decode step time = (1 / decode_tok_s) * (1 + batch_slowdown * (n_running - 1))."""
     time_scale: float = 1.0
     api_key: str | None = None
+    slot_save_path: str | None = None
+    """llama.cpp ``--slot-save-path``: where ``POST /slots/N?action=save|restore`` write and read
+    (``backends.sim.llama_slot_files``); unset: those actions are refused (501)."""
     enable_sleep_mode: bool = False
     """vLLM ``--enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1``: ``/sleep``, ``/wake_up``,
     ``/collective_rpc`` and ``/is_sleeping`` (``backends.sim.vllm_sleep``)."""

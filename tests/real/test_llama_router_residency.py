@@ -1,18 +1,21 @@
-"""A residency switch through ``turnout serve`` on the real llama-server in router mode (the pinned build,
-the tiny qwen35 GGUF under two names): the GPUs go from one model to the other and back, a session's
-slot is saved before the unload and restored after the load, so its next turn is still warm
-(issue #62 items 1 and 2; docs/residency.md)."""
+"""A residency switch through ``turnout serve`` on llama-server in router mode, the real one (the pinned
+build, the tiny qwen35 GGUF under two names) and the simulator's: the GPUs go from one model to the
+other and back, a session's slot is saved before the unload and restored after the load, so its next
+turn is still warm (issue #62 items 1 and 2; docs/residency.md)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from backends.sim import SimConfig
+from backends.sim.llama_router import create_router_app
 from gateway.app import create_app
 from gateway.settings import load_settings
 from tests.real.llama_server import LlamaRouterServer
@@ -21,20 +24,34 @@ from tests.servers import ADMIN, serve
 SESSION = {"x-session-id": "router-agent"}
 
 
-@pytest.fixture
-def router(llama_binary: Path, qwen35_gguf: Path, tmp_path: Path) -> Iterator[LlamaRouterServer]:
+@dataclass
+class Router:
+    base_url: str
+    slot_dir: Path
+
+
+@pytest.fixture(params=["sim", "real"])
+def router(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Router]:
+    """The router: the simulator's (``backends.sim.llama_router``) or the real llama-server's, each
+    over the models ``q27`` and ``flash``; the same test pins the simulator to the real thing."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    if request.param == "sim":
+        config = SimConfig(kind="llamacpp", slots=2, time_scale=0.002, slot_save_path=str(slots))
+        app = create_router_app({n: replace(config, model=n) for n in ("q27", "flash")})
+        with serve(app) as server:
+            yield Router(server.url, slots)
+        return
+    binary, gguf = request.getfixturevalue("llama_binary"), request.getfixturevalue("qwen35_gguf")
     models = tmp_path / "models"
     models.mkdir()
-    (tmp_path / "slots").mkdir()
     for name in ("q27", "flash"):  # one GGUF under two names: two models of the router
-        (models / f"{name}.gguf").symlink_to(qwen35_gguf)
-    server = LlamaRouterServer(
-        llama_binary, models, slot_dir=tmp_path / "slots", log_path=tmp_path / "router.log"
-    ).start()
+        (models / f"{name}.gguf").symlink_to(gguf)
+    real = LlamaRouterServer(binary, models, slot_dir=slots, log_path=tmp_path / "router.log").start()
     try:
-        yield server
+        yield Router(real.base_url, slots)
     finally:
-        server.stop()
+        real.stop()
 
 
 def status(url: str, model: str) -> str:
@@ -69,9 +86,7 @@ def chat(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> ht
     return client.post("/v1/chat/completions", json=body, headers=SESSION)
 
 
-def test_a_switch_in_router_mode_unloads_loads_and_keeps_the_session_warm(
-    router: LlamaRouterServer, tmp_path: Path
-) -> None:
+def test_a_switch_in_router_mode_unloads_loads_and_keeps_the_session_warm(router: Router) -> None:
     engine = {"url": router.base_url, "kind": "llamacpp", "probe_interval_s": 0.2, "timeouts": {"probe": 10}}
     settings = load_settings(
         None,
@@ -102,7 +117,7 @@ def test_a_switch_in_router_mode_unloads_loads_and_keeps_the_session_warm(
         assert set(there["steps_s"]) == {"drain", "free", "wake", "probe"}
         assert status(router.base_url, "q27") == "unloaded"
         assert status(router.base_url, "flash") == "loaded"
-        assert list((tmp_path / "slots").iterdir())  # the session's slot, saved before the unload
+        assert list(router.slot_dir.iterdir())  # the session's slot, saved before the unload
         asleep = chat(client, "q27", first)
         assert asleep.status_code == 503
         assert "asleep: residency set 'cards' holds llama-flash awake" in asleep.json()["error"]["message"]
@@ -118,3 +133,38 @@ def test_a_switch_in_router_mode_unloads_loads_and_keeps_the_session_warm(
         usage = two.json()["usage"]
     # the restored slot held the whole first turn: its prompt and answer are reused
     assert usage["prompt_tokens_details"]["cached_tokens"] >= one.json()["usage"]["prompt_tokens"]
+
+
+def test_the_router_answers_as_llama_server_does(router: Router) -> None:
+    """The router's own answers, and its errors, the same from the simulator as from the real one."""
+    url = router.base_url
+    with httpx.Client(base_url=url, timeout=60) as client:
+        assert {e["id"]: e["status"]["value"] for e in client.get("/models").json()["data"]} == {
+            "q27": "unloaded",
+            "flash": "unloaded",
+        }
+
+        def refused(path: str, body: dict[str, Any], status: int = 400) -> str:
+            answer = client.post(path, json=body)
+            assert answer.status_code == status, answer.text
+            return str(answer.json()["error"]["message"])
+
+        assert refused("/v1/completions", {"prompt": "x"}) == "model name is missing from the request"
+        assert refused("/v1/completions", {"model": "nope", "prompt": "x"}) == "model 'nope' not found"
+        assert refused("/v1/completions", {"model": "q27", "prompt": "x"}) == "model is not loaded"
+        assert refused("/models/unload", {"model": "q27"}) == "model is not running"
+        assert refused("/models/load", {"model": "nope"}, 404) == "File Not Found"
+        assert refused("/models/unload", {"model": "nope"}) == "model is not found"
+        assert client.post("/models/load", json={"model": "q27"}).json() == {"success": True}
+        until(lambda: status(url, "q27") == "loaded")
+        assert refused("/models/load", {"model": "q27"}) == "model is already running"
+        assert client.post("/models/load", json={"model": "flash"}).json() == {"success": True}
+        until(lambda: status(url, "flash") == "loaded")  # --models-max 1: the other one makes room
+        assert status(url, "q27") == "unloaded"
+        slot = "/slots/0?action="
+        assert refused(slot + "save", {"model": "flash", "filename": "../x.bin"}) == "Invalid filename"
+        assert refused(slot + "nope", {"model": "flash", "filename": "a.bin"}) == "Invalid action"
+        missing = refused(slot + "restore", {"model": "flash", "filename": "missing.bin"})
+        assert missing.startswith("Unable to restore slot")
+        saved = client.post(slot + "save", json={"model": "flash", "filename": "empty.bin"}).json()
+        assert (saved["n_saved"], saved["filename"]) == (0, "empty.bin")
