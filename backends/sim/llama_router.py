@@ -7,7 +7,8 @@ instance (the real one starts a child process per model) and requests routed by 
   or ``loaded``; ``POST /models/load`` / ``/models/unload`` ``{"model": ...}`` (400 for a model already
   running or not running; loading an unknown one: 404 ``File Not Found``). A load takes ``load_s``
   and an unload ``unload_s`` (measured on the H100: Q8_0 of the 27B's shape 5.0-5.5 s and 0.26-0.31 s,
-  docs/calibrate.md), times the instance's ``time_scale``. Loading past ``models_max`` unloads the least recently used.
+  docs/calibrate.md), times the instance's ``time_scale``. Loading past ``models_max`` unloads the
+  least recently used.
 * ``GET /health``: the router's own; ``GET /props`` without ``?model=``: the router's role.
 * Every other path goes to the model's instance: a POST by its body's ``model``, a GET by
   ``?model=``; without one 400 ``model name is missing from the request``, an unknown one 400
