@@ -103,7 +103,8 @@ class Lifecycle:
 
     async def route(self, body: dict[str, Any], endpoint: Endpoint, headers: Mapping[str, str]) -> Routed:
         """Resolve the model (an unset output limit gets the model's), read the request's features,
-        and route it (``Router.route``: session, counting near a window, the decision)."""
+        and route it (``Router.route``: session, counting near a window, the decision); with no
+        candidate while a residency switch wakes one, wait for it (``wait``)."""
         model = self.catalog.resolve(body["model"])
         ceiling = max_output_tokens(model, self.catalog.window(model, self.fleet.snapshots()))
         asked = max(
@@ -118,6 +119,8 @@ class Lifecycle:
         except FeatureError as exc:
             raise InvalidRequest(str(exc), param=exc.param) from exc
         routed = await self.router.route(features, body)
+        if routed.decision.chosen is None:  # a residency switch may be waking a backend for it
+            routed = await self.wait(routed, frozenset())
         if asked > ceiling and capped:
             routed = replace(routed, output_capped=(asked, ceiling))
         return routed
@@ -137,8 +140,8 @@ class Lifecycle:
                     )
                     routed = replace(again, output_capped=routed.output_capped)
                 if routed.decision.chosen is None and routed.residency_wait_s is None:
-                    routed = await self.wait(routed, frozenset(excluded))
-                    record.residency_wait_s = routed.residency_wait_s
+                    routed = await self.wait(routed, frozenset(excluded))  # a re-route, after a failure
+                record.residency_wait_s = routed.residency_wait_s
                 decision = routed.decision
                 if decision.chosen is None:
                     raise gave_up(routed, last_error)

@@ -180,6 +180,7 @@ class Exchange:
             routed = await core.lifecycle.route(body, endpoint, self.headers)
             self.routed, record.model = routed, routed.features.model
             routed = self.routed = await self._within_subset(routed)
+            record.residency_wait_s = routed.residency_wait_s
             decision = routed.decision
             if decision.chosen is None:
                 refusal = gave_up(routed, None)

@@ -133,3 +133,68 @@ def test_an_admin_token_is_required_off_loopback(monkeypatch: pytest.MonkeyPatch
     assert load_settings(None, host="::1").admin.token is None
     assert load_settings(None, host="0.0.0.0", admin={"token": "t"}).admin.token is not None
     assert not load_settings(None, host="0.0.0.0", admin={"enabled": False}).admin.enabled
+
+
+RESIDENCY = (
+    GOOD
+    + """
+[[backends]]
+id = "l"
+kind = "llamacpp"
+url = "http://127.0.0.1:10"
+
+[[backends]]
+id = "o"
+kind = "openai"
+url = "http://127.0.0.1:11"
+
+[[residency]]
+name = "cards"
+awake = "l"
+  [[residency.members]]
+  backend = "v"
+  sleep_level = 2
+  [[residency.members]]
+  backend = "l"
+  router_model = "q27"
+"""
+)
+
+
+def test_a_residency_set_names_its_members_and_how_they_sleep(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, RESIDENCY))
+    (cards,) = settings.residency
+    assert (cards.first_awake, cards.wait_s, cards.drain_s) == ("l", 30.0, 600.0)
+    member = settings.residency_member("v")
+    assert member is not None
+    assert member.sleep_level == 2
+    assert settings.residency_member("o") is None
+    assert (
+        load_settings(write(tmp_path, RESIDENCY.replace('awake = "l"\n', ""))).residency[0].first_awake == "v"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('backend = "v"\n  sleep', 'backend = "x"\n  sleep'), "residency.cards: unknown backend 'x'"),
+        (('backend = "v"\n  sleep', 'backend = "o"\n  sleep'), "'o' is openai: only vLLM .* and llama.cpp"),
+        (('backend = "l"\n  router', 'backend = "v"\n  router'), "residency.cards: a member is listed twice"),
+        (('awake = "l"', 'awake = "o"'), "awake 'o' is not one of its members"),
+        (("sleep_level = 2", "sleep_level = 3"), "sleep_level"),
+        (('name = "cards"', 'name = "my cards"'), "residency.0.name"),
+    ],
+)
+def test_a_bad_residency_set_is_refused_with_the_reason(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(write(tmp_path, RESIDENCY.replace(*change)))
+
+
+def test_a_backend_is_in_one_residency_set_at_most(tmp_path: Path) -> None:
+    members = "".join(f'  [[residency.members]]\n  backend = "{b}"\n' for b in ("v", "l"))
+    with pytest.raises(ConfigError, match="'v' is already in the set 'cards'"):
+        load_settings(write(tmp_path, RESIDENCY + f'\n[[residency]]\nname = "more"\n{members}'))
+    with pytest.raises(ConfigError, match="two sets have the same name"):
+        load_settings(write(tmp_path, RESIDENCY + f'\n[[residency]]\nname = "cards"\n{members}'))
