@@ -137,7 +137,7 @@ class AdminReads:
         entries = await self._log()
         now = self.core.router.clock.time()
         backends = []
-        in_flight = fleet.load()
+        in_flight, asleep = fleet.load(), router.asleep()
         for snapshot in fleet.snapshots():
             leases = {lease.slot: lease for lease in await router.store.leases(snapshot.backend_id)}
             slots = [
@@ -160,6 +160,7 @@ class AdminReads:
                     "error": snapshot.error,
                     "warnings": list(snapshot.warnings),
                     "drained": snapshot.backend_id in router.drained,
+                    "asleep": asleep.get(snapshot.backend_id),
                     "circuit": snapshot.circuit,
                     "models": [d.model for d in snapshot.deployments],
                     "running": snapshot.running,
@@ -333,6 +334,7 @@ class AdminReads:
                 }
                 for g in self.settings.groups
             ],
+            "residency": self.core.residency.view(),
             "audit": [asdict(e) for e in self.audit],
         }
 

@@ -31,6 +31,10 @@ class Residency:
     sims: dict[str, ServerThread]
     apps: dict[str, Any]
 
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.gateway.url, timeout=30)
 
@@ -49,6 +53,17 @@ def free_port() -> str:
 
 @pytest.fixture(scope="module")
 def cards() -> Iterator[Residency]:
+    running = start_cards()
+    try:
+        yield running
+    finally:
+        for server in (running.gateway, *running.sims.values()):
+            server.stop()
+
+
+def start_cards() -> Residency:
+    """Two sleep-mode vLLM simulators and an engine that never answers, in the residency set
+    ``cards`` (``vllm-a`` awake), behind a gateway."""
     sims, apps = {}, {}
     for name in ("vllm-a", "vllm-b"):
         config = SimConfig(
@@ -78,12 +93,7 @@ def cards() -> Iterator[Residency]:
             }
         ],
     )
-    gateway = ServerThread(create_app(settings)).start()
-    try:
-        yield Residency(gateway, sims, apps)
-    finally:
-        for server in (gateway, *sims.values()):
-            server.stop()
+    return Residency(ServerThread(create_app(settings)).start(), sims, apps)
 
 
 def ask(client: httpx.Client, words: int = 20, max_tokens: int = 4) -> httpx.Response:

@@ -74,6 +74,7 @@ function backendSection(b) {
   h2.appendChild(el("small", b.kind));
   h2.appendChild(el("span", b.health, "health " + b.health));
   if (b.drained) h2.appendChild(el("span", "drained", "health drained"));
+  if (b.asleep) { const s = el("span", b.asleep.split(":")[0], "health asleep"); s.title = b.asleep; h2.appendChild(s); }
   if (b.circuit !== "closed") h2.appendChild(el("span", "circuit " + b.circuit, "health down"));
   section.appendChild(h2);
   let line = "models: " + b.models.join(", ") + " · running " + b.running + " · waiting " + b.queued;
@@ -185,7 +186,7 @@ async function refreshCharts() {
   if (boxes.length) document.getElementById("charts").replaceChildren(...boxes);
 }
 
-// Policy: switch profile, drain and undrain, pin a model group.
+// Policy: switch profile, drain and undrain, pin a model group, switch a residency set's GPUs.
 function policyActions() {
   const message = document.getElementById("message");
   const act = async (path, payload) => {
@@ -204,6 +205,25 @@ function policyActions() {
   }
   for (const button of document.querySelectorAll("button.unpin")) {
     button.addEventListener("click", () => act(group(button) + "/unpin"));
+  }
+  for (const button of document.querySelectorAll("button.residency-switch")) {
+    const set = button.dataset.set;
+    const select = document.querySelector(`select.residency-target[data-set="${CSS.escape(set)}"]`);
+    const phase = button.parentElement.querySelector(".residency-phase");
+    button.addEventListener("click", async () => {
+      try {
+        await post("/admin/api/residency/" + encodeURIComponent(set), { wake: select.value });
+        button.disabled = true;
+        for (;;) {  // the switch runs in the background: show its phase until it ends
+          const sets = (await api("/admin/api/residency")).data;
+          const mine = sets.find((s) => s.name === set);
+          if (!mine || !mine.switch) break;
+          phase.textContent = mine.phase + "…";
+          await new Promise((done) => setTimeout(done, 500));
+        }
+        window.location.reload();
+      } catch (error) { message.textContent = error.message; button.disabled = false; }
+    });
   }
   const record = document.getElementById("record");
   if (record) {
