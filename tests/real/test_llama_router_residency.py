@@ -13,15 +13,20 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from backends.sim import SimConfig
 from backends.sim.llama_router import create_router_app
 from gateway.app import create_app
 from gateway.settings import load_settings
+from tests.deploy.compose_run import REPO, Substitution, command_line, mount, replace_text, substitute
+from tests.real.compose_services import ComposeLlama
+from tests.real.conftest import qwen35_model
 from tests.real.llama_server import LlamaRouterServer
 from tests.servers import ADMIN, serve
 
 SESSION = {"x-session-id": "router-agent"}
+ROUTER_OVERRIDE = yaml.safe_load((REPO / "deploy" / "residency" / "compose.yaml").read_text())
 
 
 @dataclass
@@ -168,3 +173,60 @@ def test_the_router_answers_as_llama_server_does(router: Router) -> None:
         assert missing.startswith("Unable to restore slot")
         saved = client.post(slot + "save", json={"model": "flash", "filename": "empty.bin"}).json()
         assert (saved["n_saved"], saved["filename"]) == (0, "empty.bin")
+
+
+def test_the_compose_router_service_loads_each_preset(llama_binary: Path, tmp_path: Path) -> None:
+    """deploy/residency/compose.yaml's llama-router, its command as Compose starts it and its presets as
+    written, on the real llama-server: each preset loads (its flags accepted), answers, and unloads.
+    Departures: a free loopback port, a temporary slot folder for the named volume, the presets' model
+    paths pointed at the test model, one thread (docs/deploy.md lists them)."""
+    service = ROUTER_OVERRIDE["services"]["llama-router"]
+    model = qwen35_model(context=32768)  # a slot's window is ctx-size 32768 over parallel 2
+    ini = tmp_path / "presets.ini"
+    written = (REPO / "deploy" / "residency" / "presets.ini").read_text()
+    ini.write_text(
+        replace_text(
+            written,
+            {
+                "/models/Qwen3.8-27B-Q4_K_M.gguf": str(model),
+                "/models/UD-Q4_K_XL/Qwen3.8-Flash-Next-UD-Q4_K_XL-00001-of-00003.gguf": str(model),
+            },
+        )
+    )
+    (tmp_path / "slots").mkdir()
+    env = {"MODELS_DIR": str(model.parent), "LLAMA_THREADS": "1"}
+
+    def argv_for(port: int) -> list[str]:
+        argv = mount(
+            command_line(service, env, image_entrypoint=[str(llama_binary)]), service["volumes"], env
+        )
+        return substitute(
+            argv,
+            (
+                Substitution("--host", "0.0.0.0", "127.0.0.1", "tests bind loopback only"),
+                Substitution("--port", "8081", str(port), "a free port"),
+                Substitution("--models-preset", str(REPO / "deploy/residency/presets.ini"), str(ini),
+                             "the presets' model paths point at the test model"),
+                Substitution("--slot-save-path", "/slots/", f"{tmp_path / 'slots'}/", "a named volume"),
+            ),
+        )  # fmt: skip
+
+    server = ComposeLlama(argv_for, log_path=tmp_path / "router.log")
+    server.start()
+    try:
+        url = server.base_url
+        with httpx.Client(base_url=url, timeout=120) as client:
+            names = {e["id"] for e in client.get("/models").json()["data"]}
+            assert names == {"qwen3.8-27b-gguf", "qwen3.8-flash-next-gpu"}
+            for name in sorted(names):
+                assert client.post("/models/load", json={"model": name}).json() == {"success": True}
+                until(lambda name=name: status(url, name) == "loaded")
+                answer = client.post(
+                    "/v1/completions", json={"model": name, "prompt": "hello", "max_tokens": 2}
+                )
+                assert answer.status_code == 200, answer.text
+                props = client.get("/props", params={"model": name}).json()
+                assert props["default_generation_settings"]["n_ctx"] == 16384  # ctx-size over parallel
+            assert sum(status(url, n) == "loaded" for n in names) == 1  # --models-max 1
+    finally:
+        server.stop()
