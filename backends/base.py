@@ -59,6 +59,8 @@ class BackendSpec:
     deployments: tuple[Deployment, ...] = ()
     router_model: str | None = None
     """llama-server in router mode: the model this backend is (its probes name it: ``?model=``)."""
+    sleeps: bool = False
+    """A member of a residency set (vLLM: its probe asks ``/is_sleeping``, asleep is down)."""
 
 
 class UpstreamRequest(msgspec.Struct, frozen=True):

@@ -55,8 +55,11 @@ class EngineSwitch(Protocol):
     async def awake(self) -> bool | None:
         """Whether the engine holds its weights now (None: it cannot say)."""
 
+    def keeps(self) -> bool:
+        """Whether a free keeps what the engine held, for the next wake to bring back."""
+
     def restores(self) -> bool:
-        """Whether the next wake brings back what the engine held before its last free."""
+        """Whether the last wake brought back all that the free before it kept."""
 
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -119,8 +122,11 @@ class VllmSleep(_Http):
         await self.call("wake", "POST", "/collective_rpc", {"method": "reload_weights"})
         await self.call("wake", "POST", "/wake_up?tags=kv_cache")
 
-    def restores(self) -> bool:
+    def keeps(self) -> bool:
         return False  # any sleep empties vLLM's prefix cache
+
+    def restores(self) -> bool:
+        return False
 
     async def awake(self) -> bool | None:
         answer = await self.call("state", "GET", "/is_sleeping")
@@ -137,6 +143,10 @@ class LlamaRouterModel(_Http):
     save_slots: bool = False
     saved: list[int] = field(default_factory=list)
     """The slots the last ``free`` saved, restored by the next ``wake``."""
+    restored: list[int] = field(default_factory=list)
+    """The slots the last ``wake`` restored."""
+    lost: list[str] = field(default_factory=list)
+    """The slots the last ``wake`` could not restore, and why (the switch goes on without them)."""
 
     def _file(self, slot: int) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.model)
@@ -145,11 +155,17 @@ class LlamaRouterModel(_Http):
     async def status(self) -> tuple[str, Mapping[str, Any]]:
         """The model's status in ``GET /models`` (``loaded``, ``loading``, ``unloaded``, ...)."""
         answer = await self.call("state", "GET", "/models")
-        for entry in answer.get("data", ()) if isinstance(answer, dict) else ():
-            if entry.get("id") == self.model or self.model in entry.get("aliases", ()):
-                status = entry.get("status") or {}
+        entries = answer.get("data") if isinstance(answer, dict) else None
+        for entry in entries if isinstance(entries, list) else ():
+            if not isinstance(entry, dict):
+                continue
+            if entry.get("id") == self.model or self.model in (entry.get("aliases") or ()):
+                status = entry.get("status")
+                status = status if isinstance(status, dict) else {}
                 return str(status.get("value", "unknown")), status
-        raise SwitchError(self.backend_id, "state", f"the router lists no model {self.model!r}")
+        raise SwitchError(
+            self.backend_id, "state", f"the router lists no model {self.model!r}: {str(answer)[:200]}"
+        )
 
     async def _until(self, step: str, wanted: str) -> None:
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -177,7 +193,9 @@ class LlamaRouterModel(_Http):
         slots = await self.call("free", "GET", f"/slots?model={self.model}")
         saved = []
         for slot in slots if isinstance(slots, list) else ():
-            sid = int(slot["id"])
+            if not isinstance(slot, dict) or not isinstance(slot.get("id"), int):
+                raise SwitchError(self.backend_id, "free", f"an odd /slots entry: {str(slot)[:200]}")
+            sid = slot["id"]
             body = {"model": self.model, "filename": self._file(sid)}
             answer = await self.call("free", "POST", f"/slots/{sid}?action=save", body)
             if isinstance(answer, dict) and answer.get("n_saved"):
@@ -187,13 +205,21 @@ class LlamaRouterModel(_Http):
     async def wake(self) -> None:
         await self.call("wake", "POST", "/models/load", {"model": self.model})
         await self._until("wake", "loaded")
-        for sid in self.saved:
+        self.restored, self.lost = [], []
+        for sid in self.saved:  # each on its own: one bad file costs its slot, not the switch
             body = {"model": self.model, "filename": self._file(sid)}
-            await self.call("wake", "POST", f"/slots/{sid}?action=restore", body)
+            try:
+                await self.call("wake", "POST", f"/slots/{sid}?action=restore", body)
+                self.restored.append(sid)
+            except SwitchError as exc:
+                self.lost.append(f"slot {sid}: {exc.message}")
         self.saved = []
 
+    def keeps(self) -> bool:
+        return self.save_slots
+
     def restores(self) -> bool:
-        return bool(self.saved)
+        return bool(self.restored) and not self.lost
 
     async def awake(self) -> bool | None:
         value, _ = await self.status()

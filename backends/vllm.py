@@ -9,7 +9,7 @@ from msgspec.structs import replace
 
 from backends.base import Adapter
 from backends.parsers.vllm import parse_metrics
-from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind
+from policies.types import BackendSnapshot, Deployment, Endpoint, EngineKind, Health
 
 
 class VllmAdapter(Adapter):
@@ -50,6 +50,10 @@ class VllmAdapter(Adapter):
         return count if isinstance(count, int) else None
 
     async def probe_engine(self, base: BackendSnapshot) -> BackendSnapshot:
+        if self.spec.sleeps:  # a member of a residency set: asleep is down, whoever put it to sleep
+            status, data = await self._get("/is_sleeping")
+            if status < 400 and isinstance(data, dict) and data.get("is_sleeping") is True:
+                return replace(base, health=Health.DOWN, error="asleep (vLLM sleep mode)")
         metrics = parse_metrics(str(await self._get_ok("/metrics")))
         return replace(
             base,

@@ -30,6 +30,7 @@ from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.replicas import Replicas
 from gateway.residency import Residency, engine_switches, router_model_of
+from gateway.residency_start import check_at_start
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.state import MemoryStore, StateStore
@@ -60,6 +61,7 @@ def backend_specs(settings: Settings, catalog: Catalog) -> list[BackendSpec]:
             router_model=router_model_of(settings, b.id)
             if b.kind is EngineKind.LLAMACPP and settings.residency_member(b.id) is not None
             else None,
+            sleeps=settings.residency_member(b.id) is not None,
         )
         for b in settings.backends
     ]
@@ -205,7 +207,7 @@ async def running_core(settings: Settings, clock: Clock = WALL) -> AsyncIterator
             asyncio.create_task(Replicas(core.router, core.fleet).run()),  # learned state and load
         ]
         await core.fleet.start()
-        background.append(asyncio.create_task(core.residency.reconcile()))  # routing avoids the asleep
+        check_at_start(core.residency)  # each residency set's engines as its config says
         try:
             yield core
         finally:

@@ -141,6 +141,7 @@ class Lifecycle:
                     routed = replace(again, output_capped=routed.output_capped)
                 if routed.decision.chosen is None and routed.residency_wait_s is None:
                     routed = await self.wait(routed, frozenset(excluded))  # a re-route, after a failure
+                routed = await self.awake_choice(routed, frozenset(excluded))  # no await from here to begin
                 record.residency_wait_s = routed.residency_wait_s
                 decision = routed.decision
                 if decision.chosen is None:
@@ -196,6 +197,26 @@ class Lifecycle:
         log.info("residency.waited", backends=asleep, waited_s=round(waited, 3))
         again = await self.router.decide(routed.features, routed.session, excluded, routed.overflowed)
         return replace(again, output_capped=routed.output_capped, residency_wait_s=waited)
+
+    def fell_asleep(self, routed: Routed) -> bool:
+        """Whether the chosen backend is no longer awake (a residency switch began since the decision)."""
+        chosen = routed.decision.chosen
+        return (
+            self.residency is not None and chosen is not None and chosen.backend_id in self.residency.asleep()
+        )
+
+    async def awake_choice(self, routed: Routed, excluded: frozenset[str]) -> Routed:
+        """``routed``, decided again while its backend fell asleep after the decision (a switch began
+        during the decision's awaits: its drain saw nothing in flight there yet). It returns with no
+        await after its last check, so the request is in flight before a drain can look again."""
+        while self.fell_asleep(routed):
+            assert routed.decision.chosen is not None
+            excluded = excluded | {routed.decision.chosen.backend_id}
+            again = await self.router.decide(routed.features, routed.session, excluded, routed.overflowed)
+            routed = replace(
+                again, output_capped=routed.output_capped, residency_wait_s=routed.residency_wait_s
+            )
+        return routed
 
     async def _send(self, adapter: Adapter, upstream: UpstreamRequest) -> ResponseRelay:
         """Send, under the engine's watchdog (``backends.watchdog``: queued is waited for, hung is

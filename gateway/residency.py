@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -35,78 +32,26 @@ import structlog
 from backends.clock import Clock
 from backends.fleet import Fleet
 from backends.residency import EngineSwitch, LlamaRouterModel, SwitchError, VllmSleep
+from gateway.residency_state import (
+    HISTORY,
+    START,
+    Phase,
+    SetState,
+    Sleep,
+    Switch,
+    SwitchBusy,
+    UnknownMember,
+)
 from gateway.settings import Settings
 from gateway.settings_residency import ResidencyConfig
 from policies import EngineKind
 from policies.types import Health
 
+__all__ = ["Phase", "Residency", "SwitchBusy", "UnknownMember", "engine_switches", "router_model_of"]
+
 log = structlog.get_logger(__name__)
 POLL_S = 0.05
 """How often a drain looks at the requests in flight, and a probe after a wake is repeated."""
-HISTORY = 20
-"""Switches kept per set for the admin API and the dashboard."""
-
-Sleep = Callable[[float], Awaitable[None]]
-
-
-class Phase(StrEnum):
-    STEADY = "steady"
-    DRAINING = "draining"
-    FREEING = "freeing"
-    WAKING = "waking"
-    PROBING = "probing"
-
-
-class SwitchBusy(Exception):
-    """A switch of that set is already running."""
-
-
-class UnknownMember(Exception):
-    """No such set, or no such member of it."""
-
-
-@dataclass
-class Switch:
-    """One switch: from which member to which, who asked, each step's seconds, how it ended."""
-
-    set: str
-    source: str
-    target: str
-    by: str
-    started_at: float
-    steps: dict[str, float] = field(default_factory=dict)
-    result: str = "running"  # done, failed, called-off
-    error: str | None = None
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "set": self.set,
-            "from": self.source,
-            "to": self.target,
-            "by": self.by,
-            "started_at": self.started_at,
-            "steps_s": {k: round(v, 3) for k, v in self.steps.items()},
-            "total_s": round(sum(self.steps.values()), 3),
-            "result": self.result,
-            "error": self.error,
-        }
-
-
-@dataclass
-class SetState:
-    config: ResidencyConfig
-    members: dict[str, EngineSwitch]
-    awake: str
-    phase: Phase = Phase.STEADY
-    current: Switch | None = None
-    history: list[Switch] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-    """Switches by how they ended (done, failed, called-off)."""
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
 
 
 def engine_switches(settings: Settings, client: httpx.AsyncClient, sleep: Sleep) -> dict[str, EngineSwitch]:
@@ -165,26 +110,16 @@ class Residency:
 
     def asleep(self) -> Mapping[str, str]:
         """Backend -> why it takes no request now (``RoutingContext.asleep``)."""
-        out: dict[str, str] = {}
-        for name, state in self.sets.items():
-            switch = state.current
-            for backend in state.members:
-                if backend == state.awake and state.phase is Phase.STEADY:
-                    continue
-                if switch is not None and backend == switch.source and state.phase is Phase.DRAINING:
-                    out[backend] = f"draining: residency set {name!r} switches the GPUs to {switch.target}"
-                elif switch is not None and backend == switch.target:
-                    out[backend] = f"{state.phase.value}: residency set {name!r} switches the GPUs to it"
-                elif switch is not None and backend == switch.source:
-                    out[backend] = (
-                        f"{state.phase.value}: residency set {name!r} switches the GPUs to {switch.target}"
-                    )
-                else:
-                    out[backend] = f"asleep: residency set {name!r} holds {state.awake} awake"
-        return out
+        return {
+            backend: why
+            for name, state in self.sets.items()
+            for backend in state.members
+            if (why := state.why_asleep(name, backend)) is not None
+        }
 
     def waking(self, backends: Sequence[str]) -> list[str]:
-        """Of ``backends``, those a running switch is waking (a request for them can wait)."""
+        """Of ``backends``, those a running switch (or the start-up check) is waking: a request for
+        them can wait."""
         return [
             b
             for s in self.sets.values()
@@ -198,11 +133,11 @@ class Residency:
         ``wait_s`` (or ``timeout_s``); whether one is."""
         sets = [s for s in self.sets.values() if any(b in s.members for b in backends)]
         limit = timeout_s if timeout_s is not None else min((s.config.wait_s for s in sets), default=0.0)
-        deadline = time.monotonic() + limit
+        deadline = self.clock.monotonic() + limit
         while True:
             if any(s.phase is Phase.STEADY and s.awake in backends for s in sets):
                 return True
-            left = deadline - time.monotonic()
+            left = deadline - self.clock.monotonic()
             if left <= 0 or not self.waking(backends):
                 return False
             events = [asyncio.ensure_future(s.changed.wait()) for s in sets]
@@ -212,133 +147,144 @@ class Residency:
                 for event in events:
                     event.cancel()
 
-    async def reconcile(self) -> None:
-        """At start: each set's engines as its config says, the ``awake`` member awake and the others
-        asleep (a vLLM starts awake; an idle one that is not the set's is put to sleep, a router-mode
-        model loaded or unloaded). An engine that cannot say is left alone and logged."""
-        for name, state in self.sets.items():
-            for backend, member in state.members.items():
-                try:
-                    awake = await member.awake()
-                    if backend == state.awake and awake is False:
-                        log.info("residency.reconcile", set=name, backend=backend, action="wake")
-                        await member.wake()
-                        await self._ready(backend, state.config.step_timeout_s)
-                    elif backend != state.awake and awake is True:
-                        log.info("residency.reconcile", set=name, backend=backend, action="free")
-                        if await self._drain(backend, state.config.drain_s):
-                            await member.free()
-                except (SwitchError, TimeoutError) as exc:
-                    log.warning("residency.reconcile_failed", set=name, backend=backend, error=str(exc))
-
     def start(self, name: str, target: str, by: str) -> Switch:
-        """Start a switch of set ``name`` to ``target`` in the background; returns its record."""
+        """Start a switch of set ``name`` to ``target`` in the background; returns its record (one to
+        the member awake already changes nothing: ``unchanged``, not recorded)."""
         state = self.sets.get(name)
         if state is None or target not in state.members:
             known = ", ".join(state.members) if state is not None else ", ".join(self.sets)
             what = f"member {target!r} of {name!r}" if state is not None else f"residency set {name!r}"
             raise UnknownMember(f"no {what} (known: {known or 'none'})")
         if state.current is not None:
-            raise SwitchBusy(
-                f"{name}: a switch from {state.current.source} to {state.current.target} is running"
-            )
+            running = state.current
+            raise SwitchBusy(f"{name}: a switch from {running.source} to {running.target} is running")
         switch = Switch(name, state.awake, target, by, self.clock.time())
-        state.current = switch
         if target == state.awake:
-            switch.result = "done"
-            self._finish(state, switch)
+            switch.result = "unchanged"
             return switch
-        task = asyncio.create_task(self.run(state, switch), name=f"residency-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        state.current = switch
+        self.spawn(self.run(state, switch), f"residency-{name}")
         return switch
 
+    def spawn(self, work: Awaitable[None], name: str) -> None:
+        """Run ``work`` in the background until it ends or ``stop``."""
+        task = asyncio.ensure_future(work)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def run(self, state: SetState, switch: Switch) -> None:
-        """The switch's steps (module docstring); never raises."""
+        """The switch's steps (module docstring); never raises: any failure ends it ``failed`` and
+        puts the old member back."""
         source, target = state.members[switch.source], state.members[switch.target]
         log.info("residency.switch", set=switch.set, source=switch.source, target=switch.target, by=switch.by)
-        freed = False
+        freeing = False
         try:
-            self._phase(state, Phase.DRAINING)
-            if not await self._timed(switch, "drain", self._drain(switch.source, state.config.drain_s)):
+            self.phase(state, Phase.DRAINING)
+            if not await self.timed(switch, "drain", self.drain(switch.source, state.config.drain_s)):
                 switch.result = "called-off"
                 switch.error = (
                     f"{switch.source} still had requests in flight after {state.config.drain_s:g} s:"
                     " it keeps the GPUs"
                 )
                 return
-            self._phase(state, Phase.FREEING)
-            await self._timed(switch, "free", source.free())
-            freed = True
-            if not source.restores():  # what it held is gone: routing must not count on it
-                self.fleet.forget(switch.source, f"residency {switch.set}: gave the GPUs to {switch.target}")
-            self._phase(state, Phase.WAKING)
-            if target.restores():
-                self.fleet.resume(switch.target)
-            await self._timed(switch, "wake", target.wake())
-            self._phase(state, Phase.PROBING)
-            await self._timed(switch, "probe", self._ready(switch.target, state.config.step_timeout_s))
+            self.phase(state, Phase.FREEING)
+            freeing = True
+            await self.timed(switch, "free", source.free())
+            self.emptied(switch.source, source, f"residency {switch.set}: gave the GPUs to {switch.target}")
+            self.phase(state, Phase.WAKING)
+            await self.timed(switch, "wake", target.wake())
+            self.resumed(switch.target, target)
+            self.phase(state, Phase.PROBING)
+            await self.timed(switch, "probe", self.ready(switch.target, state.config.step_timeout_s))
             state.awake = switch.target
             switch.result = "done"
-        except (SwitchError, TimeoutError) as exc:
+        except Exception as exc:  # any failure, an odd answer included: undo, never leave it half done
             switch.result, switch.error = "failed", str(exc) or type(exc).__name__
-            log.error("residency.failed", set=switch.set, error=switch.error)
-            await self._restore(state, switch, freed)
+            log.error(
+                "residency.failed",
+                set=switch.set,
+                error=switch.error,
+                exc_info=not isinstance(exc, SwitchError),
+            )
+            if freeing:
+                await self.restore(state, switch)
         finally:
-            self._finish(state, switch)
+            self.finish(state, switch)
 
-    async def _restore(self, state: SetState, switch: Switch, freed: bool) -> None:
-        """After a failure, the old member holds the GPUs again: woken again if it was freed (the
-        target freed too, in case it half-woke)."""
-        if not freed:
-            return
+    def emptied(self, backend: str, member: EngineSwitch, why: str) -> None:
+        """A member gave the GPUs back: unless it keeps what it held for its next wake (a llama-server
+        model's saved slots), routing forgets it (a vLLM sleep empties its prefix cache)."""
+        if not member.keeps():
+            self.fleet.forget(backend, why)
+
+    def resumed(self, backend: str, member: EngineSwitch) -> None:
+        """A member woke: holding all it held (its slots restored), or nothing of it."""
+        if member.restores():
+            self.fleet.resume(backend)
+        elif member.keeps():
+            self.fleet.forget(backend, "its saved slots did not all come back")
+
+    async def restore(self, state: SetState, switch: Switch) -> None:
+        """After a failure from the free on, the old member holds the GPUs again: the target freed (in
+        case it half-woke), the source woken and probed unless it says it never slept. Never raises."""
+        source = state.members[switch.source]
         try:
-            await state.members[switch.target].free()
-        except SwitchError as exc:
-            log.warning("residency.target_not_freed", set=switch.set, error=str(exc))
+            if await source.awake() is True:  # the free failed before it took: nothing to undo
+                return
+        except Exception as exc:
+            log.warning("residency.source_unknown", set=switch.set, error=str(exc))
+        with contextlib.suppress(Exception):
+            if await state.members[switch.target].awake() is not False:
+                await state.members[switch.target].free()
         try:
-            await state.members[switch.source].wake()
-            await self._ready(switch.source, state.config.step_timeout_s)
-        except (SwitchError, TimeoutError) as exc:
+            await source.wake()
+            self.resumed(switch.source, source)
+            await self.ready(switch.source, state.config.step_timeout_s)
+        except Exception as exc:
             switch.error = f"{switch.error}; and {switch.source} did not wake again: {exc}"
             log.error("residency.restore_failed", set=switch.set, error=str(exc))
 
-    def _finish(self, state: SetState, switch: Switch) -> None:
+    def finish(self, state: SetState, switch: Switch) -> None:
         state.current = None
         state.phase = Phase.STEADY
         state.history = [*state.history, switch][-HISTORY:]
-        state.counts[switch.result] = state.counts.get(switch.result, 0) + 1
+        if switch.by != START:  # the start-up check is on /health and the page, not a switch
+            state.counts[switch.result] = state.counts.get(switch.result, 0) + 1
         log.info("residency.switched", **switch.view())
         state.notify()
 
-    def _phase(self, state: SetState, phase: Phase) -> None:
+    def phase(self, state: SetState, phase: Phase) -> None:
         state.phase = phase
         state.notify()
 
-    async def _timed(self, switch: Switch, step: str, work: Awaitable[Any]) -> Any:
-        started = time.monotonic()
+    async def timed(self, switch: Switch, step: str, work: Awaitable[Any]) -> Any:
+        started = self.clock.monotonic()
         try:
             return await work
         finally:
-            switch.steps[step] = time.monotonic() - started
+            switch.steps[step] = self.clock.monotonic() - started
 
-    async def _drain(self, backend: str, limit_s: float) -> bool:
-        deadline = time.monotonic() + limit_s
+    async def drain(self, backend: str, limit_s: float) -> bool:
+        """Until this gateway has no request in flight on ``backend`` (False: still some after
+        ``limit_s``)."""
+        deadline = self.clock.monotonic() + limit_s
         while self.fleet.own(backend).requests:
-            if time.monotonic() > deadline:
+            if self.clock.monotonic() > deadline:
                 return False
             await self.sleep(POLL_S)
         return True
 
-    async def _ready(self, backend: str, limit_s: float) -> None:
-        deadline = time.monotonic() + limit_s
+    async def ready(self, backend: str, limit_s: float) -> None:
+        """Probe ``backend`` until it is ready (SwitchError after ``limit_s``)."""
+        deadline = self.clock.monotonic() + limit_s
         adapter = self.fleet.adapter(backend)
         while True:
             snapshot = await adapter.probe()
             self.fleet.observe(snapshot)
             if snapshot.health is Health.READY:
                 return
-            if time.monotonic() > deadline:
+            if self.clock.monotonic() > deadline:
                 raise SwitchError(backend, "probe", f"not ready after {limit_s:g} s: {snapshot.error}")
             await self.sleep(POLL_S)
 
@@ -356,14 +302,6 @@ class Residency:
                 "wait_s": state.config.wait_s,
             }
             for name, state in self.sets.items()
-        ]
-
-    def warnings(self) -> list[str]:
-        """The last switch of each set, where it failed or was called off (``/health``)."""
-        return [
-            f"residency {name}: switch to {last.target} {last.result}: {last.error}"
-            for name, state in self.sets.items()
-            if state.history and (last := state.history[-1]).result != "done"
         ]
 
     async def stop(self) -> None:

@@ -44,7 +44,8 @@ class ResidencyConfig(BaseModel):
     """The member awake when the gateway starts (the others are taken as asleep); unset: the first."""
     wait_s: float = Field(30.0, ge=0)
     """The longest a request waits for a member a switch is waking, when no awake member can take it
-    (then it is refused with 503 and ``Retry-After``)."""
+    (then it is refused: 503 with the reason). Behind Envoy keep it under the ext_proc
+    ``message_timeout``."""
     drain_s: float = Field(600.0, gt=0)
     """The longest a switch waits for the requests in flight on the member it frees; past it the
     switch is called off and that member keeps the GPUs (no stream is ever cut)."""

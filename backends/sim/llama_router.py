@@ -52,6 +52,7 @@ class Instance:
     failed: bool = False
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     """Set while loaded (an autoloaded request waits on it)."""
+    loading: asyncio.Task[None] | None = None
 
 
 @dataclass
@@ -63,6 +64,8 @@ class RouterSim:
     autoload: bool = False
     load_s: float = LOAD_S
     unload_s: float = UNLOAD_S
+    failing: frozenset[str] = frozenset()
+    """Models whose instance exits while it loads (``status.failed``, ``exit_code`` 1), for tests."""
     instances: dict[str, Instance] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +107,8 @@ class RouterSim:
             if message["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                for task in list(self._tasks):
+                    task.cancel()
                 for name in list(self.instances):
                     await self._stop(name)
                 await send({"type": "lifespan.shutdown.complete"})
@@ -143,8 +148,11 @@ class RouterSim:
         if not load and not running:
             await _error(send, 400, "model is not running", "invalid_request_error")
             return
-        work = self._load(name) if load else self._unload(name)
-        task = asyncio.create_task(work)
+        if not load and instance.loading is not None:  # unloaded while it loads: the load stops there
+            instance.loading.cancel()
+        task = asyncio.create_task(self._load(name) if load else self._unload(name))
+        if load:
+            instance.loading = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         await _json(send, {"success": True})
@@ -157,11 +165,17 @@ class RouterSim:
             loaded.remove(oldest)
         instance = self.instances[name]
         instance.status, instance.failed = "loading", False
-        await asyncio.sleep(self.load_s * instance.config.time_scale)
-        instance.app = create_sim_app(instance.config)
-        await _engine(instance).start()
-        instance.status, instance.used = "loaded", time.monotonic()
-        instance.ready.set()
+        try:
+            await asyncio.sleep(self.load_s * instance.config.time_scale)
+            if name in self.failing:  # the instance exited: the real router says so, and unloaded
+                instance.status, instance.failed = "unloaded", True
+                return
+            instance.app = create_sim_app(instance.config)
+            await _engine(instance).start()
+            instance.status, instance.used = "loaded", time.monotonic()
+            instance.ready.set()
+        finally:
+            instance.loading = None
 
     async def _unload(self, name: str) -> None:
         instance = self.instances[name]

@@ -47,15 +47,17 @@ async def sleep(request: AnyRequest) -> Response[bytes]:
     level = int(raw) if raw in ("1", "2") else 0
     if level not in (1, 2):
         return json_response({"error": f"level must be 1 or 2, not {raw!r}"}, 400)
-    if state.sleeping:
+    if state.sleeping:  # asleep, or falling asleep (a second call while the first runs)
         return Response(b"", status_code=200)
+    state.level = level  # asleep from the first moment: no request starts during the sleep itself
     for task in [*engine.running, *engine.waiting]:
         engine.cancel(task)
     seconds = state.times.level2_s if level == 2 else state.times.level1_s
     if level == 1 and not state.slept_before:
         seconds = state.times.level1_first_s
+    state.slept_before = True
     await _take(engine, seconds)
-    state.level, state.kv_cache, state.slept_before = level, False, True
+    state.kv_cache = False
     state.weights = "cpu" if level == 1 else "none"
     if engine.cache is not None:
         engine.cache = BlockCache(engine.cache.block, engine.cache.capacity_blocks)

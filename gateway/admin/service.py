@@ -15,7 +15,7 @@ from gateway.admin.auth import Identity
 from gateway.admin.reads import DECISION_FILTERS as DECISION_FILTERS
 from gateway.admin.reads import AdminReads, AuditEvent
 from gateway.decisions import session_shown
-from gateway.residency import SwitchBusy, UnknownMember
+from gateway.residency_state import SwitchBusy, UnknownMember
 
 log = structlog.get_logger(__name__)
 

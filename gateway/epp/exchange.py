@@ -37,6 +37,7 @@ from gateway.core import Core
 from gateway.epp import wire
 from gateway.epp.answer import Answer, EnvoyResponse, Write
 from gateway.epp.fallbacks import fallbacks
+from gateway.epp.wire import endpoint_address
 from gateway.errors import (
     GatewayError,
     ModelNotFound,
@@ -58,13 +59,6 @@ log = structlog.get_logger(__name__)
 
 ENDPOINTS = {path: endpoint for endpoint, path in UPSTREAM_PATHS.items()}
 """The client paths the picker routes (the engines' own: Envoy forwards the path as sent)."""
-
-
-def endpoint_address(base_url: str) -> str:
-    """A backend's ``ip:port`` for Envoy's ORIGINAL_DST cluster (the URL's own port, else the scheme's)."""
-    url = urlsplit(base_url)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return f"{url.hostname}:{port}"
 
 
 class Exchange:
@@ -180,6 +174,9 @@ class Exchange:
             routed = await core.lifecycle.route(body, endpoint, self.headers)
             self.routed, record.model = routed, routed.features.model
             routed = self.routed = await self._within_subset(routed)
+            while core.lifecycle.fell_asleep(routed):  # a switch began meanwhile: never send it there
+                routed = await core.lifecycle.awake_choice(routed, frozenset())
+                routed = self.routed = await self._within_subset(routed)
             record.residency_wait_s = routed.residency_wait_s
             decision = routed.decision
             if decision.chosen is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -190,3 +191,10 @@ def served(request: Any) -> str | None:
 def allowed(endpoint: str, subset: frozenset[str]) -> bool:
     """Whether ``endpoint`` (``ip:port``) is in ``subset``: by ``ip:port``, or by ``ip`` alone."""
     return endpoint in subset or endpoint.rsplit(":", 1)[0] in subset
+
+
+def endpoint_address(base_url: str) -> str:
+    """A backend's ``ip:port`` for Envoy's ORIGINAL_DST cluster (the URL's own port, else the scheme's)."""
+    url = urlsplit(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return f"{url.hostname}:{port}"
