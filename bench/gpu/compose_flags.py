@@ -8,7 +8,8 @@
 ``--model``, as its API server takes it); ``${VAR:-default}`` takes its default; ``--one-gpu`` drops
 ``--split-mode`` and ``--tensor-split`` (llama-server) or ``--tensor-parallel-size`` (vLLM): they need
 two cards;
-``--set NAME=VALUE`` replaces (or adds) ``--NAME VALUE`` and ``--set NAME`` adds a bare ``--NAME``. What runs
+``--set NAME=VALUE`` replaces (or adds) ``--NAME VALUE``, ``--set NAME`` adds a bare ``--NAME`` and
+``--drop NAME`` leaves ``--NAME`` out. What runs
 on the GPU is therefore compose.yaml itself, not a copy of its flags.
 """
 
@@ -48,6 +49,7 @@ def main() -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--one-gpu", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="NAME[=VALUE]")
+    parser.add_argument("--drop", action="append", default=[], metavar="NAME", help="leave out --NAME")
     args = parser.parse_args()
     groups = compose_flags(service=args.service)
     own = {"--model": args.model, "--host": args.host, "--port": args.port}
@@ -57,6 +59,7 @@ def main() -> int:
             continue
         out.append(group)
     out += [[flag, value] for flag, value in own.items()]
+    out = [g for g in out if g[0] not in {f"--{name}" for name in args.drop}]
     for change in args.set:
         name, _, value = change.partition("=")
         group = [f"--{name}", *([value] if value else [])]

