@@ -213,10 +213,10 @@ profile_of() {  # this machine's calibration of a flag set, else the committed o
   kept="$KEEP/$(basename "$(profile_out "$1")")"
   if [ -s "$kept" ]; then echo "$kept"; return; fi
   case "$TAG" in 27b-shape*) echo "backends/profiles/$CARD-llamacpp-$TAG-$1.toml"; return ;; esac
-  case "$1" in
-    pinned) echo backends/profiles/h200-llamacpp-flash-next-shape-pinned.toml ;;
-    *) echo "backends/profiles/h200-llamacpp-flash-next-shape-mmap$(flag_value "$1" ubatch-size).toml" ;;
-  esac
+  local name="flash-next-shape-mmap$(flag_value "$1" ubatch-size)"
+  [ "$1" = pinned ] && name=flash-next-shape-pinned
+  if [ -s "backends/profiles/$CARD-llamacpp-$name.toml" ]; then echo "backends/profiles/$CARD-llamacpp-$name.toml"
+  else echo "backends/profiles/h200-llamacpp-$name.toml"; fi
 }
 
 stage_cold() {
