@@ -191,4 +191,5 @@ def measured(
         shared_prefill=shared,
         predicted=estimate,
         client=routed.features.client,
+        user_start=routed.features.user_start,
     )

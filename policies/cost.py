@@ -206,7 +206,7 @@ class _Objective:
         if seconds is None:
             new = self.features.prompt_tokens - cached
             seconds = self._prefill[cached] = prefill_s(
-                self.situation.deployment, self.situation.stats, new, cached
+                self.situation.deployment, self.situation.stats, new, cached, self.features.user_start
             )
         return seconds
 

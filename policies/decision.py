@@ -168,3 +168,4 @@ class Outcome(msgspec.Struct, frozen=True):
     shared_prefill: bool = False  # a background warm-up's prompt processing overlapped its own
     predicted: Estimate | None = None  # what the cost model expected of it, for learning to compare
     client: str = ""  # the client program (``RequestFeatures.client``): answer lengths are learned per client
+    user_start: int = -1  # where its last user message starts (``RequestFeatures.user_start``)

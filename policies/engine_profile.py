@@ -18,8 +18,10 @@ batch of 32 tokens or more first copies the experts it uses to the GPU (seconds 
 smaller ones run the experts on the CPU. ``context_s`` is attention's share, which grows with the
 context. With ``checkpoint_splits`` (llama-server serving a hybrid or SWA model with context
 checkpoints) the last ``4 + ubatch`` and the last 4 tokens of a prompt go in steps of their own, so
-the server can checkpoint the recurrent state there (llama.cpp PR 20288): a 500-token turn pays two
-micro-batches, not one.
+the server can checkpoint the recurrent state there (llama.cpp PR 20288), and a step ends where the
+last user message starts (``user_start``; the pinned server's prompt loop, "break at the last user
+message"): a warm chat turn re-processes the previous answer and then the new user message, two
+micro-batches where one would do (measured on Flash-Next's shape, docs/calibrate.md).
 
 **Decode**: one step giving each of ``n`` sequences one token, with ``context`` tokens among them::
 
@@ -186,12 +188,19 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         cache = self.cache
         return cache.prefix_block if self.engine == "vllm" and cache.prefix_caching == "on" else 0
 
-    def step_tokens(self, remaining: int, budget: int | None = None, *, prompt: int = 0) -> int:
+    def step_tokens(
+        self, remaining: int, budget: int | None = None, *, prompt: int = 0, user_start: int = -1
+    ) -> int:
         """Prompt tokens the next engine step takes of a prompt of ``prompt`` tokens with ``remaining``
-        left to process, given ``budget`` tokens left in the step (default: the profile's ``batch``).
+        left to process, given ``budget`` tokens left in the step (default: the profile's ``batch``);
+        ``user_start``: where the prompt's last user message starts (-1: none, or not a chat).
         0 when an aligned step has too little budget left for a whole block (the prompt waits)."""
         whole = budget is None
         take = min(remaining, self.prefill.batch if budget is None else budget)
+        if self.prefill.checkpoint_splits and prompt >= remaining:
+            done = prompt - remaining
+            if done < user_start < done + take:  # the server ends the step at the last user message
+                take = user_start - done
         if self.prefill.checkpoint_splits:
             for offset in (CHECKPOINT_TAIL + self.prefill.ubatch, CHECKPOINT_TAIL):
                 tail = min(self.prefill.batch, offset)
@@ -214,17 +223,17 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         fixed = self.prefill.request_s if first else 0.0
         return fixed + sum(self._ubatch_s(u, p) for u, p in _ubatches(tokens, context, self.prefill.ubatch))
 
-    def prefill_seconds(self, new: int, cached: int = 0) -> float:
+    def prefill_seconds(self, new: int, cached: int = 0, user_start: int = -1) -> float:
         """Seconds to process ``new`` prompt tokens after ``cached`` reused ones (no other work), the
-        request's fixed cost included."""
-        steps = self.prefill_steps(new, cached)
+        request's fixed cost included (``user_start``: ``step_tokens``)."""
+        steps = self.prefill_steps(new, cached, user_start)
         return sum(self.chunk_seconds(n, p, first=p == cached) for n, p in steps)
 
-    def prefill_steps(self, new: int, cached: int = 0) -> Iterator[tuple[int, int]]:
+    def prefill_steps(self, new: int, cached: int = 0, user_start: int = -1) -> Iterator[tuple[int, int]]:
         """The engine steps (tokens, context before them) a prompt's ``new`` tokens run in."""
         done = 0
         while done < new:
-            take = self.step_tokens(new - done, prompt=new + cached)
+            take = self.step_tokens(new - done, prompt=new + cached, user_start=user_start)
             yield take, cached + done
             done += take
 

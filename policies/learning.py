@@ -87,8 +87,6 @@ PRIOR_PREFILL = {EngineKind.VLLM: 6600.0, EngineKind.LLAMACPP: 3000.0, EngineKin
 PRIOR_DECODE = {EngineKind.VLLM: 64.0, EngineKind.LLAMACPP: 109.0, EngineKind.OPENAI: 50.0}
 PRIOR_SERVICE_S = 5.0
 PRIOR_COMPLETION_TOKENS = 256.0
-
-
 PRIOR_RAM_REUSE = 0.95
 """llama-server keeps an 8 GiB RAM prompt cache by default; other engines have none."""
 PRIOR_RAM_TOKENS = 100_000.0
@@ -235,7 +233,8 @@ def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> 
         if profile is None:
             sample = uncached / prefill_s
         else:
-            sample = stats.prefill_tok_s.prior * profile.prefill_seconds(uncached, cached) / prefill_s
+            expected = profile.prefill_seconds(uncached, cached, outcome.user_start)
+            sample = stats.prefill_tok_s.prior * expected / prefill_s
         stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(sample))
     steps = usage.completion_tokens - 1
     decode_s: float | None = None

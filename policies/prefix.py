@@ -86,6 +86,10 @@ def _tools(tools: Any) -> str:
     return "\n".join(names)
 
 
+USER_MARK = b"\x1euser\x1f"
+"""Where a user message starts in :func:`render`'s bytes."""
+
+
 def render(messages: Iterable[Any], tools: Any = None) -> bytes:
     """The canonical bytes of a conversation (module docstring)."""
     parts = [_tools(tools)]

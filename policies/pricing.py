@@ -25,15 +25,17 @@ STEP_TOKENS = 2048
 ``max_num_batched_tokens`` is 2048 or more by version, GPU and entry point; a profile's ``batch`` says)."""
 
 
-def prefill_s(deployment: Deployment, stats: DeploymentStats, new: float, cached: int = 0) -> float:
+def prefill_s(
+    deployment: Deployment, stats: DeploymentStats, new: float, cached: int = 0, user_start: int = -1
+) -> float:
     """Seconds to prefill ``new`` tokens after ``cached`` reused ones, as learned so far (``new``
-    may be an expectation: a fraction of a prompt)."""
+    may be an expectation: a fraction of a prompt; ``user_start``: ``EngineProfile.step_tokens``)."""
     if new <= 0:
         return 0.0
     rate = stats.prefill_tok_s
     if deployment.profile is None:
         return new / rate.value
-    return deployment.profile.prefill_seconds(round(new), cached) * rate.prior / rate.value
+    return deployment.profile.prefill_seconds(round(new), cached, user_start) * rate.prior / rate.value
 
 
 def decode_step_s(deployment: Deployment, stats: DeploymentStats, running: int, context: int = 0) -> float:

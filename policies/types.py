@@ -12,7 +12,7 @@ from enum import StrEnum
 import msgspec
 
 from policies.engine_profile import EngineProfile
-from policies.prefix import EMPTY_CHAIN, PromptChain, PromptMark
+from policies.prefix import EMPTY_CHAIN, USER_MARK, PromptChain, PromptMark
 from policies.shape import PromptShape
 
 
@@ -207,6 +207,14 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     awaited: Awaited = Awaited.FIRST_TOKEN
     awaited_why: str = ""  # why the client waits for the last token (``policies.features.awaited``)
     client: str = ""  # the client program, from its User-Agent (``claude-cli``, ``codex``...; "" unknown)
+
+    @property
+    def user_start(self) -> int:
+        """Where the prompt's last user message starts, in (estimated) tokens: llama-server ends a
+        prefill step there (``EngineProfile.step_tokens``); -1 for none (a text completion)."""
+        stream = self.chain.stream
+        at = stream.rfind(USER_MARK) if stream else -1
+        return -1 if at <= 0 else round(self.prompt_tokens * at / len(stream))
 
 
 class SessionView(msgspec.Struct, frozen=True):

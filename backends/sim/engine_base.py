@@ -99,7 +99,9 @@ class BatchEngine(ABC):
         decoding = tuple(t for t in self.running if t.prefill_left == 0)
         for task in self.running:
             if task.prefill_left > 0 and budget > 0:
-                n = self.perf.profile.step_tokens(task.prefill_left, budget, prompt=len(task.prompt))
+                n = self.perf.profile.step_tokens(
+                    task.prefill_left, budget, prompt=len(task.prompt), user_start=task.user_start
+                )
                 if n > 0:  # 0: an aligned step's budget left holds no whole block (vLLM align mode)
                     chunks.append((task, n))
                     budget -= n

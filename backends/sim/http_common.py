@@ -91,4 +91,5 @@ def new_task(engine: BatchEngine, req: GenRequest, number: int, cap: int) -> Sim
         answer=cut(plan, max(budget, 0)),
         id_slot=req.id_slot,
         cache_prompt=req.cache_prompt,
+        user_start=req.user_start,
     )

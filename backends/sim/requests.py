@@ -9,6 +9,7 @@ from typing import Any
 
 from backends.sim import tokenizer
 from backends.sim.chat import InvalidChat, chosen_tool, render_chat
+from backends.sim.tokenizer import IM_START
 
 
 class Endpoint(StrEnum):
@@ -33,6 +34,9 @@ class GenRequest:
     id_slot: int
     cache_prompt: bool
     ignore_eos: bool = False
+    user_start: int = -1
+    """Where the chat prompt's last user message starts (a token index; -1: none): llama-server ends
+    a prefill step there (``EngineProfile.step_tokens``)."""
 
     @property
     def include_usage(self) -> bool:
@@ -63,7 +67,9 @@ def _max_tokens(body: Mapping[str, Any], llama: bool) -> int | None:
     return None
 
 
-def _prompt_tokens(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[list[int], Mapping[str, Any] | None]:
+def _prompt_tokens(
+    body: Mapping[str, Any], endpoint: Endpoint
+) -> tuple[list[int], Mapping[str, Any] | None, int]:
     if endpoint is Endpoint.CHAT:
         messages = body.get("messages")
         tools = body.get("tools")
@@ -72,12 +78,18 @@ def _prompt_tokens(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[list[in
         if not isinstance(messages, list):
             raise InvalidChat("'messages' must be a non-empty list", "messages")
         text = render_chat(messages, tools)
-        return tokenizer.encode(text), chosen_tool(messages, tools, body.get("tool_choice", "auto"))
+        at = text.rfind(f"{IM_START}user\n")
+        user_start = len(tokenizer.encode(text[:at])) if at > 0 else -1
+        return (
+            tokenizer.encode(text),
+            chosen_tool(messages, tools, body.get("tool_choice", "auto")),
+            user_start,
+        )
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt), None
+        return tokenizer.encode(prompt), None, -1
     if (
         isinstance(prompt, list)
         and prompt
@@ -85,7 +97,7 @@ def _prompt_tokens(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[list[in
     ):
         if not all(0 <= t < tokenizer.N_VOCAB for t in prompt):  # both engines refuse these with a 400
             raise InvalidChat(f"'prompt' token ids must be in [0, {tokenizer.N_VOCAB})", "prompt")
-        return [int(t) for t in prompt], None
+        return [int(t) for t in prompt], None, -1
     raise InvalidChat("'prompt' must be a string or a list of token ids", "prompt")
 
 
@@ -102,7 +114,7 @@ def parse_request(body: Mapping[str, Any], endpoint: Endpoint, *, llama: bool) -
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidChat("'model' must be a string", "model")
-    prompt, tool = _prompt_tokens(body, endpoint)
+    prompt, tool, user_start = _prompt_tokens(body, endpoint)
     id_slot = _int_field(body, "id_slot") if llama else None
     cache_prompt = body.get("cache_prompt", True)
     return GenRequest(
@@ -117,4 +129,5 @@ def parse_request(body: Mapping[str, Any], endpoint: Endpoint, *, llama: bool) -
         id_slot=-1 if id_slot is None else id_slot,
         cache_prompt=cache_prompt is not False,
         ignore_eos=body.get("ignore_eos") is True,
+        user_start=user_start,
     )

@@ -55,6 +55,7 @@ class SimTask:
     number: int = 0
     id_slot: int = -1
     cache_prompt: bool = True
+    user_start: int = -1  # where the last user message starts (``GenRequest.user_start``)
     listener: Callable[[Update], None] | None = None
     outbox: asyncio.Queue[Update] = field(init=False, repr=False)
     cached: int = 0

@@ -1,0 +1,60 @@
+"""llama-server ends a prefill step where the prompt's last user message starts (with context
+checkpoints on: the pinned server's prompt loop), so a warm chat turn that re-processes the previous
+answer and then a new user message pays two micro-batches (``EngineProfile.step_tokens``'s
+``user_start``). Pinned to the H100 run of Flash-Next's shape (bench/gpu/results/2026-12-06e-h100):
+its warm turns are within 10% with the split and 30-40% under without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.engine_profiles import load_profile
+from backends.sim.requests import Endpoint, parse_request
+from policies import Endpoint as Api
+from policies.features import ModelFacts, request_features
+
+RUN = Path(__file__).resolve().parents[2] / "bench/gpu/results/2026-12-06e-h100/turns-h100-profile.json"
+ANSWER_TOKENS = 128 + 5  # the previous answer and its chat template, re-processed from the checkpoint
+
+
+def test_a_step_ends_where_the_last_user_message_starts() -> None:
+    profile = load_profile("h100-llamacpp-flash-next-shape-mmap2048")
+    assert list(profile.prefill_steps(468, 1063)) == [(464, 1063), (4, 1527)]
+    assert list(profile.prefill_steps(468, 1063, user_start=1196)) == [(133, 1063), (331, 1196), (4, 1527)]
+    assert list(profile.prefill_steps(468, 1063, user_start=500)) == [(464, 1063), (4, 1527)]  # in the cache
+    cold = load_profile("seed-5090-llamacpp-27b")  # no checkpoint splits: a user message ends nothing
+    assert list(cold.prefill_steps(468, 1063, user_start=1196)) == list(cold.prefill_steps(468, 1063))
+
+
+def test_the_measured_warm_chat_turns_need_the_split() -> None:
+    profile = load_profile("h100-llamacpp-flash-next-shape-mmap2048")
+    rows = json.loads(RUN.read_text())["rows"]
+    warm = [r for r in rows if r.get("kind") == "turn" and r["cached_tokens"] > 0]
+    assert len(warm) == 4
+    for row in warm:
+        new, cached = row["prompt_tokens"] - row["cached_tokens"], row["cached_tokens"]
+        measured = row["engine_prompt_ms"] / 1000
+        split = profile.prefill_seconds(new, cached, user_start=cached + ANSWER_TOKENS)
+        plain = profile.prefill_seconds(new, cached)
+        assert split == pytest.approx(measured, rel=0.10), row
+        assert abs(plain / measured - 1) > 0.15, row
+
+
+def test_the_router_and_the_simulator_find_the_last_user_message() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "explain the layout " * 40},
+        {"role": "assistant", "content": "it has three packages"},
+        {"role": "user", "content": "and the tests?"},
+    ]
+    features = request_features({"model": "m", "messages": messages}, Api.CHAT, {}, ModelFacts("m"))
+    assert 0.8 < features.user_start / features.prompt_tokens < 1.0
+    text = request_features({"model": "m", "prompt": "x " * 50}, Api.COMPLETIONS, {}, ModelFacts("m"))
+    assert text.user_start == -1
+    request = parse_request({"messages": messages}, Endpoint.CHAT, llama=True)
+    assert 0.8 < request.user_start / len(request.prompt) < 1.0
+    one = parse_request({"messages": messages[1:2]}, Endpoint.CHAT, llama=True)
+    assert one.user_start == -1  # the only user message starts the prompt: nothing to end there
