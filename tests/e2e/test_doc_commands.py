@@ -48,6 +48,11 @@ DOCKER = NotRun(
     "no docker daemon here: tests/real/test_deploy_commands.py runs each service's command as Compose "
     "passes it, and tests/deploy/test_compose.py runs the sim profile's"
 )
+RESIDENCY = NotRun(
+    "the demo has no residency set: tests/e2e/test_residency.py (sleep-mode vLLM simulators) and "
+    "tests/real/test_llama_router_residency.py (the real llama-server in router mode) send this switch "
+    "to a gateway that has one"
+)
 COMMANDS: dict[str, str | NotRun] = {
     "make demo": "test_make_demo_serves_prints_its_dashboard_and_stops_on_ctrl_c",
     "make test": NotRun("it is the run this test is part of"),
@@ -78,6 +83,11 @@ COMMANDS: dict[str, str | NotRun] = {
     "docker compose --profile gpu up -d": DOCKER,
     "docker compose --profile gpu --profile monitoring up -d": DOCKER,
     "docker compose --profile sim up": DOCKER,
+    "docker compose -f compose.yaml -f deploy/residency/compose.yaml --profile gpu up -d": DOCKER,
+    """curl -X POST http://127.0.0.1:8484/admin/api/residency/cards -H "authorization: Bearer $TOKEN" """
+    """-d '{"wake": "llama-27b"}'""": RESIDENCY,
+    """curl -X POST http://127.0.0.1:8484/admin/api/residency/cards -H "authorization: Bearer """
+    """$TURNOUT_ADMIN__TOKEN" -d '{"wake": "llama-27b"}'""": RESIDENCY,
 }
 
 
@@ -183,7 +193,7 @@ def _wait_healthy(url: str, process: subprocess.Popen[str], timeout: float = 60)
 
 def test_readme_curl(demo: Demo) -> None:
     """The README's first request, and docs/deploy.md's first answer (the same, without ``http://``)."""
-    curls = [c for c in doc_commands() if c.startswith("curl ")]
+    curls = [c for c in doc_commands() if c.startswith("curl ") and "/v1/chat/completions" in c]
     assert len(curls) == 2
     for curl in curls:
         done = demo.shell.run(curl)
