@@ -10,14 +10,14 @@ for (``x-turnout-min-params-b``, a deep-reasoning request's floor).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 from msgspec.structs import replace
 
 from policies.awaited import awaited_of, client_of
-from policies.prefix import chain_of, message_text, render, render_completion
+from policies.prefix import MESSAGE_MARK, chain_of, message_text, render, render_completion
 from policies.sessions import explicit_session, responses_messages
 from policies.shape import shape_of
 from policies.types import Endpoint, RequestFeatures
@@ -58,6 +58,31 @@ def conversation(body: Mapping[str, Any], endpoint: Endpoint) -> list[Any]:
         return []
     system = body.get("system") if endpoint.anthropic else None
     return ([{"role": "system", "content": system}] if system is not None else []) + messages
+
+
+def user_share(messages: Sequence[Any], stream: bytes) -> float:
+    """Where the last user message starts in ``stream`` (``render(messages)``), as a share of it; -1
+    for none, or the first message. A user message of tool results alone (Anthropic's
+    ``tool_result`` blocks) is not one: the engines make tool messages of them, and llama-server
+    ends a prefill step only at a user message's start (``EngineProfile.step_tokens``)."""
+    rendered = [m for m in messages if isinstance(m, Mapping)]
+    users = (
+        i
+        for i, m in enumerate(reversed(rendered))
+        if m.get("role") == "user" and not _tool_results(m.get("content"))
+    )
+    back = next(users, None)
+    if back is None:
+        return -1.0
+    at = len(stream)
+    for _ in range(back + 1):  # the (back + 1)-th message mark from the end
+        at = stream.rfind(MESSAGE_MARK, 0, at)
+    return at / len(stream) if at > 0 else -1.0
+
+
+def _tool_results(content: Any) -> bool:
+    parts = content if isinstance(content, list) else []
+    return bool(parts) and all(isinstance(p, Mapping) and p.get("type") == "tool_result" for p in parts)
 
 
 def token_ids(prompt: Any) -> int | None:
@@ -161,6 +186,11 @@ def extract(
     awaited, why = awaited_of(body, source, headers)
     messages = conversation(body, endpoint)
     ids = token_ids(body.get("prompt")) if endpoint is Endpoint.COMPLETIONS else None
+    stream = (
+        render_completion(body.get("prompt"))
+        if endpoint is Endpoint.COMPLETIONS
+        else render(messages, body.get("tools"))
+    )
     return RequestFeatures(
         model=model,
         endpoint=endpoint,
@@ -171,11 +201,8 @@ def extract(
         stream=bool(body.get("stream", False)),
         session_key=key,
         session_source=source,
-        chain=chain_of(
-            render_completion(body.get("prompt"))
-            if endpoint is Endpoint.COMPLETIONS
-            else render(messages, body.get("tools"))
-        ),
+        chain=chain_of(stream),
+        user_share=-1.0 if endpoint is Endpoint.COMPLETIONS else user_share(messages, stream),
         shape=shape_of(messages, body.get("tools")) if shape and endpoint in SHAPED else None,
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,

@@ -86,8 +86,8 @@ def _tools(tools: Any) -> str:
     return "\n".join(names)
 
 
-USER_MARK = b"\x1euser\x1f"
-"""Where a user message starts in :func:`render`'s bytes."""
+MESSAGE_MARK = b"\x1e"
+"""Where a message starts in :func:`render`'s bytes."""
 
 
 def render(messages: Iterable[Any], tools: Any = None) -> bytes:
@@ -96,7 +96,9 @@ def render(messages: Iterable[Any], tools: Any = None) -> bytes:
     for message in messages:
         if not isinstance(message, Mapping):
             continue
-        parts.append(f"\x1e{message.get('role', '')}\x1f{message_text(message.get('content'))}")
+        parts.append(
+            f"{MESSAGE_MARK.decode()}{message.get('role', '')}\x1f{message_text(message.get('content'))}"
+        )
         if calls := tool_calls_text(message):
             parts.append(f"\x1d{calls}")
         if call_id := message.get("tool_call_id"):

@@ -12,7 +12,7 @@ from enum import StrEnum
 import msgspec
 
 from policies.engine_profile import EngineProfile
-from policies.prefix import EMPTY_CHAIN, USER_MARK, PromptChain, PromptMark
+from policies.prefix import EMPTY_CHAIN, PromptChain, PromptMark
 from policies.shape import PromptShape
 
 
@@ -208,13 +208,15 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     awaited_why: str = ""  # why the client waits for the last token (``policies.features.awaited``)
     client: str = ""  # the client program, from its User-Agent (``claude-cli``, ``codex``...; "" unknown)
 
+    user_share: float = -1.0
+    """Where the prompt's last user message starts, as a share of the prompt (``policies.features.
+    user_share``; -1: none, or a text completion)."""
+
     @property
     def user_start(self) -> int:
         """Where the prompt's last user message starts, in (estimated) tokens: llama-server ends a
-        prefill step there (``EngineProfile.step_tokens``); -1 for none (a text completion)."""
-        stream = self.chain.stream
-        at = stream.rfind(USER_MARK) if stream else -1
-        return -1 if at <= 0 else round(self.prompt_tokens * at / len(stream))
+        prefill step there (``EngineProfile.step_tokens``); -1 for none."""
+        return -1 if self.user_share <= 0 else round(self.prompt_tokens * self.user_share)
 
 
 class SessionView(msgspec.Struct, frozen=True):

@@ -9,7 +9,6 @@ from typing import Any
 
 from backends.sim import tokenizer
 from backends.sim.chat import InvalidChat, chosen_tool, render_chat
-from backends.sim.tokenizer import IM_START
 
 
 class Endpoint(StrEnum):
@@ -78,8 +77,13 @@ def _prompt_tokens(
         if not isinstance(messages, list):
             raise InvalidChat("'messages' must be a non-empty list", "messages")
         text = render_chat(messages, tools)
-        at = text.rfind(f"{IM_START}user\n")
-        user_start = len(tokenizer.encode(text[:at])) if at > 0 else -1
+        users = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"]
+        before = (
+            render_chat(messages[: users[-1]], tools, add_generation_prompt=False)
+            if users and users[-1]
+            else ""
+        )
+        user_start = len(tokenizer.encode(before)) if before else -1  # a tool message is no user message
         return (
             tokenizer.encode(text),
             chosen_tool(messages, tools, body.get("tool_choice", "auto")),

@@ -54,6 +54,18 @@ def test_the_router_and_the_simulator_find_the_last_user_message() -> None:
     assert 0.8 < features.user_start / features.prompt_tokens < 1.0
     text = request_features({"model": "m", "prompt": "x " * 50}, Api.COMPLETIONS, {}, ModelFacts("m"))
     assert text.user_start == -1
+    tool_results = [  # Claude Code's turns: the tools' output in a user message is no user message
+        {"role": "user", "content": "fix the failing test " * 40},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x " * 300}]},
+    ]
+    agent = request_features({"model": "m", "messages": tool_results, "max_tokens": 8}, Api.MESSAGES, {},
+                             ModelFacts("m"))  # fmt: skip
+    assert agent.user_start == -1  # the only real user message starts the prompt
+    asked_again = [*tool_results, {"role": "user", "content": [{"type": "text", "text": "and now?"}]}]
+    again = request_features({"model": "m", "messages": asked_again, "max_tokens": 8}, Api.MESSAGES, {},
+                             ModelFacts("m"))  # fmt: skip
+    assert again.user_start > 0.9 * again.prompt_tokens
     request = parse_request({"messages": messages}, Endpoint.CHAT, llama=True)
     assert 0.8 < request.user_start / len(request.prompt) < 1.0
     one = parse_request({"messages": messages[1:2]}, Endpoint.CHAT, llama=True)
