@@ -27,6 +27,8 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
+from backends.clock import WALL, Clock
+
 POLL_S = 0.1
 """How often a load or unload in progress is looked at."""
 
@@ -74,6 +76,8 @@ class _Http:
     timeout_s: float = 600.0
     """The longest one step may take (a level-2 reload of the weights reads them from disk)."""
     sleep: Sleep = asyncio.sleep
+    clock: Clock = WALL
+    """What a step's deadline is read on (the gateway's clock)."""
 
     def _headers(self) -> dict[str, str]:
         headers = {"content-type": "application/json"}
@@ -168,7 +172,7 @@ class LlamaRouterModel(_Http):
         )
 
     async def _until(self, step: str, wanted: str) -> None:
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        deadline = self.clock.monotonic() + self.timeout_s
         while True:
             value, status = await self.status()
             if value == wanted:
@@ -176,7 +180,7 @@ class LlamaRouterModel(_Http):
             if status.get("failed"):
                 code = status.get("exit_code")
                 raise SwitchError(self.backend_id, step, f"{self.model} failed to load (exit code {code})")
-            if asyncio.get_running_loop().time() > deadline:
+            if self.clock.monotonic() > deadline:
                 raise SwitchError(
                     self.backend_id, step, f"{self.model} still {value} after {self.timeout_s:g} s"
                 )

@@ -168,7 +168,9 @@ def build_core(
     )
     if record and settings.record.path is not None and settings.record.on_start:
         router.recorder = settings.record.recorder()
-    residency = Residency(settings.residency, engine_switches(settings, client, asyncio.sleep), fleet, clock)
+    residency = Residency(
+        settings.residency, engine_switches(settings, client, asyncio.sleep, clock), fleet, clock
+    )
     router.asleep = residency.asleep
     metrics = Metrics()
     metrics.residency = residency.view

@@ -54,7 +54,9 @@ POLL_S = 0.05
 """How often a drain looks at the requests in flight, and a probe after a wake is repeated."""
 
 
-def engine_switches(settings: Settings, client: httpx.AsyncClient, sleep: Sleep) -> dict[str, EngineSwitch]:
+def engine_switches(
+    settings: Settings, client: httpx.AsyncClient, sleep: Sleep, clock: Clock
+) -> dict[str, EngineSwitch]:
     """How each residency member sleeps and wakes (``backends.residency``), by backend id."""
     backends = {b.id: b for b in settings.backends}
     out: dict[str, EngineSwitch] = {}
@@ -68,6 +70,7 @@ def engine_switches(settings: Settings, client: httpx.AsyncClient, sleep: Sleep)
                 "api_key": backend.api_key,
                 "timeout_s": one.step_timeout_s,
                 "sleep": sleep,
+                "clock": clock,
             }
             if backend.kind is EngineKind.VLLM:
                 out[backend.id] = VllmSleep(**common, level=member.sleep_level)

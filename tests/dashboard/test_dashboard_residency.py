@@ -11,17 +11,13 @@ import pytest
 
 from tests.dashboard.conftest import screenshot
 from tests.dashboard.test_dashboard import log_in
-from tests.e2e.test_residency import Residency, settled, start_cards
+from tests.e2e.test_residency import Residency, running_cards, settled
 
 
 @pytest.fixture(scope="module")
 def cards() -> Iterator[Residency]:
-    running = start_cards()
-    try:
+    with running_cards() as running:
         yield running
-    finally:
-        for server in (running.gateway, *running.sims.values()):
-            server.stop()
 
 
 def test_the_policy_page_switches_the_gpus_and_shows_each_step(page: Any, cards: Residency) -> None:

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,14 +52,21 @@ def free_port() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-@pytest.fixture(scope="module")
-def cards() -> Iterator[Residency]:
+@contextmanager
+def running_cards() -> Iterator[Residency]:
+    """``start_cards``, stopped on the way out (the e2e and dashboard tests' module fixture)."""
     running = start_cards()
     try:
         yield running
     finally:
         for server in (running.gateway, *running.sims.values()):
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def cards() -> Iterator[Residency]:
+    with running_cards() as running:
+        yield running
 
 
 def start_cards() -> Residency:
