@@ -34,6 +34,10 @@
 #   drop:FORMAT       delete that format's 27B GGUF (/dev/shm holds about 64 GiB)
 #   router:FLAGSET    router mode over /dev/shm/q27/ (every format written): load, first answer and
 #                     unload times (bench/gpu/router.py) -> $OUT/router.json
+#   share:FLAGSET     vLLM and llama-server on one GPU in turn, switched by turnout serve (issue #62 item
+#                     5): needs vLLM from `bench/gpu/vllm.sh serve:recipe` (sleep mode, bf16 KV) on port
+#                     8000 and a gguf27 stage first; router mode over that GGUF's folder with the flag
+#                     set's flags (bench/gpu/residency_switch.py) -> $OUT/residency-switch.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}
@@ -207,6 +211,15 @@ stage_router() {
     --port "$PORT" --rounds 2 --log "$OUT/router-server.log" --out "$OUT/router.json" 2>&1 | tee "$OUT/router.log"
 }
 
+stage_share() {
+  python_env
+  flags_for "$1" > "$OUT/flags-share.txt"
+  python3 bench/gpu/residency_switch.py --vllm "http://127.0.0.1:${VLLM_PORT:-8000}" --server "$SERVER" \
+    --models-dir "$(dirname "$MODEL")" --router-model "$(basename "$MODEL" .gguf)" \
+    --flags-file "$OUT/flags-share.txt" --port "$PORT" --log "$OUT/share-router.log" \
+    --out "$OUT/residency-switch.json" 2>&1 | grep -v '^\S* \S* \[info' | tee "$OUT/residency-switch.log"
+}
+
 profile_of() {  # this machine's calibration of a flag set, else the committed one
   if [ -s "$(profile_out "$1")" ]; then profile_out "$1"; return; fi
   local kept
@@ -264,6 +277,7 @@ for step in "$@"; do
     gguf27) stage_gguf27 "$a" ;;
     streams) stage_streams "$a" "$b" ;;
     router) stage_router "$a" ;;
+    share) stage_share "$a" ;;
     drop) rm -f "/dev/shm/q27/q27-$a.gguf"; say "dropped q27-$a.gguf; /dev/shm: $(df -h /dev/shm | tail -1)" ;;
     stop) stop_server ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
