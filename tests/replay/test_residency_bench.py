@@ -45,7 +45,7 @@ def test_a_phase_after_a_switch_waits_for_the_drain_and_the_switch() -> None:
         )
     ]
     parts = [("a", first), ("b", second)]
-    out = residency.switching(parts, {"a": "vllm", "b": "flash-gpu"})
+    out = residency.hindsight(parts, {"a": "vllm", "b": "flash-gpu"})
     assert (out["switches"], out["requests"]) == (1, 4)
     took = residency.SWITCH_S["vllm"][0] + residency.SWITCH_S["flash-gpu"][1]
     assert out["switching_s"] == pytest.approx(took)
@@ -62,13 +62,35 @@ def test_the_benchmark_prints_each_phase_against_every_static_choice(tmp_path: P
     out = tmp_path / "residency.json"
     assert residency.main(["--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert set(data["phases"]) == {"agent-27b", "chat-27b", "flash-next", "both", "alternating"}
+    assert set(data["phases"]) == {
+        *("agent-27b", "chat-27b", "flash-next", "both", "alternating"),
+        *("val-alternating-7", "val-alternating-8"),  # the validation traces, kept apart
+    }
     for phase, rows in data["phases"].items():
         assert set(residency.STATICS) <= set(rows), phase
         assert rows["vllm"]["served"], phase  # vLLM holding the cards serves both models
     hind = data["phases"]["alternating"]["switching (hindsight)"]
     assert hind["requests"] == data["phases"]["alternating"]["vllm"]["requests"]  # none lost
-    assert (
-        hind["switches"] == sum(1 for a, b in zip("abab", "bab", strict=False) if a != b)
-        or hind["switches"] >= 0
-    )
+    assert hind["switches"] == 3  # agent-27b, flash-next, agent-27b, flash-next: a switch at each change
+    auto = data["phases"]["alternating"]["automatic"]
+    assert auto["requests"] == hind["requests"]
+    assert len(auto["decisions"]) <= 3  # no flapping: at most one switch per phase change
+    for phase in ("agent-27b", "chat-27b", "both"):  # the 27B asked for: the cards stay with vLLM
+        assert data["phases"][phase]["automatic"]["switches"] == 0, phase
+
+
+def test_the_automatic_policy_decides_from_what_has_arrived_and_moves_back_for_the_27b() -> None:
+    """Online: it switches to Flash-Next's member only after Flash-Next requests have arrived, and back
+    to vLLM at the first 27B request (whose model would otherwise have no home)."""
+    phases = residency.phase_traces()
+    parts = residency.alternating(phases)
+    whole = sorted((r for _, t in parts for r in t), key=lambda r: r.t)
+    out = residency.automatic(whole, "vllm")
+    starts = {index: trace[0].t for index, (_, trace) in enumerate(parts)}
+    decisions = out["decisions"]
+    assert [m for _, m in decisions] == ["flash-gpu", "vllm", "flash-gpu"]
+    assert starts[1] <= decisions[0][0] < starts[2]  # after Flash-Next's first request, not before
+    assert decisions[1][0] == pytest.approx(starts[2], abs=0.1)  # the 27B's first request: at once
+    serialized = residency.automatic(whole, "vllm", overlap=False)
+    assert serialized["decisions"] == decisions  # the same choices, priced without the overlap
+    assert serialized["awaited_mean_s"] >= out["awaited_mean_s"]
