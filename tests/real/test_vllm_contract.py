@@ -12,12 +12,14 @@ match. Values (text, timings, token counts) are the engines' own.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from backends.calibrate.engines import WORDS
 from backends.parsers.prometheus import parse_samples
 from backends.sim import SimConfig, create_sim_app
 from policies import Architecture
@@ -364,3 +366,29 @@ def test_completion_ids_look_alike(pair: Pair) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     real_id, sim_id = (client.post("/v1/chat/completions", json=body).json()["id"] for client in pair)
     assert (real_id.split("-", 1)[0], len(real_id)) == (sim_id.split("-", 1)[0], len(sim_id))
+
+
+def test_a_growing_prompt_reuses_whole_blocks_of_the_last_one_on_both(pair: Pair, real: VllmServer) -> None:
+    """Append-only turns, each its predecessor's prompt plus more words (one token answered, so what
+    the engine keeps of a turn is its prompt): both engines reuse exactly the whole blocks of the
+    previous prompt, ``floor(previous / block) * block``, each by its own token counts, every turn
+    (the measured rule of vLLM 0.25 on the GPU, docs/engines.md; the simulator's prefix cache)."""
+    block = real.attention_block_size()
+    assert block is not None, real.log_tail()
+    words = WORDS.split()
+    rng = random.Random(61)
+    prompt = " ".join(rng.choices(words, k=30))
+    seen: dict[str, list[tuple[int, int]]] = {"real": [], "sim": []}
+    for _ in range(6):
+        prompt += " " + " ".join(rng.choices(words, k=40))
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        for name, response in zip(
+            ("real", "sim"), both(pair, "POST", "/v1/completions", json=body), strict=True
+        ):
+            assert response.status_code == 200, (name, response.text)
+            usage = response.json()["usage"]
+            seen[name].append((usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]))
+    print(f"\nblock {block}: (prompt, cached) per turn {seen}")
+    for name, turns in seen.items():
+        expected = [0] + [previous // block * block for previous, _ in turns[:-1]]
+        assert [cached for _, cached in turns] == expected, (name, block, turns)

@@ -168,12 +168,6 @@ def test_learned_cache_stats_follow_the_engine(gateway: Gateway, real: VllmServe
     assert snapshot.cache_block == block  # what /metrics says
     # and what its KV cache holds (the prefix cache's bound): this conversation fits, as predicted
     assert (snapshot.cache_tokens or 0) > sum(prompt for prompt, _, _ in rows), snapshot.cache_tokens
-    if misses:
-        # Known gap of the cost model (policies/cost.py, policies/learning.py): after one hit the
-        # learned block is that hit's size (the gcd of one sample, here 2 engine blocks), and the
-        # prediction floors ``sent * reuse`` to it, so turn 3 under-predicts by two engine blocks.
-        # From turn 4 the gcd has come down to the engine's block and the prediction is within one.
-        pytest.xfail(f"turn 3 expected {misses[0][1]}, engine cached {misses[0][2]} (block {block})")
 
 
 def test_too_long_prompt_is_refused_before_sending(gateway: Gateway, real: VllmServer) -> None:
