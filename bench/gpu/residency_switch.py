@@ -102,8 +102,9 @@ def stream(client: httpx.Client, label: str, session: str, messages: list[dict[s
                 continue
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and "ttft_s" not in row:
+                delta = choice.get("delta") or {}
+                piece = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+                if "ttft_s" not in row:  # the first event of the answer (a random model's text may be empty)
                     row["ttft_s"] = round(time.perf_counter() - started, 3)
                     if first is not None:
                         first.set()
