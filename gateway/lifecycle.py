@@ -186,10 +186,11 @@ class Lifecycle:
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
     async def wait(self, routed: Routed, excluded: frozenset[str]) -> Routed:
-        """No backend could take the request, and a residency switch is waking one that could: wait
-        for it (at most the set's ``wait_s``) and route again, once; else ``routed`` as it is."""
+        """No backend could take the request, and a residency switch is waking one that could (or a
+        set that wakes on demand starts one now): wait for it (at most the set's ``wait_s``) and
+        route again, once; else ``routed`` as it is."""
         asleep = [r.backend_id for r in routed.decision.rejected if r.reason is Reason.ASLEEP]
-        if self.residency is None or not self.residency.waking(asleep):
+        if self.residency is None or not self.residency.can_wake(asleep):
             return routed
         started = self.fleet.clock.monotonic()
         await self.residency.wait_for(asleep)

@@ -34,6 +34,7 @@ from backends.fleet import Fleet
 from backends.residency import EngineSwitch, LlamaRouterModel, SwitchError, VllmSleep
 from gateway.residency_state import (
     HISTORY,
+    ON_DEMAND,
     START,
     Phase,
     SetState,
@@ -131,17 +132,45 @@ class Residency:
             if b == s.current.target
         ]
 
+    def can_wake(self, backends: Sequence[str]) -> bool:
+        """Whether a request that only ``backends`` (asleep) could take may wait: a switch is waking
+        one of them, or one is in a set that wakes its members on demand."""
+        return bool(self.waking(backends)) or any(
+            s.config.on_demand and any(b in s.members for b in backends) for s in self.sets.values()
+        )
+
+    def on_demand(self, backends: Sequence[str]) -> None:
+        """In each steady set that wakes on demand, start a switch to the first of ``backends`` it
+        holds asleep (``by`` "on-demand")."""
+        for name, state in self.sets.items():
+            if not state.config.on_demand or state.current is not None or state.phase is not Phase.STEADY:
+                continue
+            wanted = next((b for b in backends if b in state.members and b != state.awake), None)
+            if wanted is not None:
+                log.info("residency.on_demand", set=name, wake=wanted, awake=state.awake)
+                self.start(name, wanted, ON_DEMAND)
+
+    def _turn_coming(self, backends: Sequence[str]) -> bool:
+        """A switch runs in a set that wakes on demand and holds one of ``backends``: once it ends,
+        demand can switch that set again."""
+        return any(
+            s.config.on_demand and s.current is not None and any(b in s.members for b in backends)
+            for s in self.sets.values()
+        )
+
     async def wait_for(self, backends: Sequence[str], timeout_s: float | None = None) -> bool:
-        """Wait until one of ``backends`` is awake, while a switch is waking it, at most its set's
-        ``wait_s`` (or ``timeout_s``); whether one is."""
+        """Wait until one of ``backends`` is awake, while a switch is waking it (in a set that wakes on
+        demand, after starting that switch, or after the switch running there ends), at most its
+        set's ``wait_s`` (or ``timeout_s``); whether one is."""
         sets = [s for s in self.sets.values() if any(b in s.members for b in backends)]
         limit = timeout_s if timeout_s is not None else min((s.config.wait_s for s in sets), default=0.0)
         deadline = self.clock.monotonic() + limit
         while True:
             if any(s.phase is Phase.STEADY and s.awake in backends for s in sets):
                 return True
+            self.on_demand(backends)
             left = deadline - self.clock.monotonic()
-            if left <= 0 or not self.waking(backends):
+            if left <= 0 or not (self.waking(backends) or self._turn_coming(backends)):
                 return False
             events = [asyncio.ensure_future(s.changed.wait()) for s in sets]
             try:
@@ -303,6 +332,7 @@ class Residency:
                 "history": [s.view() for s in reversed(state.history)],
                 "counts": dict(state.counts),
                 "wait_s": state.config.wait_s,
+                "on_demand": state.config.on_demand,
             }
             for name, state in self.sets.items()
         ]

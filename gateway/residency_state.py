@@ -16,6 +16,8 @@ HISTORY = 20
 """Switches kept per set for the admin API and the dashboard."""
 START = "start"
 """Who a switch of the gateway's own start-up is by (``gateway.residency_start``)."""
+ON_DEMAND = "on-demand"
+"""Who a switch is by when a request woke the member it needs (``ResidencyConfig.on_demand``)."""
 
 Sleep = Callable[[float], Awaitable[None]]
 

@@ -51,6 +51,11 @@ class ResidencyConfig(BaseModel):
     switch is called off and that member keeps the GPUs (no stream is ever cut)."""
     step_timeout_s: float = Field(600.0, gt=0)
     """The longest one step (free, wake, the probe after it) may take before the switch fails."""
+    on_demand: bool = False
+    """A request whose model only an asleep member of this set serves wakes that member (a switch by
+    ``on-demand``, drained like any) and waits for it, at most ``wait_s``; off: it is refused (503,
+    asleep). Two models that both need the GPUs then take turns by demand, as llama-swap swaps them:
+    each turn costs a switch (docs/residency.md)."""
 
     @property
     def first_awake(self) -> str:

@@ -234,3 +234,57 @@ def test_bad_switches_are_refused_with_the_reason(cards: Residency) -> None:
         bad = client.post("/admin/api/residency/cards", json={"to": "vllm-a"}, headers=ADMIN)
         assert bad.status_code == 400
         assert client.post("/admin/api/residency/cards", json={"wake": "vllm-a"}).status_code == 401
+
+
+def test_on_demand_a_request_for_the_asleep_model_wakes_its_member(tmp_path: Any) -> None:
+    """Two models on two sleep-mode vLLMs that share the cards, woken on demand (``on_demand``): a
+    request for the one asleep wakes its member and is answered there after the wait it reports, as
+    llama-swap swaps; the next request for the other model swaps back."""
+    sims = {}
+    for name in ("vllm-a", "vllm-b"):
+        config = SimConfig(kind="vllm", model=f"up-{name}", time_scale=SCALE, enable_sleep_mode=True,
+                           architecture=Architecture.HYBRID)  # fmt: skip
+        sims[name] = ServerThread(create_sim_app(config)).start()
+    engine = {"probe_interval_s": 0.2, "timeouts": {"probe": PROBE_TIMEOUT_S}}
+    settings = load_settings(
+        None,
+        backends=[{"id": n, "kind": "vllm", "url": s.url, **engine} for n, s in sims.items()],
+        models=[
+            {"name": n.removeprefix("vllm-"), "architecture": "hybrid",
+             "deployments": [{"backend": n, "upstream_name": f"up-{n}"}]}
+            for n in sims
+        ],
+        residency=[{"name": "cards", "members": [{"backend": n} for n in sims], "awake": "vllm-a",
+                    "wait_s": 20, "step_timeout_s": 5, "on_demand": True}],
+    )  # fmt: skip
+    gateway = ServerThread(create_app(settings)).start()
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=30) as client:
+            assert settled(client)["awake"] == "vllm-a"
+
+            def chat(model: str) -> httpx.Response:
+                body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+                return client.post("/v1/chat/completions", json=body)
+
+            woke = chat("b")
+            assert woke.status_code == 200, woke.text
+            assert woke.headers["x-turnout-backend"] == "vllm-b"
+            assert float(woke.headers["x-turnout-residency-wait"]) > 0
+            back = chat("a")
+            assert back.status_code == 200, back.text
+            assert back.headers["x-turnout-backend"] == "vllm-a"
+            state = settled(client)
+            switches = [h for h in reversed(state["history"]) if h["by"] != "start"]  # not the start check
+            assert [(h["to"], h["by"], h["result"]) for h in switches] == [
+                ("vllm-b", "on-demand", "done"),
+                ("vllm-a", "on-demand", "done"),
+            ]
+            assert state["on_demand"] is True
+            metrics = client.get("/metrics").text
+            assert 'turnout_residency_switches_total{result="done",set="cards"} 2.0' in metrics
+        for name, awake in (("vllm-a", True), ("vllm-b", False)):
+            asleep = httpx.get(sims[name].url + "/is_sleeping", timeout=10).json()["is_sleeping"]
+            assert asleep is not awake, name
+    finally:
+        for server in (gateway, *sims.values()):
+            server.stop()

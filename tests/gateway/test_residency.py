@@ -232,6 +232,59 @@ def test_a_request_waits_for_the_member_being_woken_at_most_wait_s() -> None:
     asyncio.run(go())
 
 
+def test_on_demand_a_request_for_an_asleep_member_wakes_it_and_waits() -> None:
+    async def go() -> None:
+        residency, engines, _ = controller(on_demand=True, wait_s=5)
+        assert residency.can_wake(["b"])  # nothing runs yet, but the set wakes on demand
+        assert await residency.wait_for(["b"]) is True
+        view = residency.view()[0]
+        assert view["awake"] == "b"
+        assert view["on_demand"] is True
+        assert [(h["from"], h["to"], h["by"], h["result"]) for h in view["history"]] == [
+            ("a", "b", "on-demand", "done")
+        ]
+        assert engines["a"].calls == ["free a"]
+
+    asyncio.run(go())
+
+
+def test_on_demand_a_request_waits_out_the_switch_running_then_takes_its_turn() -> None:
+    """Demand for ``a`` while an admin's switch to ``b`` runs: the request waits for it to end, then
+    demand switches back (no refusal, one deadline for both)."""
+
+    async def go() -> None:
+        residency, engines, _ = controller(on_demand=True, wait_s=5)
+        slow = asyncio.Event()
+        wake_b = engines["b"].wake
+
+        async def wake() -> None:
+            await slow.wait()
+            await wake_b()
+
+        engines["b"].wake = wake  # type: ignore[method-assign]
+        residency.start("cards", "b", "admin")
+        waiting = asyncio.ensure_future(residency.wait_for(["a"]))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # b is being woken: a's request waits, it is not refused
+        slow.set()
+        assert await waiting is True
+        history = [(h["to"], h["by"]) for h in reversed(residency.view()[0]["history"])]
+        assert history == [("b", "admin"), ("a", "on-demand")]
+
+    asyncio.run(go())
+
+
+def test_without_on_demand_a_request_for_an_asleep_member_switches_nothing() -> None:
+    async def go() -> None:
+        residency, engines, _ = controller(wait_s=5)
+        assert not residency.can_wake(["b"])
+        assert await residency.wait_for(["b"]) is False
+        assert residency.view()[0]["history"] == []
+        assert engines["a"].calls == []
+
+    asyncio.run(go())
+
+
 def test_the_start_check_frees_before_it_wakes_and_locks_the_set() -> None:
     async def go() -> None:
         residency, engines, _ = controller()
