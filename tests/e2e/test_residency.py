@@ -280,6 +280,8 @@ def test_on_demand_a_request_for_the_asleep_model_wakes_its_member(tmp_path: Any
                 ("vllm-a", "on-demand", "done"),
             ]
             assert state["on_demand"] is True
+            page = client.get("/admin/policy", headers=ADMIN).text
+            assert "On demand: a request for a model only an asleep member serves wakes it." in page
             metrics = client.get("/metrics").text
             assert 'turnout_residency_switches_total{result="done",set="cards"} 2.0' in metrics
         for name, awake in (("vllm-a", True), ("vllm-b", False)):
