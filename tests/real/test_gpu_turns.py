@@ -57,3 +57,6 @@ def test_turns_measure_both_times_beside_turnouts_predictions(
             errors = agreement[part][what]
             assert 0 <= errors["median"] <= errors["worst"]
     assert '"agreement"' in result.stdout
+    # the model's chars per token is the engine's own on these words, not turnout's prior (3.6)
+    assert got["chars_per_token"] > 0
+    assert "chars per token (the engine's tokenizer on these words)" in result.stdout
