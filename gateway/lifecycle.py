@@ -190,10 +190,11 @@ class Lifecycle:
         set that wakes on demand starts one now): wait for it (at most the set's ``wait_s``) and
         route again, once; else ``routed`` as it is."""
         asleep = [r.backend_id for r in routed.decision.rejected if r.reason is Reason.ASLEEP]
-        if self.residency is None or not self.residency.can_wake(asleep):
+        serving = [r.backend_id for r in routed.decision.rejected]  # whatever kept each from taking it
+        if self.residency is None or not self.residency.can_wake(asleep, serving):
             return routed
         started = self.fleet.clock.monotonic()
-        await self.residency.wait_for(asleep)
+        await self.residency.wait_for(asleep, serving=serving)
         waited = self.fleet.clock.monotonic() - started
         log.info("residency.waited", backends=asleep, waited_s=round(waited, 3))
         again = await self.router.decide(routed.features, routed.session, excluded, routed.overflowed)

@@ -52,6 +52,9 @@ __all__ = ["Phase", "Residency", "SwitchBusy", "UnknownMember", "engine_switches
 
 log = structlog.get_logger(__name__)
 POLL_S = 0.05
+ON_DEMAND_RETRY_S = 30.0
+"""After a switch to a member fails or is called off, demand does not ask for that member again
+for this long (each try drains, frees and wakes the member that works)."""
 """How often a drain looks at the requests in flight, and a probe after a wake is repeated."""
 
 
@@ -132,49 +135,88 @@ class Residency:
             if b == s.current.target
         ]
 
-    def can_wake(self, backends: Sequence[str]) -> bool:
+    def can_wake(self, backends: Sequence[str], serving: Sequence[str] = ()) -> bool:
         """Whether a request that only ``backends`` (asleep) could take may wait: a switch is waking
-        one of them, or one is in a set that wakes its members on demand."""
+        one of them, or a set would wake one on demand (``serving``: every backend that serves the
+        request's model, whatever kept it from taking it)."""
         return bool(self.waking(backends)) or any(
-            s.config.on_demand and any(b in s.members for b in backends) for s in self.sets.values()
+            self._wants(s, backends, serving) is not None for s in self.sets.values()
         )
 
-    def on_demand(self, backends: Sequence[str]) -> None:
-        """In each steady set that wakes on demand, start a switch to the first of ``backends`` it
-        holds asleep (``by`` "on-demand")."""
+    def _wants(self, state: SetState, backends: Sequence[str], serving: Sequence[str]) -> str | None:
+        """The member of ``state`` demand would wake for such a request. None where the set does not
+        wake on demand, where its awake member (or the one a running switch wakes) serves the model
+        too but cannot take it (down, drained or excluded after a failure: waking another would move
+        the model there for good), or where a switch to the member failed less than
+        ``ON_DEMAND_RETRY_S`` ago."""
+        holder = state.current.target if state.current is not None else state.awake  # once it ends
+        if not state.config.on_demand or (holder in serving and holder not in backends):
+            return None
+        now = self.clock.monotonic()
+        return next(
+            (
+                b
+                for b in backends
+                if b in state.members
+                and b != holder
+                and now - state.refused.get(b, float("-inf")) >= ON_DEMAND_RETRY_S
+            ),
+            None,
+        )
+
+    def on_demand(self, backends: Sequence[str], serving: Sequence[str] = ()) -> None:
+        """Start a switch (``by`` "on-demand") in the first set that would wake one of ``backends``
+        for such a request, if it is steady and its member awake has held the GPUs ``min_awake_s``."""
+        now = self.clock.monotonic()
         for name, state in self.sets.items():
-            if not state.config.on_demand or state.current is not None or state.phase is not Phase.STEADY:
+            wanted = self._wants(state, backends, serving)
+            if wanted is None:
                 continue
-            wanted = next((b for b in backends if b in state.members and b != state.awake), None)
-            if wanted is not None:
+            steady = state.current is None and state.phase is Phase.STEADY
+            if steady and now >= state.woke_at + state.config.min_awake_s:
                 log.info("residency.on_demand", set=name, wake=wanted, awake=state.awake)
                 self.start(name, wanted, ON_DEMAND)
+            return  # one set a request
 
-    def _turn_coming(self, backends: Sequence[str]) -> bool:
-        """A switch runs in a set that wakes on demand and holds one of ``backends``: once it ends,
-        demand can switch that set again."""
-        return any(
-            s.config.on_demand and s.current is not None and any(b in s.members for b in backends)
-            for s in self.sets.values()
-        )
+    def _turn_coming(self, backends: Sequence[str], serving: Sequence[str]) -> float | None:
+        """Seconds until a set that would wake one of ``backends`` on demand may start its switch (0:
+        when the switch running there ends); None: no set will."""
+        now = self.clock.monotonic()
+        for state in self.sets.values():
+            if self._wants(state, backends, serving) is not None:
+                return (
+                    0.0
+                    if state.current is not None
+                    else max(0.0, state.woke_at + state.config.min_awake_s - now)
+                )
+        return None
 
-    async def wait_for(self, backends: Sequence[str], timeout_s: float | None = None) -> bool:
+    async def wait_for(
+        self, backends: Sequence[str], timeout_s: float | None = None, serving: Sequence[str] = ()
+    ) -> bool:
         """Wait until one of ``backends`` is awake, while a switch is waking it (in a set that wakes on
-        demand, after starting that switch, or after the switch running there ends), at most its
-        set's ``wait_s`` (or ``timeout_s``); whether one is."""
+        demand: after starting that switch, or once the switch running there or the awake member's
+        ``min_awake_s`` ends), at most its set's ``wait_s`` (or ``timeout_s``); whether one is. A
+        switch to one of them that fails or is called off meanwhile ends the wait at once."""
         sets = [s for s in self.sets.values() if any(b in s.members for b in backends)]
         limit = timeout_s if timeout_s is not None else min((s.config.wait_s for s in sets), default=0.0)
-        deadline = self.clock.monotonic() + limit
+        began = self.clock.monotonic()
+        deadline = began + limit
         while True:
             if any(s.phase is Phase.STEADY and s.awake in backends for s in sets):
                 return True
-            self.on_demand(backends)
+            if any(s.refused.get(b, float("-inf")) >= began for s in sets for b in backends):
+                return False
+            self.on_demand(backends, serving)
             left = deadline - self.clock.monotonic()
-            if left <= 0 or not (self.waking(backends) or self._turn_coming(backends)):
+            coming = None if self.waking(backends) else self._turn_coming(backends, serving)
+            if left <= 0 or (not self.waking(backends) and coming is None):
                 return False
             events = [asyncio.ensure_future(s.changed.wait()) for s in sets]
             try:
-                await asyncio.wait(events, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    events, timeout=min(left, coming or left), return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 for event in events:
                     event.cancel()
@@ -213,11 +255,12 @@ class Residency:
         freeing = False
         try:
             self.phase(state, Phase.DRAINING)
-            if not await self.timed(switch, "drain", self.drain(switch.source, state.config.drain_s)):
+            drain_s = state.config.drain_s  # on demand: no longer than the request that asked waits
+            drain_s = min(drain_s, state.config.wait_s) if switch.by == ON_DEMAND else drain_s
+            if not await self.timed(switch, "drain", self.drain(switch.source, drain_s)):
                 switch.result = "called-off"
                 switch.error = (
-                    f"{switch.source} still had requests in flight after {state.config.drain_s:g} s:"
-                    " it keeps the GPUs"
+                    f"{switch.source} still had requests in flight after {drain_s:g} s: it keeps the GPUs"
                 )
                 return
             self.phase(state, Phase.FREEING)
@@ -280,6 +323,10 @@ class Residency:
     def finish(self, state: SetState, switch: Switch) -> None:
         state.current = None
         state.phase = Phase.STEADY
+        if switch.result == "done":
+            state.woke_at = self.clock.monotonic()
+        elif switch.result in ("failed", "called-off"):
+            state.refused[switch.target] = self.clock.monotonic()
         state.history = [*state.history, switch][-HISTORY:]
         if switch.by != START:  # the start-up check is on /health and the page, not a switch
             state.counts[switch.result] = state.counts.get(switch.result, 0) + 1

@@ -80,6 +80,9 @@ async def _later(residency: Residency, name: str, state: SetState, unknown: list
                 unknown.remove(backend)
                 continue
             awake = await _asks(state.members[backend])
+            if backend == state.awake:  # a switch woke it while we asked: it is the one awake now
+                unknown.remove(backend)
+                continue
             if awake is None or state.current is not None:
                 continue  # still silent, or a switch runs: ask again later
             unknown.remove(backend)

@@ -77,6 +77,10 @@ class SetState:
     counts: dict[str, int] = field(default_factory=dict)
     """Switches by how they ended (done, failed, called-off)."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    woke_at: float = float("-inf")
+    """When (monotonic) the member awake took the GPUs: on demand, it keeps them ``min_awake_s``."""
+    refused: dict[str, float] = field(default_factory=dict)
+    """Member -> when (monotonic) a switch to it last failed or was called off."""
 
     def notify(self) -> None:
         """Wake whoever waits for this set to change (``Residency.wait_for``), once."""

@@ -56,6 +56,10 @@ class ResidencyConfig(BaseModel):
     ``on-demand``, drained like any) and waits for it, at most ``wait_s``; off: it is refused (503,
     asleep). Two models that both need the GPUs then take turns by demand, as llama-swap swaps them:
     each turn costs a switch (docs/residency.md)."""
+    min_awake_s: float = Field(5.0, ge=0)
+    """On demand: a member just woken keeps the GPUs at least this long before demand moves them
+    again, so the requests it was woken for begin and two models asked for in turn do not switch at
+    every request (requests for the other member wait meanwhile, within ``wait_s``)."""
 
     @property
     def first_awake(self) -> str:
@@ -68,6 +72,8 @@ class ResidencyConfig(BaseModel):
             raise ValueError(f"residency.{self.name}: a member is listed twice")
         if self.awake is not None and self.awake not in ids:
             raise ValueError(f"residency.{self.name}: awake {self.awake!r} is not one of its members")
+        if self.on_demand and self.wait_s <= 0:
+            raise ValueError(f"residency.{self.name}: on_demand needs wait_s > 0 (the wait for the switch)")
         return self
 
 

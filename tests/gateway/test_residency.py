@@ -253,7 +253,7 @@ def test_on_demand_a_request_waits_out_the_switch_running_then_takes_its_turn() 
     demand switches back (no refusal, one deadline for both)."""
 
     async def go() -> None:
-        residency, engines, _ = controller(on_demand=True, wait_s=5)
+        residency, engines, _ = controller(on_demand=True, wait_s=5, min_awake_s=0.05)
         slow = asyncio.Event()
         wake_b = engines["b"].wake
 
@@ -270,6 +270,56 @@ def test_on_demand_a_request_waits_out_the_switch_running_then_takes_its_turn() 
         assert await waiting is True
         history = [(h["to"], h["by"]) for h in reversed(residency.view()[0]["history"])]
         assert history == [("b", "admin"), ("a", "on-demand")]
+
+    asyncio.run(go())
+
+
+def test_on_demand_the_member_just_woken_keeps_the_gpus_min_awake_s() -> None:
+    """The request a switch woke ``b`` for begins before demand for ``a`` may take the GPUs back: a
+    request for ``a`` right after waits out ``min_awake_s`` (it is not refused, and ``b`` is not freed
+    under the first one)."""
+
+    async def go() -> None:
+        residency, engines, _ = controller(on_demand=True, wait_s=5, min_awake_s=0.3)
+        assert await residency.wait_for(["b"]) is True
+        loop = asyncio.get_running_loop()
+        woke = loop.time()
+        assert await residency.wait_for(["a"]) is True
+        assert loop.time() - woke >= 0.25  # held for min_awake_s, then switched back
+        assert [h["to"] for h in reversed(residency.view()[0]["history"])] == ["b", "a"]
+        assert engines["b"].calls == ["wake b", "free b"]
+
+    asyncio.run(go())
+
+
+def test_on_demand_a_failed_wake_ends_the_wait_at_once_and_is_not_retried_in_a_loop() -> None:
+    async def go() -> None:
+        residency, engines, _ = controller(on_demand=True, wait_s=5)
+        engines["b"].fail["wake"] = SwitchError("b", "wake", "out of memory")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        assert await residency.wait_for(["b"]) is False
+        assert loop.time() - began < 2  # not the whole wait_s
+        view = residency.view()[0]
+        assert [h["result"] for h in view["history"]] == ["failed"]  # one try, not a loop
+        assert view["awake"] == "a"
+        assert not residency.can_wake(["b"])  # the next request is refused at once, for a while
+        assert await residency.wait_for(["b"]) is False
+        assert len(residency.view()[0]["history"]) == 1
+
+    asyncio.run(go())
+
+
+def test_on_demand_never_moves_a_model_whose_awake_member_serves_it_but_cannot_now() -> None:
+    """The awake member serves the request's model too but is down, drained, circuit-open or was
+    excluded after a failure: waking the other member would move the model there for good."""
+
+    async def go() -> None:
+        residency, engines, _ = controller(on_demand=True, wait_s=5)
+        assert not residency.can_wake(["b"], serving=["a", "b"])
+        assert await residency.wait_for(["b"], serving=["a", "b"]) is False
+        assert residency.view()[0]["history"] == []
+        assert engines["a"].calls == []
 
     asyncio.run(go())
 
