@@ -26,10 +26,10 @@ each ``PHASE_S`` after the one before: long enough for a phase to end before the
 The **switching** schedule is the upper bound of any policy: on ``alternating`` it knows each phase's
 best static choice in hindsight and switches at each phase change. Each phase is replayed cold on its
 best choice (a switch loses vLLM's prefix cache, and a new member starts empty); a switch starts when
-the previous phase's last request ended, takes the member's free and wake seconds (``SWITCH_S``: the
-H100's measurements scaled to the workstation, in the table below), and every request of the new
-phase that arrives before it ends waits until then. Targets (issue #62): where no phase gains 10% over
-the best static choice, there is no automatic policy to build.
+the member it frees has served what it was given (the drain), takes the members' free and wake
+seconds (``SWITCH_S``: the H100's measurements scaled to the workstation, in the table below), and
+every request of the new phase that arrives before it ends waits until then. Targets (issue #62):
+where no phase gains 10% over the best static choice, there is no automatic policy to build.
 
 The **automatic** rows run ``policies.residency.decide`` online (``automatic``): at every arrival and
 every ``TICK_S`` it sees only what has arrived; its switches are priced as above, the member it frees
@@ -42,17 +42,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from residency_render import render  # noqa: E402  (bench/residency_render.py)
+from residency_render import render, stats, summary  # noqa: E402  (bench/residency_render.py)
 
 from backends.engine_profiles import load_profile  # noqa: E402
 from gateway.logging import configure_logging  # noqa: E402
@@ -91,7 +90,7 @@ FIRST = "vllm"
 """The member awake at the start of every run of the automatic policy: deploy/residency/turnout.toml's."""
 AUTO = AutoRules()
 TICK_S = 5.0
-"""How often the gateway asks the automatic policy (``gateway.residency_auto``), besides each arrival."""
+"""How often the automatic policy is asked, besides at each arrival (it is not wired into the gateway)."""
 
 
 def phase_traces() -> dict[str, list[TraceRequest]]:
@@ -144,63 +143,6 @@ def replay(trace: Sequence[TraceRequest], static: str) -> list[Result] | None:
     return runs.runs["cost"]
 
 
-def summary(
-    results: Sequence[Result] | None, trace: Sequence[TraceRequest], extra: Sequence[float] = ()
-) -> dict[str, Any]:
-    """Mean and p90 of the TTFT and of what each client waits for (an agent's call: its last token),
-    and the mean session completion (a session's first arrival to its last answer); ``extra``:
-    seconds each request waited for a switch, added to each."""
-    if results is None:
-        return {"served": False}
-    done = [r for r in results if r.ok]
-    waits = list(extra) or [0.0] * len(trace)
-    return {
-        "served": True,
-        "requests": len(done),
-        "errors": len(results) - len(done),
-        **_times(done, trace, waits),
-        "end_s": round(max(r.end_s + waits[r.index] for r in done), 3),
-    }
-
-
-def _raw(
-    done: Sequence[Result], trace: Sequence[TraceRequest], waits: Sequence[float]
-) -> dict[str, list[float]]:
-    """Each request's TTFT and wait, each session's span (switch waits included)."""
-    agents = [r.agent for r in trace]
-    sessions: dict[str, list[Result]] = {}
-    for r in done:
-        if trace[r.index].session:
-            sessions.setdefault(str(trace[r.index].session), []).append(r)
-    return {
-        "ttft": [(r.ttft_s or 0.0) + waits[r.index] for r in done],
-        "awaited": [awaited_s(r, agents) + waits[r.index] for r in done],
-        "session": [
-            max(r.end_s + waits[r.index] for r in rs) - min(trace[r.index].t for r in rs)
-            for rs in sessions.values()
-        ],
-    }
-
-
-def _times(done: Sequence[Result], trace: Sequence[TraceRequest], waits: Sequence[float]) -> dict[str, float]:
-    return _stats(_raw(done, trace, waits))
-
-
-def _stats(raw: dict[str, list[float]]) -> dict[str, float]:
-    return {
-        "ttft_mean_s": round(statistics.fmean(raw["ttft"]), 3),
-        "ttft_p90_s": round(_p90(raw["ttft"]), 3),
-        "awaited_mean_s": round(statistics.fmean(raw["awaited"]), 3),
-        "awaited_p90_s": round(_p90(raw["awaited"]), 3),
-        "session_mean_s": round(statistics.fmean(raw["session"]), 1) if raw["session"] else 0.0,
-    }
-
-
-def _p90(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, -(-9 * len(ordered) // 10) - 1)]
-
-
 def validation() -> dict[str, list[TraceRequest]]:
     """Alternating traffic of other shapes and seeds, kept apart from the rows the automatic policy's
     knobs were chosen on (``AutoRules``' defaults): 3 agents on each model, the 27B's from 3k tokens,
@@ -246,9 +188,9 @@ def scheduled(
     without, it waits for the old home to finish (Flash-Next's two homes read their experts through
     the same CPU and RAM: the truth lies between the two)."""
     homes = placements()
-    awake, start = first, float("-inf")
+    awake, start, ready = first, float("-inf"), 0.0
     switches, switching_s = 0, 0.0
-    merged: dict[str, list[float]] = {"ttft": [], "awaited": [], "session": []}
+    merged = Merged()
     held: dict[str, float] = {}
     for at, target in [*decisions, (float("inf"), first)]:
         part = [r for r in trace if start <= r.t < at]
@@ -256,7 +198,7 @@ def scheduled(
         if at == float("inf"):
             break
         took = SWITCH_S[awake][0] + SWITCH_S[target][1]
-        ready = max(at, ends.get(MEMBER[awake], 0.0)) + took
+        ready = max(at, ready, ends.get(MEMBER[awake], 0.0)) + took  # after the switch before it, too
         old = STATICS[awake]
         held = {
             m: ready if overlap else max(ready, ends.get(old.get(m) or "", 0.0))
@@ -267,15 +209,32 @@ def scheduled(
         awake, start = target, at
     return {
         "served": True,
-        "requests": len(merged["ttft"]),
-        **_stats(merged),
+        "requests": len(merged.ttft),
+        "errors": merged.errors,
+        **stats(merged.raw()),
         "switches": switches,
         "switching_s": round(switching_s, 2),
     }
 
 
+@dataclass
+class Merged:
+    """What the stretches of a schedule add up to: each request's times, each session's first
+    arrival and last answer across every stretch it spans (a session that lives through a switch is
+    one session), and the requests that failed."""
+
+    ttft: list[float] = field(default_factory=list)
+    awaited: list[float] = field(default_factory=list)
+    spans: dict[str, list[float]] = field(default_factory=dict)
+    errors: int = 0
+
+    def raw(self) -> dict[str, list[float]]:
+        sessions = [end - first for first, end in self.spans.values()]
+        return {"ttft": self.ttft, "awaited": self.awaited, "session": sessions}
+
+
 def _stretch(
-    part: Sequence[TraceRequest], member: str, held: dict[str, float], merged: dict[str, list[float]]
+    part: Sequence[TraceRequest], member: str, held: dict[str, float], merged: Merged
 ) -> dict[str, float]:
     """``part`` replayed on ``member``, each model's requests held until ``held[model]`` (the switch
     before it); adds each request's times to ``merged``; when each backend's last request ended."""
@@ -287,10 +246,16 @@ def _stretch(
     if results is None:
         raise ValueError(f"{member} serves none of {sorted({r.model for r in part})}")
     done = [r for r in results if r.ok]
-    for key, values in _raw(done, part, waits).items():
-        merged[key] += values
+    merged.errors += len(results) - len(done)
+    agents = [r.agent for r in part]
     ends: dict[str, float] = {}
     for r in done:
+        merged.ttft.append((r.ttft_s or 0.0) + waits[r.index])
+        merged.awaited.append(awaited_s(r, agents) + waits[r.index])
+        session = part[r.index].session
+        if session:
+            span = merged.spans.setdefault(str(session), [part[r.index].t, 0.0])
+            span[0], span[1] = min(span[0], part[r.index].t), max(span[1], r.end_s + waits[r.index])
         backend = STATICS[member][part[r.index].model] or ""
         ends[backend] = max(ends.get(backend, 0.0), r.end_s)
     return ends
@@ -312,8 +277,9 @@ def automatic(
     trace: Sequence[TraceRequest], first: str, rules: AutoRules = AUTO, *, overlap: bool = True
 ) -> dict[str, Any]:
     """``trace`` under the automatic policy (policies/residency.py), run online: at every request's
-    arrival and every ``TICK_S`` it sees only the requests that have arrived, as the gateway does, and
-    it decides nothing while a switch it asked for still runs (its free and wake seconds)."""
+    arrival and every ``TICK_S`` it sees only the requests that have arrived, as a gateway would; while
+    a switch it asked for still runs (its free and wake seconds) it only queues the switch back that
+    homeless demand needs, for when that one ends."""
     homes = placements()
     awake, last, busy_until = first, None, float("-inf")
     decisions: list[tuple[float, str]] = []
@@ -327,13 +293,13 @@ def automatic(
                 Demand(pending.t, pending.model, pending.input_tokens, pending.max_tokens, pending.session)
             )
             pending = next(arrivals, None)
-        if now < busy_until:
-            continue
         verdict = decide(now, awake, homes, seen, last, rules)
-        if verdict.target is not None:
-            decisions.append((now, verdict.target))
-            busy_until = now + SWITCH_S[awake][0] + SWITCH_S[verdict.target][1]
-            awake, last = verdict.target, now
+        if verdict.target is None or (now < busy_until and not verdict.homeless):
+            continue
+        at = max(now, busy_until)  # homeless demand during a switch: the switch back once it ends
+        decisions.append((at, verdict.target))
+        busy_until = at + SWITCH_S[awake][0] + SWITCH_S[verdict.target][1]
+        awake, last = verdict.target, at
     out = scheduled(trace, decisions, first, overlap=overlap)
     out["decisions"] = [(round(t, 1), m) for t, m in decisions]
     return out

@@ -1,9 +1,15 @@
-"""bench/residency.py's table in Markdown, with what it concludes (issue #62, item 4)."""
+"""bench/residency.py's figures (each row's means, p90s and sessions) and its table in Markdown, with what
+it concludes (issue #62, item 4)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
+
+from gateway.replay.report import awaited_s
+from gateway.replay.results import Result
+from gateway.replay.traces import TraceRequest
 
 
 def render(table: dict[str, dict[str, Any]], best: dict[str, str], statics: Sequence[str]) -> str:
@@ -35,8 +41,8 @@ def render(table: dict[str, dict[str, Any]], best: dict[str, str], statics: Sequ
         gain = 1 - rows[static]["awaited_mean_s"] / rows[runner]["awaited_mean_s"]
         lines.append(f"- {phase}: best {static}, {gain:.0%} under the next best ({runner}) on the mean wait")
     alt = table["alternating"]
-    statics = [s for s in statics if alt[s]["served"]]
-    top = min(statics, key=lambda s: alt[s]["awaited_mean_s"])
+    serving = [s for s in statics if alt[s]["served"]]
+    top = min(serving, key=lambda s: alt[s]["awaited_mean_s"])
     beaten = [
         f"{phase} ({1 - table[phase][s]['awaited_mean_s'] / table[phase][top]['awaited_mean_s']:.0%} by {s})"
         for phase, s in best.items()
@@ -65,3 +71,60 @@ def render(table: dict[str, dict[str, Any]], best: dict[str, str], statics: Sequ
             f"{static['session_mean_s']:.0f} s"
         )
     return "\n".join(lines)
+
+
+def summary(
+    results: Sequence[Result] | None, trace: Sequence[TraceRequest], extra: Sequence[float] = ()
+) -> dict[str, Any]:
+    """Mean and p90 of the TTFT and of what each client waits for (an agent's call: its last token),
+    and the mean session completion (a session's first arrival to its last answer); ``extra``:
+    seconds each request waited for a switch, added to each."""
+    if results is None:
+        return {"served": False}
+    done = [r for r in results if r.ok]
+    waits = list(extra) or [0.0] * len(trace)
+    return {
+        "served": True,
+        "requests": len(done),
+        "errors": len(results) - len(done),
+        **_times(done, trace, waits),
+        "end_s": round(max(r.end_s + waits[r.index] for r in done), 3),
+    }
+
+
+def _raw(
+    done: Sequence[Result], trace: Sequence[TraceRequest], waits: Sequence[float]
+) -> dict[str, list[float]]:
+    """Each request's TTFT and wait, each session's span (switch waits included)."""
+    agents = [r.agent for r in trace]
+    sessions: dict[str, list[Result]] = {}
+    for r in done:
+        if trace[r.index].session:
+            sessions.setdefault(str(trace[r.index].session), []).append(r)
+    return {
+        "ttft": [(r.ttft_s or 0.0) + waits[r.index] for r in done],
+        "awaited": [awaited_s(r, agents) + waits[r.index] for r in done],
+        "session": [
+            max(r.end_s + waits[r.index] for r in rs) - min(trace[r.index].t for r in rs)
+            for rs in sessions.values()
+        ],
+    }
+
+
+def _times(done: Sequence[Result], trace: Sequence[TraceRequest], waits: Sequence[float]) -> dict[str, float]:
+    return stats(_raw(done, trace, waits))
+
+
+def stats(raw: dict[str, list[float]]) -> dict[str, float]:
+    return {
+        "ttft_mean_s": round(statistics.fmean(raw["ttft"]), 3),
+        "ttft_p90_s": round(_p90(raw["ttft"]), 3),
+        "awaited_mean_s": round(statistics.fmean(raw["awaited"]), 3),
+        "awaited_p90_s": round(_p90(raw["awaited"]), 3),
+        "session_mean_s": round(statistics.fmean(raw["session"]), 1) if raw["session"] else 0.0,
+    }
+
+
+def _p90(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, -(-9 * len(ordered) // 10) - 1)]

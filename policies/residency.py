@@ -1,12 +1,13 @@
 """Which member of a residency set should hold the GPUs, from the demand of the last minute (issue #62
-item 4; docs/residency.md, "Switching by itself").
+item 4; docs/residency.md, "The automatic policy, tried": judged by bench/residency.py and not wired
+into the gateway, which switches by demand alone, ``on_demand``).
 
 A residency set's members share the GPUs: one is awake at a time. Each member being awake is a
 **placement**: for each model, the engine profile of the best backend that serves it then (the awake
 member, or a backend outside the set that is always up); a model no backend serves then is
-*homeless*. The gateway keeps what it has routed (``Demand``: arrival, model, session, prompt tokens,
-expected answer tokens) and asks :func:`decide` every few seconds, and whenever a request finds its
-model homeless. Two rules, in order:
+*homeless*. Its caller keeps what was routed (``Demand``: arrival, model, session, prompt tokens,
+expected answer tokens) and asks :func:`decide` every few seconds and at each arrival (bench/residency.py
+does). Two rules, in order:
 
 1. **Never leave demand homeless.** A model asked for in the last ``window_s`` that the awake
    placement does not serve makes the set switch at once to the placement that serves every model
@@ -65,7 +66,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class AutoRules:
-    """The automatic policy's knobs (``[[residency]] auto_*`` in the config)."""
+    """The automatic policy's knobs (bench/residency.py's defaults; not in the config: not wired in)."""
 
     window_s: float = 60.0
     horizon_s: float = 300.0
@@ -81,6 +82,8 @@ class Verdict:
     why: str
     work_s: Mapping[str, float] = field(default_factory=dict)
     """Engine seconds each placement would spend on the window's demand (inf: a model homeless)."""
+    homeless: bool = False
+    """The switch is rule 1's: a model asked for has no awake home (it does not wait for anything)."""
 
 
 def decide(
@@ -92,9 +95,13 @@ def decide(
     rules: AutoRules = AutoRules(),
 ) -> Verdict:
     """The member that should hold the GPUs now (module docstring); ``demand`` oldest first."""
+    if rules.window_s <= 0:
+        raise ValueError("AutoRules.window_s must be > 0")
     recent = [d for d in demand if now - rules.window_s <= d.t <= now]
     if not recent:
         return Verdict(None, "no demand in the window")
+    if awake not in placements:
+        return Verdict(None, f"{awake} has no placement")
     work = {name: placement_work(p, recent) for name, p in placements.items()}
     models = {d.model for d in recent}
     here = placements[awake]
@@ -102,8 +109,10 @@ def decide(
     if homeless:
         target = _home(placements, recent, work)
         if target is None or target == awake:
-            return Verdict(None, f"{', '.join(homeless)}: no member serves it", work)
-        return Verdict(target, f"{', '.join(homeless)} asked for and not served by {awake}", work)
+            return Verdict(None, f"{', '.join(homeless)}: no other member serves all that is asked for", work)
+        return Verdict(
+            target, f"{', '.join(homeless)} asked for and not served by {awake}", work, homeless=True
+        )
     if last_switch_at is not None and now - last_switch_at < rules.min_residence_s:
         return Verdict(
             None, f"{awake} woke {now - last_switch_at:.0f} s ago (min {rules.min_residence_s:.0f} s)", work

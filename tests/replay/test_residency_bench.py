@@ -94,3 +94,14 @@ def test_the_automatic_policy_decides_from_what_has_arrived_and_moves_back_for_t
     serialized = residency.automatic(whole, "vllm", overlap=False)
     assert serialized["decisions"] == decisions  # the same choices, priced without the overlap
     assert serialized["awaited_mean_s"] >= out["awaited_mean_s"]
+
+
+def test_a_session_that_lives_through_a_switch_is_one_session() -> None:
+    """The stretches before and after a switch are replayed apart; a session spanning both is still
+    one session, from its first arrival to its last answer (each stretch's half alone is shorter)."""
+    flash = agent_trace(agents=1, turns=6, seed=5, model=residency.LARGE, start_tokens=1000, max_context=4000)
+    middle = flash[len(flash) // 2].t
+    out = residency.scheduled(flash, [(middle, "flash-gpu")], "vllm")
+    assert out["requests"] == len(flash)
+    assert out["errors"] == 0
+    assert out["session_mean_s"] >= flash[-1].t - flash[0].t  # one span across the switch
