@@ -47,6 +47,8 @@ from gateway.serving import ServerThread  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 
 TOKEN = "gpu-run-admin"
+EXPECTED_REQUESTS = 9
+"""Seven agent turns and two long answers: every one must be recorded."""
 ADMIN = {"authorization": f"Bearer {TOKEN}"}
 T0 = time.perf_counter()
 
@@ -103,12 +105,13 @@ def stream(client: httpx.Client, label: str, session: str, messages: list[dict[s
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
-                piece = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+                piece = delta.get("content") or ""  # what a client sends back as the assistant's turn
+                output = piece or delta.get("reasoning_content") or delta.get("reasoning")
                 if "ttft_s" not in row:  # the first event of the answer (a random model's text may be empty)
                     row["ttft_s"] = round(time.perf_counter() - started, 3)
                     if first is not None:
                         first.set()
-                if piece or choice.get("finish_reason"):
+                if output or choice.get("finish_reason"):
                     row["last_s"] = round(time.perf_counter() - started, 3)
                 row["finish_reason"] = choice.get("finish_reason") or row.get("finish_reason")
                 pieces.append(piece)
@@ -182,11 +185,18 @@ def under_load(client: httpx.Client, agent: Agent, target: str, rows: list[dict[
     label = f"long answer before the switch to {target}"
 
     def long_answer() -> None:
-        got.update(stream(client, label, f"long-{seed}-{target}", long_messages, args.long_tokens, first))
+        try:
+            got.update(stream(client, label, f"long-{seed}-{target}", long_messages, args.long_tokens, first))
+        except Exception as exc:  # a broken stream is a result: recorded, not lost with the thread
+            got.update(label=label, status=f"error: {exc!r}")
+            first.set()
 
     def next_turn() -> None:
         time.sleep(1.0)
-        agent.turn(rows)
+        try:
+            agent.turn(rows)
+        except Exception as exc:
+            keep(rows, {"label": f"agent turn {agent.turns}", "status": f"error: {exc!r}"})
 
     streaming = threading.Thread(target=long_answer)
     streaming.start()
@@ -274,6 +284,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     switches: list[dict[str, Any]] = []
     result: dict[str, Any] = {"config": config(args, f"http://127.0.0.1:{args.port}")}
+    gateway: ServerThread | None = None
     try:
         gateway = ServerThread(create_app(load_settings(None, **result["config"]))).start()
         with httpx.Client(base_url=gateway.url, timeout=args.limit * 2) as client:
@@ -295,8 +306,9 @@ def main() -> int:
             result["end"] = {"at": now(), "residency": residency(client),
                              "metrics": [line for line in client.get("/metrics").text.splitlines()
                                          if line.startswith("turnout_residency")]}  # fmt: skip
-        gateway.stop()
     finally:
+        if gateway is not None:
+            gateway.stop()
         router.terminate()
         router.wait(30)
         memory.halt.set()
@@ -308,7 +320,10 @@ def main() -> int:
         result.update(requests=rows, switches=switches, gpu_memory_mib=memory.samples,
                       saved_slots=sorted(p.name for p in slots.iterdir()))  # fmt: skip
         args.out.write_text(json.dumps(result, indent=1))
-    failed = [r for r in rows if r["status"] != 200]
+    failed = [r for r in rows if r.get("status") != 200]
+    if len(rows) != EXPECTED_REQUESTS:
+        print(f"expected {EXPECTED_REQUESTS} requests, recorded {len(rows)}")
+        return 1
     cut = [s for s in switches if s.get("long_answer_whole") is False]
     made = [(s["from"], s["to"], s["result"], s["total_s"]) for s in switches]
     print(f"requests: {len(rows)}, failed {len(failed)}; switches: {made}; long answers cut: {len(cut)}")

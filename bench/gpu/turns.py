@@ -37,6 +37,8 @@ from gateway.serving import ServerThread  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 
 ADMIN_TOKEN = "gpu-run-admin"
+PRIOR_CHARS = 3.6
+"""turnout's default ``chars_per_token`` (``ModelConfig``), kept where the engine cannot tokenize."""
 VOCABULARY = WORDS.split()
 """calibrate's words: each is one token of bench/gpu/vllm_model.py's tokenizer (others would all be
 its unknown id, and every prompt the same), a few tokens of a GGUF's."""
@@ -54,10 +56,14 @@ def chars_per_token(engine: str, kind: str, model: str) -> float:
     vLLM was priced as ~3,700 tokens (0.307 s predicted, 0.211 s measured)."""
     sample = text(random.Random(0), 2000)
     body: dict[str, Any] = {"content": sample} if kind == "llamacpp" else {"model": model, "prompt": sample}
-    response = httpx.post(engine.rstrip("/") + "/tokenize", json=body, timeout=60)
-    response.raise_for_status()
-    data = response.json()
-    return len(sample) / max(1, int(data.get("count") or len(data["tokens"])))
+    try:
+        response = httpx.post(engine.rstrip("/") + "/tokenize", json=body, timeout=60)
+        response.raise_for_status()
+        data = response.json()
+        return len(sample) / max(1, int(data.get("count") or len(data["tokens"])))
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+        print(f"no /tokenize answer ({exc!r}): the model keeps turnout's prior, {PRIOR_CHARS}", flush=True)
+        return PRIOR_CHARS
 
 
 def config(engine: str, kind: str, profile: Path | None, model: str, chars: float) -> str:

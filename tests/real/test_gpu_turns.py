@@ -59,4 +59,5 @@ def test_turns_measure_both_times_beside_turnouts_predictions(
     assert '"agreement"' in result.stdout
     # the model's chars per token is the engine's own on these words, not turnout's prior (3.6)
     assert got["chars_per_token"] > 0
+    assert abs(got["chars_per_token"] - 3.6) > 0.05, got["chars_per_token"]  # measured, not the prior
     assert "chars per token (the engine's tokenizer on these words)" in result.stdout
