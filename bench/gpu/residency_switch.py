@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from router import router_flags  # noqa: E402  (bench/gpu/router.py)
+from router import router_flags, start_router  # noqa: E402  (bench/gpu/router.py)
 from turns import VOCABULARY  # noqa: E402
 
 from gateway.app import create_app  # noqa: E402  (after the path is set)
@@ -236,23 +236,10 @@ def config(args: argparse.Namespace, router_url: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def start_router(args: argparse.Namespace, slots: Path) -> subprocess.Popen[bytes]:
+def start_router_for(args: argparse.Namespace, slots: Path) -> subprocess.Popen[bytes]:
     flags = router_flags(args.flags_file.read_text().split())
-    command = [
-        args.server, "--models-dir", str(args.models_dir), "--models-max", "1", "--no-models-autoload",
-        "--slot-save-path", str(slots), *flags, "--host", "127.0.0.1", "--port", str(args.port),
-    ]  # fmt: skip
-    print("router:", " ".join(command), flush=True)
-    server = subprocess.Popen(command, stdout=args.log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{args.port}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the router did not start: see {args.log}")
+    log = args.log.open("wb")
+    return start_router(args.server, args.models_dir, flags, args.port, log, "--slot-save-path", str(slots))
 
 
 def main() -> int:
@@ -280,7 +267,7 @@ def main() -> int:
     memory = Memory()
     memory.start()
     slots = Path(tempfile.mkdtemp(prefix="slots-"))
-    router = start_router(args, slots)
+    router = start_router_for(args, slots)
     rows: list[dict[str, Any]] = []
     switches: list[dict[str, Any]] = []
     result: dict[str, Any] = {"config": config(args, f"http://127.0.0.1:{args.port}")}

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -58,6 +58,36 @@ def status(client: httpx.Client, model: str) -> str:
     raise KeyError(model)
 
 
+def start_router(
+    binary: str,
+    models_dir: Path,
+    flags: list[str],
+    port: int,
+    log: IO[bytes],
+    *extra: str,
+    limit_s: float = 60.0,
+) -> subprocess.Popen[bytes]:
+    """llama-server in router mode over ``models_dir`` (one model loaded at a time, none loaded by a
+    request; ``flags`` and ``extra`` go to each instance) on 127.0.0.1:``port``, once its ``/health``
+    answers 200 (RuntimeError, the process stopped, if it exits or is not up within ``limit_s``)."""
+    command = [
+        binary, "--models-dir", str(models_dir), "--models-max", "1", "--no-models-autoload", *extra, *flags,
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    print("router:", " ".join(command), flush=True)
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + limit_s
+    while server.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    server.terminate()
+    raise RuntimeError(f"the router did not start within {limit_s:g} s (see its log)")
+
+
 def wait_for(client: httpx.Client, model: str, wanted: str, limit_s: float) -> float:
     started = time.perf_counter()
     while (now := time.perf_counter()) - started < limit_s:
@@ -79,34 +109,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     flags = router_flags(args.flags_file.read_text().split())
-    command = [
-        args.server,
-        "--models-dir",
-        str(args.models_dir),
-        "--models-max",
-        "1",
-        "--no-models-autoload",
-        *flags,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(args.port),
-    ]
     rows: list[dict[str, Any]] = []
-    with args.log.open("w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    with args.log.open("wb") as log:
+        server = start_router(args.server, args.models_dir, flags, args.port, log)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=args.limit) as client:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        if client.get("/health").status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"the router did not start: see {args.log}")
-                    time.sleep(0.2)
                 models = sorted(entry["id"] for entry in client.get("/models").json()["data"])
                 print(f"router: {len(models)} model(s): {', '.join(models)}; idle GPU memory {gpu_memory()}")
                 for round_ in range(args.rounds):
