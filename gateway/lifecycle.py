@@ -138,12 +138,14 @@ class Lifecycle:
                     again = await self.router.decide(
                         routed.features, routed.session, frozenset(excluded), routed.overflowed
                     )
-                    routed = replace(again, output_capped=routed.output_capped)
-                if routed.decision.chosen is None and record.residency_wait_s is None:
+                    # the wait it had stays with it: its header, and no second wait
+                    routed = replace(
+                        again, output_capped=routed.output_capped, residency_wait_s=routed.residency_wait_s
+                    )
+                if routed.decision.chosen is None and routed.residency_wait_s is None:
                     routed = await self.wait(routed, frozenset(excluded))  # a re-route: one wait a request
                 routed = await self.awake_choice(routed, frozenset(excluded))  # no await from here to begin
-                if routed.residency_wait_s is not None:  # kept through a re-route: one wait a request
-                    record.residency_wait_s = routed.residency_wait_s
+                record.residency_wait_s = routed.residency_wait_s
                 decision = routed.decision
                 if decision.chosen is None:
                     raise gave_up(routed, last_error)

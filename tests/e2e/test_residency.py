@@ -236,15 +236,19 @@ def test_bad_switches_are_refused_with_the_reason(cards: Residency) -> None:
         assert client.post("/admin/api/residency/cards", json={"wake": "vllm-a"}).status_code == 401
 
 
-def test_on_demand_a_request_for_the_asleep_model_wakes_its_member(tmp_path: Any) -> None:
-    """Two models on two sleep-mode vLLMs that share the cards, woken on demand (``on_demand``): a
-    request for the one asleep wakes its member and is answered there after the wait it reports, as
-    llama-swap swaps; the next request for the other model swaps back."""
+@contextmanager
+def on_demand_cards(
+    wrap: dict[str, Any] | None = None,
+) -> Iterator[tuple[ServerThread, dict[str, ServerThread]]]:
+    """Two models on two sleep-mode vLLMs that share the cards, woken on demand (``on_demand``):
+    model ``a`` on ``vllm-a`` (awake at start), ``b`` on ``vllm-b``; ``wrap`` puts an ASGI layer in
+    front of a simulator (an engine that fails)."""
     sims = {}
     for name in ("vllm-a", "vllm-b"):
         config = SimConfig(kind="vllm", model=f"up-{name}", time_scale=SCALE, enable_sleep_mode=True,
                            architecture=Architecture.HYBRID)  # fmt: skip
-        sims[name] = ServerThread(create_sim_app(config)).start()
+        app = create_sim_app(config)
+        sims[name] = ServerThread((wrap or {}).get(name, lambda inner: inner)(app)).start()
     engine = {"probe_interval_s": 0.2, "timeouts": {"probe": PROBE_TIMEOUT_S}}
     settings = load_settings(
         None,
@@ -259,34 +263,76 @@ def test_on_demand_a_request_for_the_asleep_model_wakes_its_member(tmp_path: Any
     )  # fmt: skip
     gateway = ServerThread(create_app(settings)).start()
     try:
-        with httpx.Client(base_url=gateway.url, timeout=30) as client:
-            assert settled(client)["awake"] == "vllm-a"
-
-            def chat(model: str) -> httpx.Response:
-                body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-                return client.post("/v1/chat/completions", json=body)
-
-            woke = chat("b")
-            assert woke.status_code == 200, woke.text
-            assert woke.headers["x-turnout-backend"] == "vllm-b"
-            assert float(woke.headers["x-turnout-residency-wait"]) > 0
-            back = chat("a")
-            assert back.status_code == 200, back.text
-            assert back.headers["x-turnout-backend"] == "vllm-a"
-            state = settled(client)
-            switches = [h for h in reversed(state["history"]) if h["by"] != "start"]  # not the start check
-            assert [(h["to"], h["by"], h["result"]) for h in switches] == [
-                ("vllm-b", "on-demand", "done"),
-                ("vllm-a", "on-demand", "done"),
-            ]
-            assert state["on_demand"] is True
-            page = client.get("/admin/policy", headers=ADMIN).text
-            assert "On demand: a request for a model only an asleep member serves wakes it." in page
-            metrics = client.get("/metrics").text
-            assert 'turnout_residency_switches_total{result="done",set="cards"} 2.0' in metrics
-        for name, awake in (("vllm-a", True), ("vllm-b", False)):
-            asleep = httpx.get(sims[name].url + "/is_sleeping", timeout=10).json()["is_sleeping"]
-            assert asleep is not awake, name
+        yield gateway, sims
     finally:
         for server in (gateway, *sims.values()):
             server.stop()
+
+
+def chat(client: httpx.Client, model: str) -> httpx.Response:
+    body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def test_on_demand_a_request_for_the_asleep_model_wakes_its_member() -> None:
+    """A request for the model asleep wakes its member and is answered there after the wait it
+    reports, as llama-swap swaps; the next request for the other model swaps back."""
+    with on_demand_cards() as (gateway, sims), httpx.Client(base_url=gateway.url, timeout=30) as client:
+        assert settled(client)["awake"] == "vllm-a"
+        woke = chat(client, "b")
+        assert woke.status_code == 200, woke.text
+        assert woke.headers["x-turnout-backend"] == "vllm-b"
+        assert float(woke.headers["x-turnout-residency-wait"]) > 0
+        back = chat(client, "a")
+        assert back.status_code == 200, back.text
+        assert back.headers["x-turnout-backend"] == "vllm-a"
+        state = settled(client)
+        switches = [h for h in reversed(state["history"]) if h["by"] != "start"]  # not the start check
+        assert [(h["to"], h["by"], h["result"]) for h in switches] == [
+            ("vllm-b", "on-demand", "done"),
+            ("vllm-a", "on-demand", "done"),
+        ]
+        assert state["on_demand"] is True
+        page = client.get("/admin/policy", headers=ADMIN).text
+        assert "On demand: a request for a model only an asleep member serves wakes it." in page
+        metrics = client.get("/metrics").text
+        assert 'turnout_residency_switches_total{result="done",set="cards"} 2.0' in metrics
+        for name, awake in (("vllm-a", True), ("vllm-b", False)):
+            asleep = httpx.get(sims[name].url + "/is_sleeping", timeout=10).json()["is_sleeping"]
+            assert asleep is not awake, name
+
+
+def failing_chat(inner: Any) -> Any:
+    """``inner`` whose chat completions answer 503 (an engine that woke but cannot serve yet)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+            body = json.dumps({"error": {"message": "not ready", "type": "server_error"}}).encode()
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": body})
+            return
+        await inner(scope, receive, send)
+
+    return app
+
+
+def test_a_request_that_waited_keeps_its_wait_through_a_failure_and_waits_once() -> None:
+    """The member woken for a request fails it before any byte: the request is routed again once
+    (nothing else serves the model: 502, the engine answered 503), waits for no second switch,
+    and what it waited stays on its record: ``turnout_residency_wait_seconds`` and the request's
+    log count it (the re-route reset it)."""
+    with (
+        on_demand_cards(wrap={"vllm-b": failing_chat}) as (gateway, _),
+        httpx.Client(base_url=gateway.url, timeout=30) as client,
+    ):
+        assert settled(client)["awake"] == "vllm-a"
+        failed = chat(client, "b")
+        assert failed.status_code == 502, failed.text
+        assert "answered 503" in failed.text
+        state = settled(client)
+        switches = [h for h in state["history"] if h["by"] != "start"]
+        assert [(h["to"], h["result"]) for h in switches] == [("vllm-b", "done")]  # one switch, one wait
+        metrics = client.get("/metrics").text
+        assert "turnout_residency_wait_seconds_count 1.0" in metrics
+        assert "turnout_residency_wait_seconds_sum 0.0" not in metrics
