@@ -25,6 +25,11 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   (issue #45: contention-16-8llama's seed 29 went from 1.75 to 2.09 s, 1.20x dynamo-kv): sessions
   then leave warm slots whose wait the greedy objective now sees, for cold ones. Left as it is until
   the objective can take it (docs/benchmarks.md, 2026-12-05);
+- a llama.cpp slot whose request of turnout's ended after the latest request began on its backend
+  is ``unsaved``: llama-server copies every idle slot's state into its RAM cache after each launch
+  (``--cache-idle-slots``, on by default), so the next request there waits for that copy
+  (``policies.cost``: the profile's ``cache.ram_save_s``); requests the engine placed itself (not
+  pinned) mark no slot;
 - every backend says how many of turnout's requests began there per second over the last
   ``ARRIVALS_WINDOW_S``, ``arrivals_per_s`` (ended ones too; this replica's only: the others publish
   their backlog, not their arrivals), which prices what a request costs those that come next
@@ -124,19 +129,30 @@ class InFlight:
         self._begun: dict[str, int] = {}  # per backend, requests that probe saw prefilling, past it since
         self._ended: dict[tuple[str, int], float] = {}
         self._arrivals: dict[str, deque[float]] = {}  # per backend, when its recent requests began
+        self._launched: dict[str, float] = {}  # per backend, when its latest request began
+        self._done: dict[str, dict[int, float]] = {}  # per backend and slot: a request's end, not saved since
         self._tokens = itertools.count()
         self._unprefilled: dict[int, int] = {}  # token -> prompt tokens, until its first token
         self._own: dict[str, Own] = {}  # per backend: requests, their prompt tokens, those before a token
         self._shared: set[int] = set()  # requests whose prefill a warm-up's overlapped (``shared``)
 
     def __bool__(self) -> bool:
-        return bool(self._backend or self._ended or any(self._gone.values()))
+        # recent arrivals too: with nothing in flight the rate still prices what a request costs the
+        # next ones (``policies.cost.others_s``), and idle slots still wait to be saved
+        return bool(
+            self._backend
+            or self._ended
+            or any(self._gone.values())
+            or any(self._done.values())
+            or any(self._arrivals.values())
+        )
 
     def begin(self, request: Sent) -> int:
         token = next(self._tokens)
         backend = request.backend_id
         if request.holds:
             self._arrivals.setdefault(backend, deque()).append(request.started)
+        self._launched[backend] = max(self._launched.get(backend, -math.inf), request.started)
         self._backend[token] = backend
         self._open.setdefault(backend, {})[token] = request
         if request.prefill_s > 0:
@@ -201,7 +217,20 @@ class InFlight:
             return None
         if request.slot is not None:
             self._ended[(request.backend_id, request.slot)] = now
+            self._done.setdefault(request.backend_id, {})[request.slot] = now
         return request.backend_id
+
+    def unsaved(self, backend: str) -> frozenset[int]:
+        """The slots of ``backend`` whose request of turnout's ended after the latest one began there:
+        llama-server saves every idle slot to its RAM cache after each launch (``--cache-idle-slots``),
+        so the next launch saves these (module docstring)."""
+        done = self._done.get(backend)
+        if not done:
+            return frozenset()
+        launched = self._launched.get(backend, -math.inf)
+        for slot in [slot for slot, at in done.items() if at <= launched]:
+            del done[slot]  # saved by that launch
+        return frozenset(done)
 
     def _drop(self, token: int) -> Sent | None:
         self._shared.discard(token)
@@ -234,6 +263,9 @@ class InFlight:
             lost.append(token)
         for token in lost:
             self._drop(token)
+        arrivals = self._arrivals.get(backend)
+        while arrivals and arrivals[0] <= snapshot.taken_at - ARRIVALS_WINDOW_S:
+            arrivals.popleft()  # out of the window: they no longer keep the overlay on
         self._probed_at[backend] = snapshot.taken_at
         self._newer[backend] = self._count_newer(backend, snapshot.taken_at)
         self._gone[backend] = self._begun[backend] = 0
@@ -288,9 +320,10 @@ class InFlight:
         ended = {s for (b, s), at in self._ended.items() if b == backend and at > release}
         latest = snapshot.taken_at == self._probed_at.get(backend)
         gone = self._gone.get(backend, 0) if latest else 0
-        if not self._open.get(backend) and not ended and not gone and peers is None:
+        unsaved = self.unsaved(backend) if snapshot.slots else frozenset()
+        if not self._open.get(backend) and not ended and not gone and peers is None and not unsaved:
             return snapshot
-        slots = self._slots(snapshot, ended, now)
+        slots = self._slots(snapshot, ended, now, unsaved)
         backlog, deferred, warming = self._backlog(backend, now)
         backlog += (peers or Load()).backlog_at(now)
         running, queued = self._counts(snapshot, latest, gone)
@@ -313,9 +346,12 @@ class InFlight:
             arrivals.popleft()
         return len(arrivals) / ARRIVALS_WINDOW_S
 
-    def _slots(self, snapshot: BackendSnapshot, ended: set[int], now: float) -> tuple[SlotState, ...]:
+    def _slots(
+        self, snapshot: BackendSnapshot, ended: set[int], now: float, unsaved: frozenset[int]
+    ) -> tuple[SlotState, ...]:
         """The probe's slots, with turnout's requests since: busy where they were pinned after it,
-        idle where one ``ended`` since, and how long each slot running them is still busy."""
+        idle where one ``ended`` since, how long each slot running them is still busy, and which the
+        next launch saves (``unsaved``)."""
         slotted = self._slotted.get(snapshot.backend_id, {}).values()
         chains: dict[int, list[Sent]] = {}  # per slot, in the order sent: they run one after the other
         for request in slotted:
@@ -329,6 +365,7 @@ class InFlight:
                 s,
                 is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
                 busy_s=busy.get(s.id),
+                unsaved=s.id in unsaved,
             )
             for s in snapshot.slots
         )

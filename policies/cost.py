@@ -3,8 +3,11 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
 
     prefill  = prefill_s(prompt - cached, cached)     (``policies.pricing``: the engine profile,
                scaled by the learned rate; without a profile (prompt - cached) / prefill_tok_s)
-    ttft     = queue_s * queue_factor + prefill + interleaved     (both engines sample the first
+    ttft     = queue_s * queue_factor + saves + prefill + interleaved     (both engines sample the first
                token from the prompt's last chunk, in the same step: no decode step of its own)
+    saves    = llama.cpp: the idle slots' states the engine copies into its RAM cache when it
+               launches the request, ``cache.ram_save_s`` each (``pricing.ram_saves_s``; on the H100
+               a session's first turn on its slot after another session's turns waited 0.6 s for it)
     interleaved = vLLM: ceil((backlog tokens + prompt - cached) / step tokens) * the decode step of the
                requests running there (each step that takes a chunk of those prompts decodes them
                once; ``pricing.interleaved_decode_s``); other engines: 0
@@ -103,7 +106,7 @@ from collections.abc import Sequence
 
 from policies.decision import Estimate
 from policies.learning import DeploymentStats, LearnedState, client_key
-from policies.pricing import decode_step_s, interleaved_decode_s, prefill_s
+from policies.pricing import decode_step_s, interleaved_decode_s, prefill_s, ram_saves_s
 from policies.slot_costs import Situation
 from policies.slot_rules import ram_span, reuse
 from policies.slots import DEFAULT_LEASE_IDLE_S, SlotOption, llama_options, proven
@@ -323,7 +326,10 @@ def estimate(
     if snapshot.kind is EngineKind.VLLM:  # the steps of the backlog ahead and of this prompt
         ahead = snapshot.prefill_backlog_s * stats.prefill_tok_s.value
         interleaved = interleaved_decode_s(deployment, stats, snapshot.running, ahead + prompt - cached)
-    ttft = queue + prefill + interleaved
+    saves = 0.0
+    if snapshot.kind is EngineKind.LLAMACPP:  # the engine copies idle slots to RAM before it starts
+        saves = ram_saves_s(deployment, snapshot.slots, option.slot, option.mine and option.source == "slot")
+    ttft = queue + saves + prefill + interleaved
     decode = (expected_output(features, learned, session) - 1) * decode_step
     total = ttft + decode
     # what the engine could reuse by its rules: learning measures how much of it it really did
@@ -338,6 +344,7 @@ def estimate(
         decode_s=decode,
         prefill_s=prefill,
         interleaved_s=interleaved,
+        saves_s=saves,
         shared_prefix_tokens=shared,
         future_s=objective.future(option.cached_next, objective.lasting(option)) if horizon else 0.0,
         horizon=horizon,

@@ -114,6 +114,11 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     ram_restore_token_s: float = 0.0
     """llama.cpp: seconds per token a slot loads back from the RAM prompt cache."""
+    ram_save_s: float = 0.0
+    """llama.cpp: seconds the server stops for to copy one slot's state into the RAM prompt cache:
+    with ``--cache-idle-slots`` (its default) every idle slot whose state is not there yet is saved
+    right after each task launch, and a slot taken for another prompt is saved before it loads
+    (``server-context.cpp``); every slot, and the request just launched, waits (0: not measured)."""
     prefix_block: int = 0
     """vLLM: tokens per prefix-cache block a hybrid model's prompt is reused in (0: none measured)."""
     prefix_caching: Literal["on", "off"] = "on"
@@ -124,6 +129,8 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not math.isfinite(self.ram_restore_token_s) or self.ram_restore_token_s < 0:
             value = self.ram_restore_token_s
             raise ProfileSchemaError(f"cache.ram_restore_token_s must be >= 0, not {value!r}")
+        if not math.isfinite(self.ram_save_s) or self.ram_save_s < 0:
+            raise ProfileSchemaError(f"cache.ram_save_s must be >= 0, not {self.ram_save_s!r}")
         if self.prefix_block < 0:
             raise ProfileSchemaError(f"cache.prefix_block must be >= 0, not {self.prefix_block!r}")
 

@@ -12,9 +12,10 @@ without a profile is linear in its learned rates (``new / prefill_tok_s``), as b
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from policies.learning import DeploymentStats
-from policies.types import Deployment
+from policies.types import Deployment, SlotState
 
 BATCH_SLOWDOWN = 0.06
 """Without a profile: each further running request makes a decode step 6% longer."""
@@ -45,6 +46,18 @@ def decode_step_s(deployment: Deployment, stats: DeploymentStats, running: int, 
     if deployment.profile is None:
         return (1 + BATCH_SLOWDOWN * running) / rate
     return deployment.profile.batch_slowdown(running + 1, context) / rate
+
+
+def ram_saves_s(deployment: Deployment, slots: Sequence[SlotState], target: int | None, keeps: bool) -> float:
+    """Seconds a llama-server stops for, before the request it launches on ``target`` begins, to copy
+    slot states into its RAM cache (the profile's ``cache.ram_save_s`` each): every idle slot turnout
+    knows is not saved yet (``SlotState.unsaved``), and the target slot itself unless the request
+    continues what it holds (``keeps``: llama-server saves a slot it takes for another prompt)."""
+    profile = deployment.profile
+    if profile is None or profile.cache.ram_save_s <= 0:
+        return 0.0
+    saved = sum(1 for s in slots if s.unsaved and not s.is_processing and not (s.id == target and keeps))
+    return saved * profile.cache.ram_save_s
 
 
 def ram_restore_s(deployment: Deployment, tokens: float) -> float:

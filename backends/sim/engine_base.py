@@ -39,6 +39,8 @@ class BatchEngine(ABC):
         self.log = EventLog(clock)
         self.running: list[SimTask] = []
         self.sim_clock = 0.0
+        self.stall_s = 0.0
+        """Seconds the engine stops for before its next step (llama.cpp: RAM-cache saves)."""
         self.n_tasks = 0
         self.n_decode_calls = 0
         self.n_busy_in_decode = 0
@@ -110,7 +112,8 @@ class BatchEngine(ABC):
             for task, n in chunks
         ]
         context = sum(len(t.prompt) + t.n_emitted for t in decoding)
-        sim_dt = self.perf.step_seconds(priced, len(decoding), context)
+        sim_dt = self.perf.step_seconds(priced, len(decoding), context) + self.stall_s
+        self.stall_s = 0.0
         self.n_decode_calls += 1
         self.n_busy_in_decode += len(self.running)
         return Step(tuple(chunks), decoding, sim_dt)

@@ -3,7 +3,8 @@
 A submitted task picks a slot (``llama_slots.select_slot``); if none is idle, or its pinned slot is
 busy, it is deferred. When the choice says so, the slot's state is saved to the RAM prompt cache and
 the best cached state for the prompt is loaded into it (``ram_cache``); after a launch, every idle
-slot is saved there too (``--cache-idle-slots``). Starting on a slot: a prompt longer than the
+slot is saved there too (``--cache-idle-slots``); each save stops the server for the profile's
+``cache.ram_save_s``, added to its next step. Starting on a slot: a prompt longer than the
 slot's ``n_ctx`` fails with ``exceed_context_size_error`` and releases the slot at once; otherwise
 ``prefix_cache.llama_reuse`` decides ``cache_n`` and the prompt's checkpoints are recorded. On
 release the slot keeps the prompt plus the generated tokens except the last sampled one (it was
@@ -76,18 +77,25 @@ class LlamaEngine(BatchEngine):
         if slot is None or slot.busy:
             self.deferred.append(task)
             return
+        stalled = self.stall_s
         if choice.update_cache and self.ram_cache is not None:
-            self.ram_cache.save(slot.tokens, slot.checkpoints)
+            self._save(self.ram_cache, slot)
             entry = self.ram_cache.load(slot.tokens, task.prompt)
             if entry is not None:
                 slot.tokens, slot.checkpoints = entry.tokens, entry.checkpoints
         if self._launch(slot, task) and self.ram_cache is not None and self.config.cache_idle_slots:
             self._save_idle_slots(self.ram_cache)
+        task.sim_start += self.stall_s - stalled  # its prompt starts after the saves (prompt_ms)
+
+    def _save(self, cache: RamCache, slot: Slot) -> None:
+        """Save ``slot``'s state to the RAM cache; the server stops for it (``cache.ram_save_s``)."""
+        if cache.save(slot.tokens, slot.checkpoints):
+            self.stall_s += self.perf.profile.cache.ram_save_s
 
     def _save_idle_slots(self, cache: RamCache) -> None:
         for slot in self.slots:
             if not slot.busy:
-                cache.save(slot.tokens, slot.checkpoints)
+                self._save(cache, slot)
                 if self.config.kv_unified:
                     slot.tokens, slot.checkpoints = [], ()
 

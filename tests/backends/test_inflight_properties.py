@@ -37,7 +37,10 @@ def naive_overlay(
     release = snapshot.taken_at - RELEASE_LAG_S
     gone = {s for (b, s), at in ended.items() if b == snapshot.backend_id and at > release}
     since = since or Since()
-    if not mine and not gone and not since.ended:
+    # a slot whose request ended after the backend's latest launch: the next launch saves it
+    launched = max((r.started for r in begun or [] if r.backend_id == snapshot.backend_id), default=-1.0)
+    unsaved = {s for (b, s), at in ended.items() if b == snapshot.backend_id and at > launched}
+    if not mine and not gone and not since.ended and not unsaved:
         return snapshot
     busy: dict[int, float] = {}
     for slot in {r.slot for r in mine if r.slot is not None}:
@@ -47,7 +50,10 @@ def naive_overlay(
     freed = gone - set(busy)
     slots = tuple(
         replace(
-            s, is_processing=(s.is_processing and s.id not in freed) or s.id in pinned, busy_s=busy.get(s.id)
+            s,
+            is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
+            busy_s=busy.get(s.id),
+            unsaved=s.id in unsaved,
         )
         for s in snapshot.slots
     )

@@ -1,0 +1,89 @@
+"""The simulated llama-server stops for its RAM-cache saves (``cache.ram_save_s``), as the real one did
+on the H100: with ``--cache-idle-slots`` every idle slot whose state is not in the RAM cache yet is
+saved right after a task launches, and the request just launched waits for it; its own prompt time
+(``prompt_ms``) does not count it. The measured turns (``bench/gpu/results/2026-12-06d-h100/
+turns-27b-shape-q8_0-dense.json``): a session's first turn on slot 1 after another session's three on
+slot 0 waited 0.62 s more than its prompt took, its next turns did not, and a fresh prompt on slot 0
+after them waited 0.70 s more."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from backends.clock import Events
+from backends.engine_profiles import load_profile
+from backends.sim.config import SimConfig
+from backends.sim.drive import EventDriver
+from backends.sim.generation import Answer, DeltaKind, OutToken
+from backends.sim.llama_engine import LlamaEngine
+from backends.sim.task import SimTask
+from policies.types import Architecture
+
+PROFILE = "h100-llamacpp-27b-shape-q8_0-dense"
+
+
+class Server:
+    """A simulated llama-server of two slots in virtual time; each request pinned to its slot."""
+
+    def __init__(self, save_s: float) -> None:
+        profile = load_profile(PROFILE)
+        profile = msgspec.structs.replace(
+            profile, cache=msgspec.structs.replace(profile.cache, ram_save_s=save_s)
+        )
+        config = SimConfig(
+            kind="llamacpp", architecture=Architecture.HYBRID, context_window=65536, profile=profile
+        )
+        self.events = Events()
+        self.engine = LlamaEngine(config, clock=self.events.clock)
+        EventDriver(self.engine, self.events)
+        self.fresh = 10_000_000
+
+    def ask(self, prompt: list[int], slot: int, answer: int = 16) -> tuple[float, float, list[int]]:
+        """The request's wait to its first token and its prompt time (seconds), and the conversation."""
+        tokens = tuple(OutToken(self.fresh + i, "w", DeltaKind.TEXT) for i in range(answer))
+        self.fresh += answer
+        task = SimTask(f"t{self.fresh}", prompt, Answer(tokens, "length", None), id_slot=slot,
+                       listener=lambda _: None)  # fmt: skip
+        sent = self.events.now
+        self.engine.submit(task)
+        self.events.run()
+        assert task.finished
+        return (
+            task.sim_prompt_end - sent,
+            task.sim_prompt_end - task.sim_start,
+            prompt + [t.id for t in tokens],
+        )
+
+    def words(self, n: int) -> list[int]:
+        self.fresh += n
+        return list(range(self.fresh - n, self.fresh))
+
+
+def measured_pattern(save_s: float) -> list[tuple[float, float]]:
+    """Three turns of one session on slot 0, three of another on slot 1, a fresh prompt on slot 0."""
+    server = Server(save_s)
+    out = []
+    for slot in (0, 1):
+        conversation: list[int] = []
+        for _ in range(3):
+            wait, prompt_s, conversation = server.ask(conversation + server.words(400), slot)
+            out.append((wait, prompt_s))
+    wait, prompt_s, _ = server.ask(server.words(1000), 0)
+    out.append((wait, prompt_s))
+    return out
+
+
+def test_a_launch_waits_for_the_idle_slots_it_saves_and_its_prompt_time_does_not() -> None:
+    saving, free = measured_pattern(0.64), measured_pattern(0.0)
+    extra = [round(s[0] - f[0], 6) for s, f in zip(saving, free, strict=True)]
+    # slot 1's first turn saves slot 0's session; the fresh prompt saves slot 1's; nothing else is
+    # new to the cache (slot 0's turns: slot 1 is empty; slot 1's later turns: slot 0 is saved)
+    assert extra == [0.0, 0.0, 0.0, 0.64, 0.0, 0.0, 0.64]
+    assert [s[1] for s in saving] == pytest.approx([f[1] for f in free])  # prompt_ms: the prompt alone
+
+
+def test_the_built_in_h100_profiles_carry_the_measured_save() -> None:
+    for fmt in ("q8_0", "f16", "q4_0"):
+        assert load_profile(f"h100-llamacpp-27b-shape-{fmt}-dense").cache.ram_save_s == 0.64
+    assert load_profile("workstation-llamacpp-27b-gpu").cache.ram_save_s == 0.0  # not measured there

@@ -1,0 +1,61 @@
+"""The wait for llama-server's RAM-cache saves in a predicted TTFT (``policies.pricing.ram_saves_s``):
+after each launch the server copies every idle slot whose state is not in its RAM cache yet
+(``--cache-idle-slots``), and a slot taken for another prompt before it loads; the request waits.
+On the H100 the 27B's first turn on its slot after another session's turns waited 0.6 s for it, which
+no prediction had (issue #63: TTFT -47%)."""
+
+from __future__ import annotations
+
+import pytest
+from msgspec.structs import replace
+
+from backends.engine_profiles import load_profile
+from policies.cost import estimate
+from policies.decision import Estimate
+from policies.learning import LearnedState
+from policies.types import SlotLease
+from tests.policies.cost_helpers import HELD, LLAMA, NOTHING, SESSION, features, llama_snapshot
+
+SAVE_S = 0.64
+H100 = replace(LLAMA, profile=load_profile("h100-llamacpp-27b-shape-q8_0-dense"))
+
+
+def on_llama(unsaved: tuple[bool, bool], *, own: bool, busy: tuple[bool, bool] = (False, False)) -> Estimate:
+    """A turn of the session holding slot 0 (``own``) or a one-off, on two slots of which ``unsaved``
+    wait to be saved."""
+    snapshot = llama_snapshot(busy)
+    slots = tuple(replace(s, unsaved=u) for s, u in zip(snapshot.slots, unsaved, strict=True))
+    return estimate(
+        features(),
+        H100,
+        replace(snapshot, slots=slots),
+        session=SESSION if own else None,
+        leases=(SlotLease(0, "s", 5.0, 9000),) if own else (),
+        learned=LearnedState(),
+        match=HELD if own else NOTHING,
+        now=10.0,
+        lease_idle_s=600.0,
+    )
+
+
+def test_a_launch_waits_for_every_idle_slot_it_saves() -> None:
+    assert on_llama((False, False), own=False).saves_s == 0.0
+    alone = on_llama((True, False), own=False)
+    assert alone.saves_s == SAVE_S
+    assert on_llama((True, True), own=False).saves_s == 2 * SAVE_S
+    assert alone.ttft_s == pytest.approx(on_llama((False, False), own=False).ttft_s + SAVE_S)
+
+
+def test_a_session_continuing_its_slot_does_not_save_it_but_waits_for_the_other() -> None:
+    mine = on_llama((True, False), own=True)
+    assert (mine.slot, mine.source, mine.saves_s) == (0, "slot", 0.0)
+    assert on_llama((False, True), own=True).saves_s == SAVE_S
+
+
+def test_a_busy_slot_is_not_saved_and_an_unmeasured_profile_waits_for_nothing() -> None:
+    assert on_llama((True, True), own=False, busy=(True, False)).saves_s == SAVE_S
+    snapshot = llama_snapshot()
+    slots = tuple(replace(s, unsaved=True) for s in snapshot.slots)
+    plain = estimate(features(), LLAMA, replace(snapshot, slots=slots), session=None, leases=(),
+                     learned=LearnedState(), match=NOTHING)  # fmt: skip
+    assert plain.saves_s == 0.0

@@ -1,0 +1,52 @@
+"""The router and the simulated llama-server agree on the RAM-cache saves (issue #63): on the H100
+27B profile (``cache.ram_save_s`` 0.64 s), a session's first turn on its slot after another session's
+turns waits for the other slot to be saved, and turnout predicted it; its next turn does not wait and
+is not predicted to (``backends.inflight`` marks the slot saved by the launch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.replay.fleets import sim_configs
+from gateway.replay.traces import TraceRequest
+from gateway.replay.virtual import GatewayReplay, run_now
+from gateway.settings import load_settings
+
+MODEL = "m"
+PROFILE = "h100-llamacpp-27b-shape-q8_0-dense"
+
+
+def turn(t: float, session: str, blocks: range) -> TraceRequest:
+    return TraceRequest(t, session, MODEL, 512 * len(blocks), tuple(blocks), 32)
+
+
+def test_the_predicted_ttft_has_the_save_the_engine_stops_for() -> None:
+    settings = load_settings(
+        None,
+        profile="cost",
+        backends=[{"id": "llama", "kind": "llamacpp", "url": "http://llama.virtual",
+                   "engine_profile": PROFILE}],
+        models=[{"name": MODEL, "architecture": "hybrid",
+                 "deployments": [{"backend": "llama", "upstream_name": MODEL}]}],
+    )  # fmt: skip
+    requests = [
+        turn(0.0, "a", range(1, 5)),
+        turn(30.0, "a", range(1, 7)),
+        turn(60.0, "a", range(1, 9)),
+        turn(90.0, "b", range(101, 105)),  # slot 0 holds a's turns, not saved since they ended
+        turn(120.0, "b", range(101, 107)),  # slot 0 was saved when b's first turn began
+    ]
+    world = GatewayReplay(requests, settings, sim_configs(settings, MODEL))
+    results = sorted(world.run(), key=lambda r: r.index)
+    assert all(r.ok for r in results), results
+    entries: list[dict[str, Any]] = run_now(world.router.store.decisions(20))
+    chosen = {}
+    for entry in entries:
+        index = int(entry["request_id"].removeprefix("r").split(".")[0])
+        chosen[index] = next(c for c in entry["candidates"] if c.get("slot") == entry["slot"])
+    assert [chosen[i]["ram_saves_s"] for i in range(5)] == [0.0, 0.0, 0.0, 0.64, 0.0]
+    assert {chosen[i]["slot"] for i in (0, 1, 2)} != {chosen[3]["slot"]}  # b has a slot of its own
+    first_b = results[3]
+    assert first_b.ttft_s == pytest.approx(chosen[3]["predicted_ttft_s"], rel=0.10)
