@@ -130,7 +130,7 @@ class InFlight:
         self._ended: dict[tuple[str, int], float] = {}
         self._arrivals: dict[str, deque[float]] = {}  # per backend, when its recent requests began
         self._launched: dict[str, float] = {}  # per backend, when its latest request began
-        self._done: dict[str, dict[int, float]] = {}  # per backend and slot: a request's end, not saved since
+        self._done: dict[str, dict[int, tuple[float, int]]] = {}  # per backend and slot: end, tokens; unsaved
         self._tokens = itertools.count()
         self._unprefilled: dict[int, int] = {}  # token -> prompt tokens, until its first token
         self._own: dict[str, Own] = {}  # per backend: requests, their prompt tokens, those before a token
@@ -217,20 +217,21 @@ class InFlight:
             return None
         if request.slot is not None:
             self._ended[(request.backend_id, request.slot)] = now
-            self._done.setdefault(request.backend_id, {})[request.slot] = now
+            self._done.setdefault(request.backend_id, {})[request.slot] = (now, max(request.prompt_tokens, 1))
         return request.backend_id
 
-    def unsaved(self, backend: str) -> frozenset[int]:
-        """The slots of ``backend`` whose request of turnout's ended after the latest one began there:
+    def unsaved(self, backend: str) -> dict[int, int]:
+        """The slots of ``backend`` whose request of turnout's ended after the latest one began there,
+        with that request's prompt tokens:
         llama-server saves every idle slot to its RAM cache after each launch (``--cache-idle-slots``),
         so the next launch saves these (module docstring)."""
         done = self._done.get(backend)
         if not done:
-            return frozenset()
+            return {}
         launched = self._launched.get(backend, -math.inf)
-        for slot in [slot for slot, at in done.items() if at <= launched]:
+        for slot in [slot for slot, (at, _) in done.items() if at <= launched]:
             del done[slot]  # saved by that launch
-        return frozenset(done)
+        return {slot: tokens for slot, (_, tokens) in done.items()}
 
     def _drop(self, token: int) -> Sent | None:
         self._shared.discard(token)
@@ -320,7 +321,7 @@ class InFlight:
         ended = {s for (b, s), at in self._ended.items() if b == backend and at > release}
         latest = snapshot.taken_at == self._probed_at.get(backend)
         gone = self._gone.get(backend, 0) if latest else 0
-        unsaved = self.unsaved(backend) if snapshot.slots else frozenset()
+        unsaved = self.unsaved(backend) if snapshot.slots else {}
         if not self._open.get(backend) and not ended and not gone and peers is None and not unsaved:
             return snapshot
         slots = self._slots(snapshot, ended, now, unsaved)
@@ -347,7 +348,7 @@ class InFlight:
         return len(arrivals) / ARRIVALS_WINDOW_S
 
     def _slots(
-        self, snapshot: BackendSnapshot, ended: set[int], now: float, unsaved: frozenset[int]
+        self, snapshot: BackendSnapshot, ended: set[int], now: float, unsaved: dict[int, int]
     ) -> tuple[SlotState, ...]:
         """The probe's slots, with turnout's requests since: busy where they were pinned after it,
         idle where one ``ended`` since, how long each slot running them is still busy, and which the
@@ -365,7 +366,7 @@ class InFlight:
                 s,
                 is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
                 busy_s=busy.get(s.id),
-                unsaved=s.id in unsaved,
+                unsaved=unsaved.get(s.id, 0),
             )
             for s in snapshot.slots
         )

@@ -115,10 +115,13 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ram_restore_token_s: float = 0.0
     """llama.cpp: seconds per token a slot loads back from the RAM prompt cache."""
     ram_save_s: float = 0.0
-    """llama.cpp: seconds the server stops for to copy one slot's state into the RAM prompt cache:
-    with ``--cache-idle-slots`` (its default) every idle slot whose state is not there yet is saved
-    right after each task launch, and a slot taken for another prompt is saved before it loads
-    (``server-context.cpp``); every slot, and the request just launched, waits (0: not measured)."""
+    """llama.cpp: seconds the server stops for to copy one slot's state into the RAM prompt cache,
+    plus ``ram_save_token_s`` per token the slot holds: with ``--cache-idle-slots`` (its default)
+    every idle slot whose state is not there yet is saved right after each task launch, and a slot
+    taken for another prompt is saved before it loads (``server-context.cpp``); every slot, and the
+    request just launched, waits (0: not measured)."""
+    ram_save_token_s: float = 0.0
+    """llama.cpp: seconds per token a slot holds that saving it adds (its attention KV)."""
     prefix_block: int = 0
     """vLLM: tokens per prefix-cache block a hybrid model's prompt is reused in (0: none measured)."""
     prefix_caching: Literal["on", "off"] = "on"
@@ -129,10 +132,18 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not math.isfinite(self.ram_restore_token_s) or self.ram_restore_token_s < 0:
             value = self.ram_restore_token_s
             raise ProfileSchemaError(f"cache.ram_restore_token_s must be >= 0, not {value!r}")
-        if not math.isfinite(self.ram_save_s) or self.ram_save_s < 0:
-            raise ProfileSchemaError(f"cache.ram_save_s must be >= 0, not {self.ram_save_s!r}")
+        for name in ("ram_save_s", "ram_save_token_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ProfileSchemaError(f"cache.{name} must be >= 0, not {value!r}")
         if self.prefix_block < 0:
             raise ProfileSchemaError(f"cache.prefix_block must be >= 0, not {self.prefix_block!r}")
+
+    def ram_save_seconds(self, tokens: int) -> float:
+        """Seconds llama-server stops for to save a slot holding ``tokens`` tokens to its RAM cache."""
+        if self.ram_save_s <= 0 and self.ram_save_token_s <= 0:
+            return 0.0
+        return self.ram_save_s + tokens * self.ram_save_token_s
 
 
 class Check(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

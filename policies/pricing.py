@@ -54,10 +54,10 @@ def ram_saves_s(deployment: Deployment, slots: Sequence[SlotState], target: int 
     knows is not saved yet (``SlotState.unsaved``), and the target slot itself unless the request
     continues what it holds (``keeps``: llama-server saves a slot it takes for another prompt)."""
     profile = deployment.profile
-    if profile is None or profile.cache.ram_save_s <= 0:
+    if profile is None:
         return 0.0
-    saved = sum(1 for s in slots if s.unsaved and not s.is_processing and not (s.id == target and keeps))
-    return saved * profile.cache.ram_save_s
+    saved = [s.unsaved for s in slots if s.unsaved and not s.is_processing and not (s.id == target and keeps)]
+    return sum(profile.cache.ram_save_seconds(tokens) for tokens in saved)
 
 
 def ram_restore_s(deployment: Deployment, tokens: float) -> float:

@@ -129,7 +129,7 @@ class SlotState(msgspec.Struct, frozen=True):
     busy_s: float | None = None
     task: int | None = None  # the id of its last task (``id_task``); None: none yet, or not said
     tokens: int | None = None  # the prompt tokens its cache holds (``n_prompt_tokens``)
-    unsaved: bool = False  # a request of turnout's ended there after the last launch: the next saves it
+    unsaved: int = 0  # tokens of turnout's request that ended there after the last launch: the next saves it
 
 
 class BackendSnapshot(msgspec.Struct, frozen=True):

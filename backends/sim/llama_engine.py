@@ -4,8 +4,9 @@ A submitted task picks a slot (``llama_slots.select_slot``); if none is idle, or
 busy, it is deferred. When the choice says so, the slot's state is saved to the RAM prompt cache and
 the best cached state for the prompt is loaded into it (``ram_cache``); after a launch, every idle
 slot is saved there too (``--cache-idle-slots``); each save stops the server for the profile's
-``cache.ram_save_s``, added to its next step. Starting on a slot: a prompt longer than the
-slot's ``n_ctx`` fails with ``exceed_context_size_error`` and releases the slot at once; otherwise
+``ram_save_seconds`` of the slot's tokens (added to its next step). Starting on a slot: a prompt
+longer than the slot's ``n_ctx`` fails with ``exceed_context_size_error`` and releases the slot at
+once; otherwise
 ``prefix_cache.llama_reuse`` decides ``cache_n`` and the prompt's checkpoints are recorded. On
 release the slot keeps the prompt plus the generated tokens except the last sampled one (it was
 never decoded), stamps ``t_last_used`` and retries one deferred task (``llama_slots.pick_deferred``).
@@ -88,9 +89,9 @@ class LlamaEngine(BatchEngine):
         task.sim_start += self.stall_s - stalled  # its prompt starts after the saves (prompt_ms)
 
     def _save(self, cache: RamCache, slot: Slot) -> None:
-        """Save ``slot``'s state to the RAM cache; the server stops for it (``cache.ram_save_s``)."""
+        """Save ``slot``'s state to the RAM cache; the server stops for it (``ram_save_seconds``)."""
         if cache.save(slot.tokens, slot.checkpoints):
-            self.stall_s += self.perf.profile.cache.ram_save_s
+            self.stall_s += self.perf.profile.cache.ram_save_seconds(len(slot.tokens))
 
     def _save_idle_slots(self, cache: RamCache) -> None:
         for slot in self.slots:

@@ -24,9 +24,11 @@ def naive_overlay(
     now: float,
     since: Since | None = None,
     begun: list[Sent] | None = None,
+    tokens: dict[tuple[str, int], int] | None = None,
 ) -> BackendSnapshot:
     """``since``: what happened since ``snapshot`` when it is the backend's latest probe; ``begun``:
-    every request ever begun (ended ones too: they count in the arrival rate)."""
+    every request ever begun (ended ones too: they count in the arrival rate); ``tokens``: the prompt
+    tokens of each slot's last ended request."""
     recent = [
         r for r in begun or [] if r.backend_id == snapshot.backend_id and r.started > now - ARRIVALS_WINDOW_S
     ]
@@ -39,7 +41,8 @@ def naive_overlay(
     since = since or Since()
     # a slot whose request ended after the backend's latest launch: the next launch saves it
     launched = max((r.started for r in begun or [] if r.backend_id == snapshot.backend_id), default=-1.0)
-    unsaved = {s for (b, s), at in ended.items() if b == snapshot.backend_id and at > launched}
+    held = tokens or {}
+    unsaved = {s: held[b, s] for (b, s), at in ended.items() if b == snapshot.backend_id and at > launched}
     if not mine and not gone and not since.ended and not unsaved:
         return snapshot
     busy: dict[int, float] = {}
@@ -53,7 +56,7 @@ def naive_overlay(
             s,
             is_processing=(s.is_processing and s.id not in freed) or s.id in pinned,
             busy_s=busy.get(s.id),
-            unsaved=s.id in unsaved,
+            unsaved=unsaved.get(s.id, 0),
         )
         for s in snapshot.slots
     )
@@ -113,6 +116,7 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
     live: dict[int, Sent] = {}
     begun: list[Sent] = []
     ended: dict[tuple[str, int], float] = {}
+    held: dict[tuple[str, int], int] = {}
     tokens: list[int] = []
     probed: dict[str, BackendSnapshot] = {}
     since: dict[str, Since] = {}
@@ -120,7 +124,7 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
 
     def same(backend: str, at: float) -> None:
         seen = probed.get(backend) or snapshot(backend, taken_at)
-        expected = naive_overlay(list(live.values()), ended, seen, at, since.get(backend), begun)
+        expected = naive_overlay(list(live.values()), ended, seen, at, since.get(backend), begun, held)
         got = inflight.overlay(seen, at)
         assert (got.running, got.queued, got.prefill_backlog_s) == (
             expected.running,
@@ -160,6 +164,7 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
                     since[request.backend_id].ended += 1
                 if request.slot is not None:
                     ended[(request.backend_id, request.slot)] = clock
+                    held[(request.backend_id, request.slot)] = max(request.prompt_tokens, 1)
     now = max(now, clock)  # the clock does not go back
     for backend in BACKENDS:
         same(backend, now)

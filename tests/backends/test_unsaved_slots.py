@@ -27,29 +27,29 @@ def two_slots() -> Fleet:
     return fleet
 
 
-def unsaved(fleet: Fleet) -> list[bool]:
+def unsaved(fleet: Fleet) -> list[int]:
     return [s.unsaved for s in fleet.snapshots()[0].slots]
 
 
 def test_a_slot_left_after_the_latest_launch_is_saved_by_the_next() -> None:
     fleet = two_slots()
-    assert unsaved(fleet) == [False, False]  # nothing ran: nothing to save
-    first = fleet.begin(Sent("llama", 0, NOW - 5))
-    assert unsaved(fleet) == [False, False]  # busy
+    assert unsaved(fleet) == [0, 0]  # nothing ran: nothing to save
+    first = fleet.begin(Sent("llama", 0, NOW - 5, prompt_tokens=900))
+    assert unsaved(fleet) == [0, 0]  # busy
     fleet.end(first)  # at NOW, after the latest launch (NOW - 5)
-    assert unsaved(fleet) == [True, False]
+    assert unsaved(fleet) == [900, 0]
     fleet.observe(fleet.snapshots()[0].__class__(
         "llama", EngineKind.LLAMACPP, Health.READY, NOW + 3, total_slots=2,
         slots=(SlotState(0, 4096, False), SlotState(1, 4096, False)),
     ))  # fmt: skip
-    assert unsaved(fleet) == [True, False]  # a probe does not save it: a launch does
+    assert unsaved(fleet) == [900, 0]  # a probe does not save it: a launch does
     second = fleet.begin(Sent("llama", 1, NOW + 1))  # this launch copied slot 0 into the RAM cache
-    assert unsaved(fleet) == [False, False]
+    assert unsaved(fleet) == [0, 0]
     fleet.end(second)  # at NOW: began at NOW + 1, ended before it by the clock: not after the launch
-    assert unsaved(fleet) == [False, False]
+    assert unsaved(fleet) == [0, 0]
 
 
 def test_a_request_the_engine_placed_itself_marks_no_slot() -> None:
     fleet = two_slots()
     fleet.end(fleet.begin(Sent("llama", None, NOW - 5)))
-    assert unsaved(fleet) == [False, False]
+    assert unsaved(fleet) == [0, 0]

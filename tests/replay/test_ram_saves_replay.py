@@ -1,5 +1,5 @@
 """The router and the simulated llama-server agree on the RAM-cache saves (issue #63): on the H100
-27B profile (``cache.ram_save_s`` 0.64 s), a session's first turn on its slot after another session's
+27B profile (0.54 s a save, 31 us a token held), a session's first turn on its slot after another session's
 turns waits for the other slot to be saved, and turnout predicted it; its next turn does not wait and
 is not predicted to (``backends.inflight`` marks the slot saved by the launch)."""
 
@@ -46,7 +46,9 @@ def test_the_predicted_ttft_has_the_save_the_engine_stops_for() -> None:
     for entry in entries:
         index = int(entry["request_id"].removeprefix("r").split(".")[0])
         chosen[index] = next(c for c in entry["candidates"] if c.get("slot") == entry["slot"])
-    assert [chosen[i]["ram_saves_s"] for i in range(5)] == [0.0, 0.0, 0.0, 0.64, 0.0]
+    saves = [chosen[i]["ram_saves_s"] for i in range(5)]
+    assert saves[:3] + saves[4:] == [0.0, 0.0, 0.0, 0.0]
+    assert saves[3] == pytest.approx(0.5425 + 4096 * 3.126e-05, abs=1e-3)  # a's last prompt: 8 blocks
     assert {chosen[i]["slot"] for i in (0, 1, 2)} != {chosen[3]["slot"]}  # b has a slot of its own
     first_b = results[3]
     assert first_b.ttft_s == pytest.approx(chosen[3]["predicted_ttft_s"], rel=0.10)
