@@ -48,6 +48,8 @@ class Prefill:
     seconds: float
     processed: int
     cached: int
+    saved: tuple[int, ...] = ()
+    """llama.cpp: the slots (their tokens) the server saved to its RAM cache first (``saves``)."""
 
 
 @dataclass(frozen=True, slots=True)

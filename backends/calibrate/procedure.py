@@ -8,6 +8,9 @@ left of ``--budget`` would not cover it at the rate measured so far:
    of the window; shortest first, so each estimate extrapolates from measured ones. Then **prefills
    after cached tokens**: a conversation of a quarter of the window grows by half a micro-batch,
    then by a step and a half, on its own slot (the points that tell attention's cost apart).
+   llama.cpp with two slots or more: a **RAM-cache save** timed at two sizes (``saves``): each cold
+   prefill on slot 0 waited for the server to save the prompt before it, and that is taken out of
+   every point (its cost goes to ``cache.ram_save_s`` and ``ram_save_token_s``).
 2. **Decode steps** for 1, 2, ... sequences together (up to the slots, at most 4; vLLM 1 to 8) at a
    short and a long context.
 3. **Scenarios**, each against the profile's cold prefill of the same prompt
@@ -28,10 +31,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import replace as with_fields
 
 from msgspec.structs import replace
 
 from backends.calibrate.engines import CalibrationError, Engine, Prefill
+from backends.calibrate.saves import SaveCost, SlotBook, measure
 from policies.engine_profile import (
     OFFLOAD_MIN_BATCH,
     CacheModel,
@@ -82,6 +87,11 @@ class _Run:
     decode: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     used_slots: set[int] = field(default_factory=set)
+    book: SlotBook = field(default_factory=SlotBook)
+    """llama.cpp: what each slot holds, for the RAM-cache saves each request waits for (``saves``)."""
+    saves: SaveCost = field(default_factory=SaveCost)
+    point_saves: list[tuple[int, ...]] = field(default_factory=list)
+    """The saves each prefill point waited for (taken out once a save's cost is measured)."""
 
     def left(self) -> float:
         return self.options.budget_s - (self.clock() - self.started)
@@ -112,7 +122,16 @@ class _Run:
 
     async def prefill_on(self, tokens: Sequence[int], slot: int = 0) -> Prefill:
         self.used_slots.add(slot)
-        return await self.engine.prefill(tokens, slot)
+        saved = self.book.launch(tokens, slot) if self.engine.info.engine == "llamacpp" else ()
+        return with_fields(await self.engine.prefill(tokens, slot), saved=saved)
+
+    def saved_s(self, got: Prefill) -> float:
+        """What the RAM-cache saves ``got`` waited for cost (as measured: ``saves``)."""
+        return sum(self.saves.seconds(tokens) for tokens in got.saved)
+
+    def add_point(self, got: Prefill) -> None:
+        self.prefill.append(Point(got.processed, got.cached, round(got.seconds, 6)))
+        self.point_saves.append(got.saved)
 
 
 def prefill_sizes(window: int, ubatch: int, batch: int) -> list[int]:
@@ -162,6 +181,8 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
     run = _Run(engine, options, clock, progress, clock(), shape)
     try:
         await _prefill_grid(run, window)
+        if llama:
+            await _saves(run, window)
         prefill = fit_prefill(shape, run.prefill, attention=any(p.b > 0 for p in run.prefill))
         await _decode_grid(run, window, slots=info.slots if llama else 8)
         decode = fit_decode(run.decode) if run.decode else DecodeModel(step_s=0.05)
@@ -218,8 +239,7 @@ async def _prefill_grid(run: _Run, window: int) -> None:
             break
         run.say(index, steps, f"cold prefill of {n:,} tokens (~{guess:.0f} s)")
         tries = [await run.prefill_on(run.engine.prompt(n)) for _ in range(run.repeat(guess))]
-        got = min(tries, key=lambda t: t.seconds)
-        run.prefill.append(Point(got.processed, got.cached, round(got.seconds, 6)))
+        run.add_point(min(tries, key=lambda t: t.seconds))
     if len(run.prefill) < 2:
         raise CalibrationError("fewer than two prefills measured: give calibrate a larger --budget")
     # after cached tokens: a conversation of ``base`` tokens on slot 1 grows turn by turn
@@ -233,8 +253,7 @@ async def _prefill_grid(run: _Run, window: int) -> None:
     for index, grow in enumerate(growths, len(sizes) + 1):
         run.say(index, steps, f"{grow:,} tokens after {len(conversation):,} cached")
         conversation += run.engine.prompt(grow)
-        got = await run.prefill_on(conversation, slot)
-        run.prefill.append(Point(got.processed, got.cached, round(got.seconds, 6)))
+        run.add_point(await run.prefill_on(conversation, slot))
 
 
 async def _decode_grid(run: _Run, window: int, *, slots: int) -> None:
@@ -249,8 +268,30 @@ async def _decode_grid(run: _Run, window: int, *, slots: int) -> None:
         run.say(index, len(plan), f"decode, {b} sequence(s) at {context:,} tokens")
         prompts = [run.engine.prompt(context) for _ in range(b)]
         run.used_slots.update(range(b))
+        run.book.together(prompts)
         step = min([await run.engine.decode(prompts, DECODE_TOKENS) for _ in range(run.repeat(guess))])
         run.decode.append(Point(b, b * (context + DECODE_TOKENS // 2), round(step, 6)))
+
+
+async def _saves(run: _Run, window: int) -> None:
+    """Time a RAM-cache save (``saves.measure``) and take the saves out of the prefill points."""
+    sizes = [min(1024, window // 8), min(8192, window // 4)]
+    if run.engine.info.slots < 2:
+        run.notes.append("RAM-cache saves not timed (one slot): ram_save_s unknown")
+        return
+    if run.rate_s(sum(sizes)) * 2 > run.left() * RESERVE:
+        run.notes.append("RAM-cache saves not timed (budget): ram_save_s unknown")
+        return
+    run.say(1, 1, f"RAM-cache saves of {sizes[0]:,} and {sizes[1]:,} tokens (slot 1 continues meanwhile)")
+
+    async def send(tokens: Sequence[int], slot: int) -> float:
+        return (await run.prefill_on(tokens, slot)).seconds
+
+    run.saves = await measure(send, run.book, run.engine.prompt, sizes)
+    run.prefill = [
+        replace(p, seconds=round(run.saves.without(p.seconds, saved), 6))
+        for p, saved in zip(run.prefill, run.point_saves, strict=True)
+    ]
 
 
 async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:
@@ -260,17 +301,19 @@ async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[l
         run.notes.append(
             "warm, checkpoint and RAM-cache scenarios skipped (budget): ram_restore_token_s unknown"
         )
-        return [], CacheModel()
+        return [], CacheModel(
+            ram_save_s=round(run.saves.fixed, 6), ram_save_token_s=round(run.saves.per_token, 9)
+        )
     conversation = run.engine.prompt(n + grow)
     run.say(1, 4, f"a {half:,}-token turn on slot 0 (leaves checkpoints)")
     await run.prefill_on(conversation[:half])
     run.say(2, 4, f"warm: the conversation grows to {n:,} tokens on its slot")
     warm = await run.prefill_on(conversation[:n])
-    checks = [_check("warm", n, warm, draft)]
+    checks = [_check("warm", n, warm, draft, restore_s=run.saved_s(warm))]
     edit = conversation[: (half + n) // 2] + run.engine.prompt(n - (half + n) // 2)
     run.say(3, 4, f"checkpoint: an edit at token {(half + n) // 2:,} of {n:,}")
     edited = await run.prefill_on(edit)
-    checks.append(_check("checkpoint", n, edited, draft))
+    checks.append(_check("checkpoint", n, edited, draft, restore_s=run.saved_s(edited)))
     await run.prefill_on(conversation[:n])  # the conversation back on slot 0 (from its checkpoints or cold)
     other = run.engine.prompt(n)
     run.say(4, 4, "ram: another conversation takes slot 0, then the first one comes back")
@@ -278,14 +321,20 @@ async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[l
     back = await run.prefill_on(conversation[: n + grow])
     ram_token_s = 0.0
     if back.cached >= n // 2:
-        rest = draft.prefill_seconds(back.processed, back.cached)
-        ram_token_s = max(back.seconds - rest, 0.0) / back.cached
+        rest = draft.prefill_seconds(back.processed, back.cached)  # and the save of ``other`` first
+        ram_token_s = run.saves.without(back.seconds - rest, back.saved) / back.cached
     else:
         run.notes.append(
             f"no RAM-cache restore seen ({back.cached} of {n} tokens came back): --cache-ram 0, or too small"
         )
-    cache = CacheModel(ram_restore_token_s=round(ram_token_s, 9))
-    checks.append(_check("ram", n + grow, back, draft, restore_s=back.cached * ram_token_s))
+    cache = CacheModel(
+        ram_restore_token_s=round(ram_token_s, 9),
+        ram_save_s=round(run.saves.fixed, 6),
+        ram_save_token_s=round(run.saves.per_token, 9),
+    )
+    checks.append(
+        _check("ram", n + grow, back, draft, restore_s=back.cached * ram_token_s + run.saved_s(back))
+    )
     return checks, cache
 
 
@@ -331,6 +380,7 @@ def _block(run: _Run, hits: Sequence[int]) -> int:
 
 
 def _check(name: str, prompt: int, got: Prefill, draft: EngineProfile, *, restore_s: float = 0.0) -> Check:
+    """``restore_s``: what the request waited for besides its prefill (a RAM restore, saves)."""
     predicted = draft.prefill_seconds(got.processed, got.cached) + restore_s
     return Check(
         name,

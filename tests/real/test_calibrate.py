@@ -48,11 +48,15 @@ class TestLlamaServer:
             checks["ram"].cached >= 2000
         )  # back from the RAM cache after another conversation took the slot
         assert profile.cache.ram_restore_token_s >= 0
+        # the RAM-cache saves were timed (two slots, --cache-ram on) and taken out of the prefill points
+        assert not [n for n in profile.notes if "saves not timed" in n]
+        assert profile.cache.ram_save_s + profile.cache.ram_save_token_s > 0
         # the profile prices each restore below a cold prefill of the same prompt (what the engine took
         # is data, not a verdict: on a busy machine one scenario can take longer than the cold estimate)
         assert all(c.predicted_s < c.cold_seconds for c in checks.values())
         assert "wrote" in captured.out
         assert "warm" in captured.out
+        assert "ram      save" in captured.out
         # it leaves no calibration prompt in the slots it used
         slots = httpx.get(server.base_url + "/slots").json()
         assert all(s.get("n_ctx") and len(s.get("prompt", "") or "") < 100 for s in slots)

@@ -1,0 +1,86 @@
+"""Calibrate's account of llama-server's RAM-cache saves (``backends.calibrate.saves``), held against
+the simulated llama-server (its slot choice and RAM cache follow the real one's, contract-tested in
+``tests/real/test_llama_ram_cache_contract.py``) with the H100 27B profile's saves, in virtual time:
+the book names exactly the saves the engine stopped for, and ``measure`` recovers their cost."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from backends.calibrate.saves import SaveCost, SlotBook, measure
+from backends.clock import Events
+from backends.engine_profiles import load_profile
+from backends.sim.config import SimConfig
+from backends.sim.drive import EventDriver
+from backends.sim.generation import Answer, DeltaKind, OutToken
+from backends.sim.llama_engine import LlamaEngine
+from backends.sim.task import SimTask
+from policies.types import Architecture
+
+PROFILE = load_profile("h100-llamacpp-27b-shape-q8_0-dense")
+TRUTH = SaveCost(PROFILE.cache.ram_save_s, PROFILE.cache.ram_save_token_s)
+
+
+class Engine:
+    """The simulated server; each request one token, pinned to its slot, sent when the last ended."""
+
+    def __init__(self) -> None:
+        config = SimConfig(
+            kind="llamacpp", architecture=Architecture.HYBRID, context_window=32768, profile=PROFILE
+        )
+        self.events = Events()
+        self.sim = LlamaEngine(config, clock=self.events.clock)
+        EventDriver(self.sim, self.events)
+        self.rng = random.Random(7)
+
+    def prompt(self, n: int) -> list[int]:
+        return [self.rng.randrange(1000, 200_000) for _ in range(n)]
+
+    def send(self, tokens: Sequence[int], slot: int) -> tuple[float, float]:
+        """The client's seconds to the first token, and what of it the engine stopped for saves."""
+        answer = Answer((OutToken(7, "w", DeltaKind.TEXT),), "length", None)
+        task = SimTask(f"t{self.rng.random()}", list(tokens), answer, id_slot=slot, listener=lambda _: None)
+        sent, stalled = self.events.now, self.sim.stall_s
+        self.sim.submit(task)
+        stall = self.sim.stall_s - stalled
+        self.events.run()
+        return task.sim_prompt_end - sent, stall
+
+
+def test_the_book_names_every_save_the_engine_stopped_for() -> None:
+    engine, book = Engine(), SlotBook()
+    a, b = engine.prompt(3000), engine.prompt(800)
+    script = [
+        (a[:1000], 0), (a[:2000], 0),  # a conversation grows on slot 0: nothing to save
+        (b, 1),  # slot 0 saved after the launch
+        (b + engine.prompt(50), 1),  # continues slot 1; slot 0 saved already
+        (engine.prompt(600), 0),  # slot 0 taken for another prompt (in the cache already); slot 1 saved
+        (a[:3000], 0),  # slot 0's fresh prompt saved first (a's comes back from the RAM cache)
+        (engine.prompt(40), 1),  # slot 1 taken for another prompt: saved already; slot 0 idle: saved
+    ]  # fmt: skip
+    for tokens, slot in script:
+        saves = book.launch(tokens, slot)
+        _, stall = engine.send(tokens, slot)
+        assert stall == pytest.approx(sum(TRUTH.seconds(t) for t in saves)), (len(tokens), slot, saves)
+    assert [len(v) for _, v in sorted(book.held.items())] == [3000, 40]
+
+
+def test_measure_recovers_the_engines_save_cost_and_takes_it_out() -> None:
+    engine, book = Engine(), SlotBook()
+
+    async def send(tokens: Sequence[int], slot: int) -> float:
+        book.launch(tokens, slot)
+        return engine.send(tokens, slot)[0]
+
+    got = asyncio.run(measure(send, book, engine.prompt, [1024, 8192]))
+    assert got.fixed == pytest.approx(TRUTH.fixed, rel=1e-6)
+    assert got.per_token == pytest.approx(TRUTH.per_token, rel=1e-6)
+    fresh = engine.prompt(500)  # slot 0 holds the 8,192 tokens, slot 1 the probes: both are saved
+    saves = book.launch(fresh, 0)
+    seconds, stall = engine.send(fresh, 0)
+    assert stall == pytest.approx(sum(TRUTH.seconds(t) for t in saves))
+    assert got.without(seconds, saves) == pytest.approx(seconds - stall)
