@@ -137,15 +137,8 @@ class InFlight:
         self._shared: set[int] = set()  # requests whose prefill a warm-up's overlapped (``shared``)
 
     def __bool__(self) -> bool:
-        # recent arrivals too: with nothing in flight the rate still prices what a request costs the
-        # next ones (``policies.cost.others_s``), and idle slots still wait to be saved
-        return bool(
-            self._backend
-            or self._ended
-            or any(self._gone.values())
-            or any(self._done.values())
-            or any(self._arrivals.values())
-        )
+        # and while slots wait to be saved (the next launch on their backend waits for it)
+        return bool(self._backend or self._ended or any(self._gone.values()) or any(self._done.values()))
 
     def begin(self, request: Sent) -> int:
         token = next(self._tokens)
@@ -264,9 +257,6 @@ class InFlight:
             lost.append(token)
         for token in lost:
             self._drop(token)
-        arrivals = self._arrivals.get(backend)
-        while arrivals and arrivals[0] <= snapshot.taken_at - ARRIVALS_WINDOW_S:
-            arrivals.popleft()  # out of the window: they no longer keep the overlay on
         self._probed_at[backend] = snapshot.taken_at
         self._newer[backend] = self._count_newer(backend, snapshot.taken_at)
         self._gone[backend] = self._begun[backend] = 0
