@@ -143,9 +143,9 @@ class InFlight:
     def begin(self, request: Sent) -> int:
         token = next(self._tokens)
         backend = request.backend_id
-        if request.holds:
+        if request.holds:  # a token count launches no task: it saves no slot
             self._arrivals.setdefault(backend, deque()).append(request.started)
-        self._launched[backend] = max(self._launched.get(backend, -math.inf), request.started)
+            self._launched[backend] = max(self._launched.get(backend, -math.inf), request.started)
         self._backend[token] = backend
         self._open.setdefault(backend, {})[token] = request
         if request.prefill_s > 0:

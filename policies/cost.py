@@ -108,7 +108,7 @@ from policies.decision import Estimate
 from policies.learning import DeploymentStats, LearnedState, client_key
 from policies.pricing import decode_step_s, interleaved_decode_s, prefill_s, ram_saves_s
 from policies.slot_costs import Situation
-from policies.slot_rules import ram_span, reuse
+from policies.slot_rules import consults_ram, ram_span, reuse
 from policies.slots import DEFAULT_LEASE_IDLE_S, SlotOption, llama_options, proven
 from policies.types import (
     BackendSnapshot,
@@ -328,7 +328,10 @@ def estimate(
         interleaved = interleaved_decode_s(deployment, stats, snapshot.running, ahead + prompt - cached)
     saves = 0.0
     if snapshot.kind is EngineKind.LLAMACPP:  # the engine copies idle slots to RAM before it starts
-        saves = ram_saves_s(deployment, snapshot.slots, option.slot, option.mine and option.source == "slot")
+        target = option.slot if option.slot is not None else option.lands
+        there = next((m for m in situation.match.slots if m.slot == target), None)
+        keeps = there is not None and not consults_ram(there, features.prompt_tokens)  # no save of it first
+        saves = ram_saves_s(deployment, snapshot.slots, target, keeps)
     ttft = queue + saves + prefill + interleaved
     decode = (expected_output(features, learned, session) - 1) * decode_step
     total = ttft + decode

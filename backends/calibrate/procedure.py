@@ -284,10 +284,14 @@ async def _saves(run: _Run, window: int) -> None:
         return
     run.say(1, 1, f"RAM-cache saves of {sizes[0]:,} and {sizes[1]:,} tokens (slot 1 continues meanwhile)")
 
-    async def send(tokens: Sequence[int], slot: int) -> float:
-        return (await run.prefill_on(tokens, slot)).seconds
-
-    run.saves = await measure(send, run.book, run.engine.prompt, sizes)
+    saves = await measure(run.prefill_on, run.book, run.engine.prompt, sizes)
+    if saves is None:
+        run.notes.append(
+            "RAM-cache saves not timed: slot 1 lost its prompt while slot 0 was saved (--kv-unified clears"
+            " idle slots): ram_save_s unknown, the prefill points keep the saves they waited for"
+        )
+        return
+    run.saves = saves
     run.prefill = [
         replace(p, seconds=round(run.saves.without(p.seconds, saved), 6))
         for p, saved in zip(run.prefill, run.point_saves, strict=True)

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from backends.calibrate.engines import Prefill
+
 SIMILARITY = 0.1
 """llama-server's ``--slot-prompt-similarity`` default: a named slot sharing no more than this share
 of the prompt is taken as not similar (and saved before it is reused)."""
@@ -74,17 +76,19 @@ class SaveCost:
         return max(seconds - sum(self.seconds(t) for t in saves), 0.0)
 
 
-Send = Callable[[Sequence[int], int], Awaitable[float]]
-"""Send ``tokens`` to ``slot`` (through the book) and return the client's seconds."""
+Send = Callable[[Sequence[int], int], Awaitable[Prefill]]
+"""Send ``tokens`` to ``slot`` (through the book) and return what the client saw."""
 
 
 async def measure(
     send: Send, book: SlotBook, prompt: Callable[[int], list[int]], sizes: Sequence[int]
-) -> SaveCost:
+) -> SaveCost | None:
     """Time one save of slot 0 holding each of ``sizes`` tokens: slot 1 continues its own prompt by
     ``PROBE_TOKENS`` while slot 0 waits to be saved, and once more right after (nothing to save);
     the difference is the save. The line through the two sizes (clamped at 0: a server without
-    ``--cache-ram`` or ``--cache-idle-slots`` saves nothing here)."""
+    ``--cache-ram`` saves nothing; with ``--no-cache-idle-slots`` this times 0 while the saves before
+    a slot is taken remain). None when slot 1 did not keep its prompt between the two (with
+    ``--kv-unified`` an idle slot is cleared when it is saved: the probe would time a re-prefill)."""
     measured: list[tuple[int, float]] = []
     tail = list(book.held.get(1, [])) or prompt(PROBE_TOKENS)
     if 1 not in book.held:
@@ -95,7 +99,9 @@ async def measure(
         waited = await send(tail, 1)
         tail = tail + prompt(PROBE_TOKENS)
         alone = await send(tail, 1)
-        measured.append((size, max(waited - alone, 0.0)))
+        if min(waited.cached, alone.cached) < len(tail) - 2 * PROBE_TOKENS - 1:
+            return None  # slot 1 lost its prompt meanwhile
+        measured.append((size, max(waited.seconds - alone.seconds, 0.0)))
     (small, s_small), (large, s_large) = measured[0], measured[-1]
     per_token = max((s_large - s_small) / (large - small), 0.0) if large > small else 0.0
     return SaveCost(max(s_small - per_token * small, 0.0), per_token)

@@ -40,7 +40,9 @@ def naive_overlay(
     gone = {s for (b, s), at in ended.items() if b == snapshot.backend_id and at > release}
     since = since or Since()
     # a slot whose request ended after the backend's latest launch: the next launch saves it
-    launched = max((r.started for r in begun or [] if r.backend_id == snapshot.backend_id), default=-1.0)
+    launched = max(
+        (r.started for r in begun or [] if r.backend_id == snapshot.backend_id and r.holds), default=-1.0
+    )
     held = tokens or {}
     unsaved = {s: held[b, s] for (b, s), at in ended.items() if b == snapshot.backend_id and at > launched}
     if not mine and not gone and not since.ended and not unsaved:

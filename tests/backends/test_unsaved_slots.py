@@ -43,9 +43,7 @@ def test_a_slot_left_after_the_latest_launch_is_saved_by_the_next() -> None:
         slots=(SlotState(0, 4096, False), SlotState(1, 4096, False)),
     ))  # fmt: skip
     assert unsaved(fleet) == [900, 0]  # a probe does not save it: a launch does
-    second = fleet.begin(Sent("llama", 1, NOW + 1))  # this launch copied slot 0 into the RAM cache
-    assert unsaved(fleet) == [0, 0]
-    fleet.end(second)  # at NOW: began at NOW + 1, ended before it by the clock: not after the launch
+    fleet.begin(Sent("llama", 1, NOW + 1))  # this launch copied slot 0 into the RAM cache
     assert unsaved(fleet) == [0, 0]
 
 
@@ -53,3 +51,11 @@ def test_a_request_the_engine_placed_itself_marks_no_slot() -> None:
     fleet = two_slots()
     fleet.end(fleet.begin(Sent("llama", None, NOW - 5)))
     assert unsaved(fleet) == [0, 0]
+
+
+def test_a_token_count_launches_nothing_and_saves_nothing() -> None:
+    """llama-server answers a count in its HTTP thread: no task starts, no idle slot is saved."""
+    fleet = two_slots()
+    fleet.end(fleet.begin(Sent("llama", 0, NOW - 5, prompt_tokens=900)))
+    fleet.begin(Sent("llama", None, NOW + 1, holds=False))
+    assert unsaved(fleet) == [900, 0]

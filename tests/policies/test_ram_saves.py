@@ -13,12 +13,23 @@ from backends.engine_profiles import load_profile
 from policies.cost import estimate
 from policies.decision import Estimate
 from policies.learning import LearnedState
-from policies.types import SlotLease
-from tests.policies.cost_helpers import HELD, LLAMA, NOTHING, SESSION, features, llama_snapshot
+from policies.types import PrefixMatch, SlotLease, SlotMatch
+from tests.policies.cost_helpers import LLAMA, NOTHING, SESSION, features, llama_snapshot
 
 TOKENS = 9000  # what the session on the slot sent last
 SAVE_S = 0.5425 + TOKENS * 3.126e-05
-H100 = replace(LLAMA, profile=load_profile("h100-llamacpp-27b-shape-q8_0-dense"))
+PROFILE = load_profile("h100-llamacpp-27b-shape-q8_0-dense")
+H100 = replace(
+    LLAMA,
+    profile=replace(PROFILE, cache=replace(PROFILE.cache, ram_save_s=0.5425, ram_save_token_s=3.126e-05)),
+)
+# slot 0 holds the session's 9,000 tokens, all of them this prompt's start
+HELD = PrefixMatch(
+    (SlotMatch(0, 9000, whole=True, held=9000), SlotMatch(1, 0)),
+    recent=9000,
+    recent_whole=True,
+    recent_held=9000,
+)
 
 
 def on_llama(unsaved: tuple[bool, bool], *, own: bool, busy: tuple[bool, bool] = (False, False)) -> Estimate:
@@ -53,6 +64,20 @@ def test_a_session_continuing_its_slot_does_not_save_it_but_waits_for_the_other(
     mine = on_llama((True, False), own=True)
     assert (mine.slot, mine.source, mine.saves_s) == (0, "slot", 0.0)
     assert on_llama((False, True), own=True).saves_s == pytest.approx(SAVE_S)
+
+
+def test_a_prompt_that_keeps_less_than_half_of_its_slot_saves_it_first() -> None:
+    """llama-server saves a named slot before it takes it for a prompt that shares at most 10% of the
+    prompt or keeps less than half of the slot (``slot_rules.consults_ram``): a compacted session's
+    own slot is saved too."""
+    compacted = PrefixMatch((SlotMatch(0, 2000, held=9000), SlotMatch(1, 0)), recent=2000, recent_held=9000)
+    snapshot = llama_snapshot()
+    slots = (replace(snapshot.slots[0], unsaved=TOKENS), snapshot.slots[1])
+    got = estimate(features(), H100, replace(snapshot, slots=slots), session=SESSION,
+                   leases=(SlotLease(0, "s", 5.0, 9000),), learned=LearnedState(), match=compacted, now=10.0,
+                   lease_idle_s=600.0)  # fmt: skip
+    assert got.slot == 0
+    assert got.saves_s == pytest.approx(SAVE_S)
 
 
 def test_a_busy_slot_is_not_saved_and_an_unmeasured_profile_waits_for_nothing() -> None:

@@ -21,16 +21,22 @@ from backends.sim.task import SimTask
 from policies.types import Architecture
 
 PROFILE = "h100-llamacpp-27b-shape-q8_0-dense"
+SAVE_S, SAVE_TOKEN_S = 0.5425, 3.126e-05
+"""The line through the H100 turns' two outliers: 0.605 s for a slot of 2,000 tokens, 0.684 s for 4,527
+(the built-in profile carries none until the card is calibrated again: its request_s holds saves)."""
 
 
 class Server:
     """A simulated llama-server of two slots in virtual time; each request pinned to its slot."""
 
     def __init__(self, saves: bool) -> None:
-        profile = load_profile(PROFILE)  # its measured saves, or none
-        if not saves:
-            cache = msgspec.structs.replace(profile.cache, ram_save_s=0.0, ram_save_token_s=0.0)
-            profile = msgspec.structs.replace(profile, cache=cache)
+        profile = load_profile(PROFILE)
+        cache = msgspec.structs.replace(
+            profile.cache,
+            ram_save_s=SAVE_S if saves else 0.0,
+            ram_save_token_s=SAVE_TOKEN_S if saves else 0.0,
+        )
+        profile = msgspec.structs.replace(profile, cache=cache)
         config = SimConfig(
             kind="llamacpp", architecture=Architecture.HYBRID, context_window=65536, profile=profile
         )
@@ -80,16 +86,14 @@ def test_a_launch_waits_for_the_idle_slots_it_saves_and_its_prompt_time_does_not
     # slot 1's first turn saves slot 0's session; the fresh prompt saves slot 1's; nothing else is
     # new to the cache (slot 0's turns: slot 1 is empty; slot 1's later turns: slot 0 is saved). A
     # session's slot holds 3 x 400 words, two answers and the last one but its last token: 1,247
-    save = round(load_profile(PROFILE).cache.ram_save_seconds(3 * 400 + 3 * 16 - 1), 6)
-    assert save == round(0.5425 + 1247 * 3.126e-05, 6)
+    save = round(SAVE_S + 1247 * SAVE_TOKEN_S, 6)
     assert extra == [0.0, 0.0, 0.0, save, 0.0, 0.0, save]
     assert [s[1] for s in saving] == pytest.approx([f[1] for f in free])  # prompt_ms: the prompt alone
 
 
-def test_the_built_in_h100_profiles_carry_the_measured_save() -> None:
-    """Through the two measured points: 0.605 s for a slot of 2,000 tokens, 0.684 s for 4,527."""
-    for fmt in ("q8_0", "f16", "q4_0"):
-        cache = load_profile(f"h100-llamacpp-27b-shape-{fmt}-dense").cache
-        assert cache.ram_save_seconds(2000) == pytest.approx(0.605, abs=0.001)
-        assert cache.ram_save_seconds(4527) == pytest.approx(0.684, abs=0.001)
-    assert load_profile("workstation-llamacpp-27b-gpu").cache.ram_save_s == 0.0  # not measured there
+def test_the_measured_line_goes_through_both_outliers() -> None:
+    cache = msgspec.structs.replace(
+        load_profile(PROFILE).cache, ram_save_s=SAVE_S, ram_save_token_s=SAVE_TOKEN_S
+    )
+    assert cache.ram_save_seconds(2000) == pytest.approx(0.605, abs=0.001)
+    assert cache.ram_save_seconds(4527) == pytest.approx(0.684, abs=0.001)
