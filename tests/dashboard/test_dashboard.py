@@ -210,7 +210,11 @@ def test_a_session_timeline_shows_where_an_edited_message_broke_the_prefix(page:
     ]
     assert page.inner_text('#timeline tr[data-turn="1"] td.prefix') == "nothing cached"  # a first turn
     second = f"reused {cached[1]} tokens" if cached[1] else "nothing cached"
-    assert page.inner_text('#timeline tr[data-turn="2"] td.prefix') == second
+    turn_2 = page.inner_text('#timeline tr[data-turn="2"] td.prefix')
+    # the second extends the first: it reused what it found, or the router moved it (the gateway's
+    # load from the other tests decides), and it is never taken for an edit
+    assert turn_2 == second or turn_2.startswith("broke: moved from"), turn_2
+    assert "message" not in turn_2
     # the fourth extends the third: whatever the slots did meanwhile (other tests share this gateway),
     # its prompt did not break
     assert "message" not in page.inner_text('#timeline tr[data-turn="4"] td.prefix')
