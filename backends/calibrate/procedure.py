@@ -279,7 +279,7 @@ async def _saves(run: _Run, window: int) -> None:
     if run.engine.info.slots < 2:
         run.notes.append("RAM-cache saves not timed (one slot): ram_save_s unknown")
         return
-    if run.rate_s(sum(sizes)) * 2 > run.left() * RESERVE:
+    if run.rate_s(sum(sizes)) * 4 > run.left() * RESERVE:  # each size three times, and a margin
         run.notes.append("RAM-cache saves not timed (budget): ram_save_s unknown")
         return
     run.say(1, 1, f"RAM-cache saves of {sizes[0]:,} and {sizes[1]:,} tokens (slot 1 continues meanwhile)")

@@ -17,6 +17,7 @@ saves back out of a measured time.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -81,11 +82,15 @@ Send = Callable[[Sequence[int], int], Awaitable[Prefill]]
 
 
 async def measure(
-    send: Send, book: SlotBook, prompt: Callable[[int], list[int]], sizes: Sequence[int]
+    send: Send,
+    book: SlotBook,
+    prompt: Callable[[int], list[int]],
+    sizes: Sequence[int],
+    repeat: int = 3,
 ) -> SaveCost | None:
-    """Time one save of slot 0 holding each of ``sizes`` tokens: slot 1 continues its own prompt by
-    ``PROBE_TOKENS`` while slot 0 waits to be saved, and once more right after (nothing to save);
-    the difference is the save. The line through the two sizes (clamped at 0: a server without
+    """Time one save of slot 0 holding each of ``sizes`` tokens (the median of ``repeat``): slot 1
+    continues its own prompt by ``PROBE_TOKENS`` while slot 0 waits to be saved, and once more right
+    after (nothing to save); the difference is the save. The line through the two sizes (clamped at 0: a server without
     ``--cache-ram`` saves nothing; with ``--no-cache-idle-slots`` this times 0 while the saves before
     a slot is taken remain). None when slot 1 did not keep its prompt between the two (with
     ``--kv-unified`` an idle slot is cleared when it is saved: the probe would time a re-prefill)."""
@@ -94,14 +99,17 @@ async def measure(
     if 1 not in book.held:
         await send(tail, 1)
     for size in sizes:
-        await send(prompt(size), 0)
-        tail = tail + prompt(PROBE_TOKENS)
-        waited = await send(tail, 1)
-        tail = tail + prompt(PROBE_TOKENS)
-        alone = await send(tail, 1)
-        if min(waited.cached, alone.cached) < len(tail) - 2 * PROBE_TOKENS - 1:
-            return None  # slot 1 lost its prompt meanwhile
-        measured.append((size, max(waited.seconds - alone.seconds, 0.0)))
+        differences = []
+        for _ in range(repeat):  # the median: one pair's difference is mostly noise on a busy machine
+            await send(prompt(size), 0)
+            tail = tail + prompt(PROBE_TOKENS)
+            waited = await send(tail, 1)
+            tail = tail + prompt(PROBE_TOKENS)
+            alone = await send(tail, 1)
+            if min(waited.cached, alone.cached) < len(tail) - 2 * PROBE_TOKENS - 1:
+                return None  # slot 1 lost its prompt meanwhile
+            differences.append(waited.seconds - alone.seconds)
+        measured.append((size, max(statistics.median(differences), 0.0)))
     (small, s_small), (large, s_large) = measured[0], measured[-1]
     per_token = max((s_large - s_small) / (large - small), 0.0) if large > small else 0.0
     return SaveCost(max(s_small - per_token * small, 0.0), per_token)
