@@ -92,8 +92,9 @@ async def measure(
     continues its own prompt by ``PROBE_TOKENS`` while slot 0 waits to be saved, and once more right
     after (nothing to save); the difference is the save. The line through the two sizes (clamped at
     0: a server without ``--cache-ram`` saves nothing; with ``--no-cache-idle-slots`` this times 0
-    while the saves before a slot is taken remain). None when slot 1 did not keep its prompt between the two (with
-    ``--kv-unified`` an idle slot is cleared when it is saved: the probe would time a re-prefill)."""
+    while the saves before a slot is taken remain). None when slot 1 did not keep its prompt between
+    the two (with ``--kv-unified`` an idle slot is cleared when it is saved: the probe would time a
+    re-prefill)."""
     measured: list[tuple[int, float]] = []
     tail = list(book.held.get(1, [])) or prompt(PROBE_TOKENS)
     if 1 not in book.held:
