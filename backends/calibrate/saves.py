@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from backends.calibrate.engines import Prefill
+from backends.sim.prefix_cache import common_prefix
 
 SIMILARITY = 0.1
 """llama-server's ``--slot-prompt-similarity`` default: a named slot sharing no more than this share
@@ -44,7 +45,7 @@ class SlotBook:
         saves: list[int] = []
         own = self.held.get(slot, [])
         if own and slot not in self.saved and tokens:
-            shared = _common_prefix(own, tokens)
+            shared = common_prefix(own, tokens)
             if shared / len(tokens) <= SIMILARITY or shared / len(own) < KEEP:
                 saves.append(len(own))
         for other, content in sorted(self.held.items()):
@@ -114,12 +115,3 @@ async def measure(
     (small, s_small), (large, s_large) = measured[0], measured[-1]
     per_token = max((s_large - s_small) / (large - small), 0.0) if large > small else 0.0
     return SaveCost(max(s_small - per_token * small, 0.0), per_token)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
