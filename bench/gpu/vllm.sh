@@ -31,6 +31,8 @@
 #                     the built-in one): predicted TTFT and time to the last token against measured
 #                     (bench/gpu/turns.py) -> $OUT/turns-vllm-FLAGSET.json, and the server's
 #                     /metrics after them -> $OUT/metrics-vllm-FLAGSET.txt
+#   warm              one request (2,000 words, 16 tokens) so that the server's slow first answer
+#                     is not among the measured ones
 #   switch[:reload]   sleep and wake at levels 1 and 2, the prefix cache across them, decode at 1, 4
 #                     and 16 streams (bench/gpu/vllm_switch.py) -> $OUT/switch.json
 #   stop              stop the server
@@ -183,6 +185,15 @@ stage_turns() {
   curl -fsS "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics-vllm-$(cat "$WORK/flagset").txt" || true
 }
 
+stage_warm() {
+  wait_healthy
+  local started=$SECONDS
+  python3 -c 'import json; print(json.dumps({"model": "qwen3.8-27b", "max_tokens": 16,
+    "messages": [{"role": "user", "content": " ".join(["warm"] * 2000)}]}))' \
+    | curl -fsS "http://127.0.0.1:$PORT/v1/chat/completions" -H 'content-type: application/json' -d @- > /dev/null
+  say "warm: the first request answered in $((SECONDS - started)) s"
+}
+
 stage_switch() {
   wait_healthy
   local reload=()
@@ -205,6 +216,7 @@ for step in "$@"; do
     calibrate) stage_calibrate "$a" "$b" ;;
     switch) stage_switch "${a:-}" ;;
     turns) stage_turns ;;
+    warm) stage_warm ;;
     stop) stop_server ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
