@@ -166,5 +166,7 @@ def summary(profile: EngineProfile) -> str:
             f"  ram      save {cache.ram_save_s * 1000:.1f} ms"
             f" + {cache.ram_save_token_s * 1e6:.2f} us a token held (taken out of the prefill points)"
         )
+    if cache.checkpoint_restore_s:
+        lines.append(f"  restore  a context checkpoint {cache.checkpoint_restore_s * 1000:.1f} ms")
     lines.extend(f"  note     {note}" for note in profile.notes)
     return "\n".join(lines)

@@ -162,6 +162,7 @@ def decision_entry(
                             ),
                             "queue_s": round(c.estimate.queue_s, 4),
                             "ram_saves_s": round(c.estimate.saves_s, 4),
+                            "checkpoint_restore_s": round(c.estimate.checkpoint_s, 4),
                             "slot": c.estimate.slot,
                             "warm": c.estimate.warm,
                             "cache_source": c.estimate.source,

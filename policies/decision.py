@@ -51,6 +51,7 @@ class Estimate(msgspec.Struct, frozen=True):
     prefill_s: float = 0.0  # this request's own prompt processing, after its queue
     interleaved_s: float = 0.0  # vLLM: the decode steps run in the same steps as its prompt chunks
     saves_s: float = 0.0  # llama.cpp: idle slots copied to the RAM cache before it starts (``ram_save_s``)
+    checkpoint_s: float = 0.0  # llama.cpp, hybrid: a context checkpoint restored (``checkpoint_restore_s``)
     modelled_queue_s: float = 0.0  # queue_s before the learned queue_factor
     deferred_s: float = 0.0  # llama.cpp: queue_s spent deferred for a slot busy with others' work
     shared_prefix_tokens: int = 0  # what the engine could reuse by its rules (learning divides by it)

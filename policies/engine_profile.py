@@ -122,6 +122,11 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request just launched, waits (0: not measured)."""
     ram_save_token_s: float = 0.0
     """llama.cpp: seconds per token a slot holds that saving it adds (its attention KV)."""
+    checkpoint_restore_s: float = 0.0
+    """llama.cpp serving a hybrid model: seconds a slot takes to restore a context checkpoint (its
+    recurrent state, copied back to the GPU) when a prompt diverges inside what the slot holds. It
+    happens after the prompt's timer starts (in ``prompt_ms``), and every slot waits for it; a
+    prompt that extends the slot's tokens uses the live state and pays nothing (0: not measured)."""
     prefix_block: int = 0
     """vLLM: tokens per prefix-cache block a hybrid model's prompt is reused in (0: none measured)."""
     prefix_caching: Literal["on", "off"] = "on"
@@ -132,7 +137,7 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not math.isfinite(self.ram_restore_token_s) or self.ram_restore_token_s < 0:
             value = self.ram_restore_token_s
             raise ProfileSchemaError(f"cache.ram_restore_token_s must be >= 0, not {value!r}")
-        for name in ("ram_save_s", "ram_save_token_s"):
+        for name in ("ram_save_s", "ram_save_token_s", "checkpoint_restore_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ProfileSchemaError(f"cache.{name} must be >= 0, not {value!r}")

@@ -213,16 +213,14 @@ def profile_rates(deployment: Deployment) -> tuple[float, float] | None:
 
 def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> DeploymentStats:
     """Rate samples, each the prior times how much faster than its profile the engine was: with no
-    profile that is plain tokens over seconds; with one, a 500-token turn that paid a 6 s batch
-    teaches the same rate as a 4k cold prefill that paid eight (module docstring). No prefill
-    sample where a background warm-up's prompt ran beside the request's (``shared_prefill``):
-    llama-server runs every slot's prompt chunks in the same batches, so its ``prompt_ms`` and the
-    TTFT span both (issue #45: one such sample taught 712 tokens/s for an engine of 3,000, and every
-    later cold prefill there looked 4x slower)."""
+    profile plain tokens over seconds; with one, a 500-token turn that paid a 6 s batch teaches the
+    same rate as a 4k cold prefill that paid eight (module docstring). No prefill sample where a
+    warm-up's prompt ran beside the request's (``shared_prefill``): llama-server runs every slot's
+    prompt chunks in the same batches, so ``prompt_ms`` spans both (issue #45: one such sample
+    taught 712 tokens/s for an engine of 3,000: every later cold prefill looked 4x slower)."""
     usage, profile = outcome.usage, deployment.profile
     cached = usage.cached_tokens or 0
-    uncached = usage.prompt_tokens - cached
-    prefill_s: float | None = None
+    uncached, prefill_s = usage.prompt_tokens - cached, None
     if outcome.shared_prefill:
         pass  # a warm-up's prompt ran beside it (``_shared``): its prefill time spans both
     elif usage.prompt_ms is not None and usage.prompt_ms > 0 and uncached >= 16:
@@ -234,6 +232,8 @@ def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> 
             sample = uncached / prefill_s
         else:
             expected = profile.prefill_seconds(uncached, cached, outcome.user_start)
+            if outcome.predicted is not None and cached:  # a checkpoint restored: in its prompt_ms
+                expected += outcome.predicted.checkpoint_s
             sample = stats.prefill_tok_s.prior * expected / prefill_s
         stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(sample))
     steps = usage.completion_tokens - 1

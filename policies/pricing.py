@@ -60,6 +60,13 @@ def ram_saves_s(deployment: Deployment, slots: Sequence[SlotState], target: int 
     return sum(profile.cache.ram_save_seconds(tokens) for tokens in saved)
 
 
+def checkpoint_restore_s(deployment: Deployment) -> float:
+    """Seconds a hybrid llama.cpp slot takes to restore a context checkpoint, as its profile measured
+    (0 without one: not measured)."""
+    profile = deployment.profile
+    return 0.0 if profile is None else profile.cache.checkpoint_restore_s
+
+
 def ram_restore_s(deployment: Deployment, tokens: float) -> float:
     """Seconds to load ``tokens`` tokens of a saved slot back from llama.cpp's RAM cache."""
     profile = deployment.profile

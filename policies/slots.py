@@ -140,6 +140,7 @@ class SlotOption(msgspec.Struct, frozen=True):
     expired: bool = False  # ``evicts``' lease expired (idle ``lease_idle_s``): it costs nothing
     lost: bool = False  # the session's slot no longer holds its prompt
     restore_s: float = 0.0  # loading ``cached`` back from the RAM cache (in ``queue_s``)
+    restores: bool = False  # a hybrid state resumed from a context checkpoint, not extended live
     lands: int | None = None  # no slot named (``slot`` None): the one llama-server is expected to give
     sharing: int = 0  # the sessions sharing a crowded server's slots (why no slot is named)
 
@@ -206,6 +207,8 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         mine = own is not None and lease is own
         queue, slot_wait, deferred = slot_queue(situation, state, mine)
         restore = ram_restore_s(situation.deployment, got.cached) if got.source == "ram" else 0.0
+        resumed = situation.match.best_recent if got.source == "ram" else held
+        restores = hybrid and got.cached > 0 and not resumed.whole
         queue += restore
         evicts, cost = None, 0.0
         if lease is not None and not mine:
@@ -227,6 +230,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
                 expired=lease is not None and evicts is not None and expired(lease, situation),
                 lost=lost,
                 restore_s=restore,
+                restores=restores,
             )
         )  # fmt: skip
     if situation.sharing and session is not None:

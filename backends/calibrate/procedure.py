@@ -10,7 +10,9 @@ left of ``--budget`` would not cover it at the rate measured so far:
    then by a step and a half, on its own slot (the points that tell attention's cost apart).
    llama.cpp with two slots or more: a **RAM-cache save** timed at two sizes (``saves``): each cold
    prefill on slot 0 waited for the server to save the prompt before it, and that is taken out of
-   every point (its cost goes to ``cache.ram_save_s`` and ``ram_save_token_s``).
+   every point (its cost goes to ``cache.ram_save_s`` and ``ram_save_token_s``). Then a **context
+   checkpoint restore** (``restore``): slot 1's conversation grows alternately by extending it and
+   by diverging 2 tokens before its end (``cache.checkpoint_restore_s``; hybrid models only).
 2. **Decode steps** for 1, 2, ... sequences together (up to the slots, at most 4; vLLM 1 to 8) at a
    short and a long context.
 3. **Scenarios**, each against the profile's cold prefill of the same prompt
@@ -35,7 +37,9 @@ from dataclasses import replace as with_fields
 
 from msgspec.structs import replace
 
+from backends.calibrate import restore
 from backends.calibrate.engines import CalibrationError, Engine, Prefill
+from backends.calibrate.grid import DECODE_TOKENS, growths, prefill_sizes
 from backends.calibrate.saves import SaveCost, SlotBook, measure
 from policies.engine_profile import (
     OFFLOAD_MIN_BATCH,
@@ -50,7 +54,6 @@ from policies.profile_fit import fit_decode, fit_prefill
 
 Progress = Callable[[str], None]
 Clock = Callable[[], float]
-DECODE_TOKENS = 24
 RESERVE = 0.25
 """Of the budget kept back from the prefill grid for the decode steps and the scenarios."""
 
@@ -92,6 +95,8 @@ class _Run:
     saves: SaveCost = field(default_factory=SaveCost)
     point_saves: list[tuple[int, ...]] = field(default_factory=list)
     """The saves each prefill point waited for (taken out once a save's cost is measured)."""
+    restore_s: float = 0.0
+    """llama.cpp, hybrid: a context checkpoint's restore (``restore``)."""
 
     def left(self) -> float:
         return self.options.budget_s - (self.clock() - self.started)
@@ -134,30 +139,6 @@ class _Run:
         self.point_saves.append(got.saved)
 
 
-def prefill_sizes(window: int, ubatch: int, batch: int) -> list[int]:
-    """The cold prefill grid (module docstring), ascending, each under the window."""
-    candidates = [
-        16,
-        ubatch // 2,
-        ubatch + 37,
-        batch + ubatch // 2 + 11,
-        window // 4,
-        window // 2,
-        window * 9 // 10,
-    ]
-    limit = window - DECODE_TOKENS - 8
-    return sorted({n for n in candidates if 8 <= n <= limit})
-
-
-def _growths(room: int, ubatch: int, batch: int) -> list[int]:
-    """Two growths of a conversation that fit ``room`` tokens: half a micro-batch, then a step and a
-    half; in a small window, a quarter and a half of the room."""
-    wanted = [ubatch // 2 + 3, batch + ubatch // 2 + 11]
-    if sum(wanted) > room:
-        wanted = [room // 4, room // 2]
-    return [g for g in wanted if g >= 8]
-
-
 async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress: Progress) -> EngineProfile:
     """Measure ``engine`` (idle, or :class:`CalibrationError`) and return its fitted profile."""
     busy = await engine.busy()
@@ -183,6 +164,7 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
         await _prefill_grid(run, window)
         if llama:
             await _saves(run, window)
+            await _restore(run)
         prefill = fit_prefill(shape, run.prefill, attention=any(p.b > 0 for p in run.prefill))
         await _decode_grid(run, window, slots=info.slots if llama else 8)
         decode = fit_decode(run.decode) if run.decode else DecodeModel(step_s=0.05)
@@ -226,8 +208,8 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
 async def _prefill_grid(run: _Run, window: int) -> None:
     sizes = prefill_sizes(window, run.shape.ubatch, run.shape.batch)
     base = window // 4
-    growths = _growths(window - DECODE_TOKENS - 8 - base, run.shape.ubatch, run.shape.batch)
-    steps = len(sizes) + len(growths)
+    grown = growths(window - DECODE_TOKENS - 8 - base, run.shape.ubatch, run.shape.batch)
+    steps = len(sizes) + len(grown)
     for index, n in enumerate(sizes, 1):
         guess = run.rate_s(n)
         if len(run.prefill) >= 2 and guess > run.left() * (1 - RESERVE):
@@ -243,14 +225,14 @@ async def _prefill_grid(run: _Run, window: int) -> None:
     if len(run.prefill) < 2:
         raise CalibrationError("fewer than two prefills measured: give calibrate a larger --budget")
     # after cached tokens: a conversation of ``base`` tokens on slot 1 grows turn by turn
-    guess = run.rate_s(base + sum(growths))
+    guess = run.rate_s(base + sum(grown))
     if guess > run.left() * (1 - RESERVE):
         run.notes.append(f"no prefill after cached tokens measured (~{guess:.0f} s, budget)")
         return
     slot = 1 if run.engine.info.slots > 1 else 0
     conversation = run.engine.prompt(base)
     await run.prefill_on(conversation, slot)
-    for index, grow in enumerate(growths, len(sizes) + 1):
+    for index, grow in enumerate(grown, len(sizes) + 1):
         run.say(index, steps, f"{grow:,} tokens after {len(conversation):,} cached")
         conversation += run.engine.prompt(grow)
         run.add_point(await run.prefill_on(conversation, slot))
@@ -298,6 +280,18 @@ async def _saves(run: _Run, window: int) -> None:
     ]
 
 
+async def _restore(run: _Run) -> None:
+    """Time a context checkpoint's restore on slot 1 (``restore.measure``)."""
+    if run.engine.info.slots < 2 or run.rate_s(256) * 8 > run.left() * RESERVE:
+        run.notes.append("checkpoint restore not timed (one slot, or budget): checkpoint_restore_s unknown")
+        return
+    run.say(1, 1, "a context checkpoint restored against a live append (slot 1, 3 pairs)")
+    restored = await restore.measure(run.prefill_on, run.book, run.engine.prompt, run.saves.without)
+    if restored is None:
+        run.notes.append("no context checkpoint restored (not a hybrid model, or --ctx-checkpoints 0)")
+    run.restore_s = restored or 0.0
+
+
 async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:
     n = min(window // 2, max(p.a for p in run.prefill))
     half, grow = n // 2, min(200, max(window - n - DECODE_TOKENS - 8, 1))
@@ -306,7 +300,9 @@ async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[l
             "warm, checkpoint and RAM-cache scenarios skipped (budget): ram_restore_token_s unknown"
         )
         return [], CacheModel(
-            ram_save_s=round(run.saves.fixed, 6), ram_save_token_s=round(run.saves.per_token, 9)
+            ram_save_s=round(run.saves.fixed, 6),
+            ram_save_token_s=round(run.saves.per_token, 9),
+            checkpoint_restore_s=round(run.restore_s, 6),
         )
     conversation = run.engine.prompt(n + grow)
     run.say(1, 4, f"a {half:,}-token turn on slot 0 (leaves checkpoints)")
@@ -317,7 +313,8 @@ async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[l
     edit = conversation[: (half + n) // 2] + run.engine.prompt(n - (half + n) // 2)
     run.say(3, 4, f"checkpoint: an edit at token {(half + n) // 2:,} of {n:,}")
     edited = await run.prefill_on(edit)
-    checks.append(_check("checkpoint", n, edited, draft, restore_s=run.saved_s(edited)))
+    restored = run.restore_s if 0 < edited.cached < (half + n) // 2 else 0.0
+    checks.append(_check("checkpoint", n, edited, draft, restore_s=run.saved_s(edited) + restored))
     await run.prefill_on(conversation[:n])  # the conversation back on slot 0 (from its checkpoints or cold)
     other = run.engine.prompt(n)
     run.say(4, 4, "ram: another conversation takes slot 0, then the first one comes back")
@@ -335,6 +332,7 @@ async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[l
         ram_restore_token_s=round(ram_token_s, 9),
         ram_save_s=round(run.saves.fixed, 6),
         ram_save_token_s=round(run.saves.per_token, 9),
+        checkpoint_restore_s=round(run.restore_s, 6),
     )
     checks.append(
         _check("ram", n + grow, back, draft, restore_s=back.cached * ram_token_s + run.saved_s(back))

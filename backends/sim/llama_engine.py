@@ -4,7 +4,9 @@ A submitted task picks a slot (``llama_slots.select_slot``); if none is idle, or
 busy, it is deferred. When the choice says so, the slot's state is saved to the RAM prompt cache and
 the best cached state for the prompt is loaded into it (``ram_cache``); after a launch, every idle
 slot is saved there too (``--cache-idle-slots``); each save stops the server for the profile's
-``ram_save_seconds`` of the slot's tokens (added to its next step). Starting on a slot: a prompt
+``ram_save_seconds`` of the slot's tokens (added to its next step), and so does restoring a context
+checkpoint (``cache.checkpoint_restore_s``, inside the request's ``prompt_ms``: the server restores it
+once the prompt's timer started). Starting on a slot: a prompt
 longer than the slot's ``n_ctx`` fails with ``exceed_context_size_error`` and releases the slot at
 once; otherwise
 ``prefix_cache.llama_reuse`` decides ``cache_n`` and the prompt's checkpoints are recorded. On
@@ -84,9 +86,12 @@ class LlamaEngine(BatchEngine):
             entry = self.ram_cache.load(slot.tokens, task.prompt)
             if entry is not None:
                 slot.tokens, slot.checkpoints = entry.tokens, entry.checkpoints
-        if self._launch(slot, task) and self.ram_cache is not None and self.config.cache_idle_slots:
+        before = self.stall_s
+        launched = self._launch(slot, task)
+        restore = self.stall_s - before  # in its prompt_ms: the server restores once the prompt started
+        if launched and self.ram_cache is not None and self.config.cache_idle_slots:
             self._save_idle_slots(self.ram_cache)
-        task.sim_start += self.stall_s - stalled  # its prompt starts after the saves (prompt_ms)
+        task.sim_start += self.stall_s - stalled - restore  # its prompt starts after the saves (prompt_ms)
 
     def _save(self, cache: RamCache, slot: Slot) -> None:
         """Save ``slot``'s state to the RAM cache; the server stops for it (``ram_save_seconds``)."""
@@ -123,6 +128,8 @@ class LlamaEngine(BatchEngine):
             slot.tokens, slot.checkpoints, task.prompt, hybrid=self.hybrid, cache_prompt=task.cache_prompt
         )
         task.cached = reuse.n_past
+        if reuse.restored is not None and reuse.n_past > 0:  # a checkpoint back on the GPU: all wait
+            self.stall_s += self.perf.profile.cache.checkpoint_restore_s
         slot.checkpoints = (
             add_checkpoints(reuse.checkpoints, len(task.prompt), reuse.n_past) if self.hybrid else ()
         )

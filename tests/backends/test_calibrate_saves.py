@@ -21,6 +21,7 @@ from backends.sim.drive import EventDriver
 from backends.sim.generation import Answer, DeltaKind, OutToken
 from backends.sim.llama_engine import LlamaEngine
 from backends.sim.task import SimTask
+from policies.engine_profile import EngineProfile
 from policies.types import Architecture
 
 TRUTH = SaveCost(0.5425, 3.126e-05)  # the H100 27B's, from its turns' two outliers
@@ -33,13 +34,19 @@ PROFILE = replace(
 class Engine:
     """The simulated server; each request one token, pinned to its slot, sent when the last ended."""
 
-    def __init__(self, *, kv_unified: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        kv_unified: bool = False,
+        profile: EngineProfile = PROFILE,
+        architecture: Architecture = Architecture.HYBRID,
+    ) -> None:
         config = SimConfig(
             kv_unified=kv_unified,
             kind="llamacpp",
-            architecture=Architecture.HYBRID,
+            architecture=architecture,
             context_window=32768,
-            profile=PROFILE,
+            profile=profile,
         )
         self.events = Events()
         self.sim = LlamaEngine(config, clock=self.events.clock)

@@ -52,6 +52,9 @@ class TestLlamaServer:
         assert not [n for n in profile.notes if "saves not timed" in n]
         assert profile.cache.ram_save_s >= 0  # a tiny model's save is well under a millisecond: maybe 0
         assert profile.cache.ram_save_token_s >= 0
+        # the tiny hybrid model restored a context checkpoint in the probe (its cost may round to 0)
+        assert not [n for n in profile.notes if "checkpoint restore" in n or "no context checkpoint" in n]
+        assert profile.cache.checkpoint_restore_s >= 0
         # the profile prices each restore below a cold prefill of the same prompt (what the engine took
         # is data, not a verdict: on a busy machine one scenario can take longer than the cold estimate)
         assert all(c.predicted_s < c.cold_seconds for c in checks.values())

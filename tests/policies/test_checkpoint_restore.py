@@ -1,0 +1,66 @@
+"""A hybrid llama.cpp slot that resumes from a context checkpoint pays the profile's
+``cache.checkpoint_restore_s`` in the predicted TTFT (``policies.cost``; the engine counts it in its
+``prompt_ms``), a turn that extends the slot's live state does not, and learning does not take the
+restore for a slower engine. On the H100's 27B a ~400-token warm turn took 0.49 s where its tokens cost
+0.36 s, and every such turn was predicted 24-29% short (issue #63)."""
+
+from __future__ import annotations
+
+import pytest
+from msgspec.structs import replace
+
+from backends.engine_profiles import load_profile
+from policies.cost import estimate
+from policies.decision import Estimate, Outcome
+from policies.learning import LearnedState, learn
+from policies.types import EngineKind, PrefixMatch, SlotLease, SlotMatch, Usage
+from tests.policies.cost_helpers import LLAMA, SESSION, features, llama_snapshot
+
+RESTORE_S = 0.12
+PROFILE = load_profile("h100-llamacpp-27b-shape-q8_0-dense")
+H100 = replace(LLAMA, profile=replace(PROFILE, cache=replace(PROFILE.cache, checkpoint_restore_s=RESTORE_S)))
+PLAIN = replace(LLAMA, profile=PROFILE)
+# slot 0 holds the session's 9,000 tokens; this prompt extends them, or leaves them 2 before the end
+EXTENDS = PrefixMatch((SlotMatch(0, 9000, whole=True, held=9000), SlotMatch(1, 0)), recent=9000,
+                      recent_whole=True, recent_held=9000)  # fmt: skip
+DIVERGES = PrefixMatch((SlotMatch(0, 8998, held=9000, checkpoint=8996), SlotMatch(1, 0)), recent=8998,
+                       recent_held=9000)  # fmt: skip
+
+
+def turn(deployment: object, match: PrefixMatch, learned: LearnedState | None = None) -> Estimate:
+    return estimate(
+        features(9400),
+        deployment,  # type: ignore[arg-type]
+        llama_snapshot(),
+        session=SESSION,
+        leases=(SlotLease(0, "s", 5.0, 9000),),
+        learned=learned or LearnedState(),
+        match=match,
+        now=10.0,
+        lease_idle_s=600.0,
+    )
+
+
+def test_a_diverging_turn_pays_the_restore_and_an_extending_one_does_not() -> None:
+    diverging, extending = turn(H100, DIVERGES), turn(H100, EXTENDS)
+    assert (diverging.slot, diverging.source, extending.slot, extending.source) == (0, "slot", 0, "slot")
+    assert diverging.checkpoint_s == RESTORE_S
+    assert extending.checkpoint_s == 0.0
+    unmeasured = turn(PLAIN, DIVERGES)
+    assert unmeasured.checkpoint_s == 0.0
+    assert diverging.ttft_s - unmeasured.ttft_s == pytest.approx(RESTORE_S)
+
+
+def test_learning_does_not_take_the_restore_for_a_slower_engine() -> None:
+    """The engine's prompt_ms holds the restore: a turn that took exactly what was predicted teaches
+    the profile's own rate (without the restore in the expectation it taught a 25% slower one)."""
+    predicted = turn(H100, DIVERGES)
+    prompt_ms = (predicted.prefill_s + predicted.checkpoint_s) * 1000
+    cached = predicted.expected_cached_tokens
+    usage = Usage(9400, 8, cached, prompt_ms=prompt_ms)
+    outcome = Outcome("llama", "m", EngineKind.LLAMACPP, usage, 0.5, 0.6, 30_000, 8996, True,
+                      predicted=predicted)  # fmt: skip
+    learned = learn(LearnedState(), outcome, H100)
+    rate = learned.for_deployment(H100, EngineKind.LLAMACPP).prefill_tok_s
+    assert rate.samples == 1
+    assert rate.value == pytest.approx(rate.prior, rel=1e-3)
