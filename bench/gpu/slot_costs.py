@@ -39,8 +39,14 @@ PAIRS = ((1024, 1), (1024, 8), (1024, 24), (8192, 1), (8192, 8), (4096, 16))
 
 async def timed(engine: LlamaEngine, tokens: list[int], slot: int) -> dict[str, Any]:
     """One request of one token; the client's seconds beside the server's own prompt time."""
-    body = {"prompt": tokens, "n_predict": 1, "id_slot": slot, "cache_prompt": True,
-            "ignore_eos": True, "temperature": 0.0}
+    body = {
+        "prompt": tokens,
+        "n_predict": 1,
+        "id_slot": slot,
+        "cache_prompt": True,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
     started = time.perf_counter()
     response = await engine.client.post("/completion", json=body)
     wall = time.perf_counter() - started
@@ -55,7 +61,9 @@ async def timed(engine: LlamaEngine, tokens: list[int], slot: int) -> dict[str, 
     }
 
 
-async def pair(engine: LlamaEngine, tokens: int, turns: int, grow: int, tail: list[int]) -> list[dict[str, Any]]:
+async def pair(
+    engine: LlamaEngine, tokens: int, turns: int, grow: int, tail: list[int]
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     conversation = engine.prompt(tokens)
     first = await timed(engine, conversation, 0)
@@ -71,8 +79,16 @@ async def pair(engine: LlamaEngine, tokens: int, turns: int, grow: int, tail: li
     tail.extend(engine.prompt(16))
     alone = await timed(engine, list(tail), 1)
     save = (waited["wall_s"] - waited["prompt_s"]) - (alone["wall_s"] - alone["prompt_s"])
-    rows.append({"what": "save", "tokens": len(conversation), "turns": turns, "save_s": round(save, 4),
-                 "waited": waited, "alone": alone})
+    rows.append(
+        {
+            "what": "save",
+            "tokens": len(conversation),
+            "turns": turns,
+            "save_s": round(save, 4),
+            "waited": waited,
+            "alone": alone,
+        }
+    )
     return rows
 
 
@@ -95,12 +111,15 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
         if row["what"] == "save":
             saves.setdefault(tuple(row["pair"]), []).append(row["save_s"])
     for key, values in saves.items():
-        print(f"save, {key[0]} tokens then {key[1]} turns: median {statistics.median(values):.3f} s of {values}")
+        median = statistics.median(values)
+        print(f"save, {key[0]} tokens then {key[1]} turns: median {median:.3f} s of {values}")
     return out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("engine")
     parser.add_argument("--grow", type=int, default=300, help="new tokens a turn")
     parser.add_argument("--repeat", type=int, default=2)

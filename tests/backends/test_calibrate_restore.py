@@ -28,7 +28,8 @@ def probe(restore_s: float, architecture: Architecture = Architecture.HYBRID) ->
 
 def test_it_recovers_the_restore_with_the_saves_taken_out() -> None:
     paying, free = probe(RESTORE_S), probe(0.0)
-    assert paying is not None and free is not None
+    assert paying is not None
+    assert free is not None
     assert paying - free == pytest.approx(RESTORE_S, rel=1e-6)
     assert free < 0.002  # two more tokens re-processed: the rest of the difference
 
