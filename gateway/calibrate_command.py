@@ -161,12 +161,11 @@ def summary(profile: EngineProfile) -> str:
     if profile.cache.ram_restore_token_s:
         lines.append(f"  ram      restore {profile.cache.ram_restore_token_s * 1e6:.1f} us a token")
     cache = profile.cache
-    if cache.ram_save_s or cache.ram_save_token_s:
+    if profile.engine == "llamacpp":  # 0 when not timed (a note says why) or too small to see
         lines.append(
             f"  ram      save {cache.ram_save_s * 1000:.1f} ms"
             f" + {cache.ram_save_token_s * 1e6:.2f} us a token held (taken out of the prefill points)"
         )
-    if cache.checkpoint_restore_s:
         lines.append(f"  restore  a context checkpoint {cache.checkpoint_restore_s * 1000:.1f} ms")
     lines.extend(f"  note     {note}" for note in profile.notes)
     return "\n".join(lines)
