@@ -96,7 +96,9 @@ def next_session(router: Router, done: Completion) -> None:
     session, chain, slot = routed.session, routed.features.chain, routed.decision.slot
     if chain.length:
         key = session.key if session is not None else None
-        done.sent = SentPrompt(outcome.backend_id, slot, chain, usage.prompt_tokens, key, usage.cached_tokens)
+        tokens, cached, share = usage.prompt_tokens, usage.cached_tokens, routed.features.user_share
+        user = round(tokens * share) if share > 0 else -1
+        done.sent = SentPrompt(outcome.backend_id, slot, chain, tokens, key, cached, user)
     if session is None:
         return
     cached = usage.cached_tokens or 0

@@ -76,7 +76,8 @@ def warmed(warm: WarmUp, routed: Routed) -> SentPrompt | None:
     if not chain.length:
         return None
     key = routed.session.key if routed.session is not None else None
-    return SentPrompt(warm.backend_id, warm.slot, chain, routed.features.prompt_tokens, key)
+    tokens, user = routed.features.prompt_tokens, routed.features.user_start
+    return SentPrompt(warm.backend_id, warm.slot, chain, tokens, key, user_start=user)
 
 
 def learn_from(router: Router, warm: WarmUp, routed: Routed, usage: Usage | None, *, shared: bool) -> None:

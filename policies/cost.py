@@ -334,7 +334,8 @@ def estimate(
         target = option.slot if option.slot is not None else option.lands
         there = next((m for m in situation.match.slots if m.slot == target), None)
         keeps = there is not None and not consults_ram(there, features.prompt_tokens)  # no save of it first
-        saves = ram_saves_s(deployment, snapshot.slots, target, keeps)
+        holds = {m.slot: m.checkpoints for m in situation.match.slots}
+        saves = ram_saves_s(deployment, snapshot.slots, target, keeps, holds)
     checkpoint = checkpoint_restore_s(deployment) if option.restores else 0.0
     ttft = queue + saves + checkpoint + prefill + interleaved
     decode = (expected_output(features, learned, session) - 1) * decode_step

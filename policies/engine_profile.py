@@ -122,6 +122,9 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request just launched, waits (0: not measured)."""
     ram_save_token_s: float = 0.0
     """llama.cpp: seconds per token a slot holds that saving it adds (its attention KV)."""
+    ram_save_checkpoint_s: float = 0.0
+    """llama.cpp serving a hybrid model: seconds per context checkpoint the slot holds that saving it
+    adds (each is a copy of the recurrent state; a conversation's slot holds one or two a turn)."""
     checkpoint_restore_s: float = 0.0
     """llama.cpp serving a hybrid model: seconds a slot takes to restore a context checkpoint (its
     recurrent state, copied back to the GPU) when a prompt diverges inside what the slot holds. It
@@ -137,18 +140,19 @@ class CacheModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not math.isfinite(self.ram_restore_token_s) or self.ram_restore_token_s < 0:
             value = self.ram_restore_token_s
             raise ProfileSchemaError(f"cache.ram_restore_token_s must be >= 0, not {value!r}")
-        for name in ("ram_save_s", "ram_save_token_s", "checkpoint_restore_s"):
+        for name in ("ram_save_s", "ram_save_token_s", "ram_save_checkpoint_s", "checkpoint_restore_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ProfileSchemaError(f"cache.{name} must be >= 0, not {value!r}")
         if self.prefix_block < 0:
             raise ProfileSchemaError(f"cache.prefix_block must be >= 0, not {self.prefix_block!r}")
 
-    def ram_save_seconds(self, tokens: int) -> float:
-        """Seconds llama-server stops for to save a slot holding ``tokens`` tokens to its RAM cache."""
-        if self.ram_save_s <= 0 and self.ram_save_token_s <= 0:
+    def ram_save_seconds(self, tokens: int, checkpoints: int = 0) -> float:
+        """Seconds llama-server stops for to save a slot holding ``tokens`` tokens and ``checkpoints``
+        context checkpoints to its RAM cache."""
+        if self.ram_save_s <= 0 and self.ram_save_token_s <= 0 and self.ram_save_checkpoint_s <= 0:
             return 0.0
-        return self.ram_save_s + tokens * self.ram_save_token_s
+        return self.ram_save_s + tokens * self.ram_save_token_s + checkpoints * self.ram_save_checkpoint_s
 
 
 class Check(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

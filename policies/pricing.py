@@ -12,7 +12,7 @@ without a profile is linear in its learned rates (``new / prefill_tok_s``), as b
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from policies.learning import DeploymentStats
 from policies.types import Deployment, SlotState
@@ -48,16 +48,24 @@ def decode_step_s(deployment: Deployment, stats: DeploymentStats, running: int, 
     return deployment.profile.batch_slowdown(running + 1, context) / rate
 
 
-def ram_saves_s(deployment: Deployment, slots: Sequence[SlotState], target: int | None, keeps: bool) -> float:
+def ram_saves_s(
+    deployment: Deployment,
+    slots: Sequence[SlotState],
+    target: int | None,
+    keeps: bool,
+    checkpoints: Mapping[int, int] | None = None,
+) -> float:
     """Seconds a llama-server stops for, before the request it launches on ``target`` begins, to copy
-    slot states into its RAM cache (the profile's ``cache.ram_save_s`` each): every idle slot turnout
-    knows is not saved yet (``SlotState.unsaved``), and the target slot itself unless the request
-    continues what it holds (``keeps``: llama-server saves a slot it takes for another prompt)."""
+    slot states into its RAM cache (the profile's ``cache.ram_save_seconds`` each, of the tokens and
+    the ``checkpoints`` turnout knows the slot holds): every idle slot turnout knows is not saved yet
+    (``SlotState.unsaved``), and the target slot itself unless the request continues what it holds
+    (``keeps``: llama-server saves a slot it takes for another prompt)."""
     profile = deployment.profile
     if profile is None:
         return 0.0
-    saved = [s.unsaved for s in slots if s.unsaved and not s.is_processing and not (s.id == target and keeps)]
-    return sum(profile.cache.ram_save_seconds(tokens) for tokens in saved)
+    held = checkpoints or {}
+    saved = [s for s in slots if s.unsaved and not s.is_processing and not (s.id == target and keeps)]
+    return sum(profile.cache.ram_save_seconds(s.unsaved, held.get(s.id, 0)) for s in saved)
 
 
 def checkpoint_restore_s(deployment: Deployment) -> float:

@@ -18,7 +18,10 @@ from policies.types import PrefixMatch, SlotMatch
 SIMILARITY_THRESHOLD = 0.1  # llama-server's --slot-prompt-similarity
 CHECKPOINT_TAIL = 4
 CHECKPOINT_GAP = CHECKPOINT_TAIL + 512
-"""llama-server checkpoints a hybrid prompt of N tokens at N - 4 - n_ubatch and N - 4."""
+"""llama-server checkpoints a hybrid prompt of N tokens at N - min(n_batch, 4 + n_ubatch) and N - 4
+(``server-context.cpp``: it ends a step there to take the checkpoint); this is the gap at the default
+``--ubatch-size`` 512, which the simulator and the router both use for every deployment (at compose's
+2,048 it is 2,048: not modelled yet, see docs/routing.md)."""
 MAX_CHECKPOINTS = 32
 """Context checkpoints llama-server keeps per slot (``--ctx-checkpoints``), the oldest out first."""
 
@@ -42,36 +45,44 @@ def ram_span(match: PrefixMatch) -> int:
     return match.recent_age + match.recent_held if match.recent else 0
 
 
-def checkpoints_after(previous: Sequence[int], tokens: int, cached: int | None) -> tuple[int, ...]:
+def checkpoints_after(
+    previous: Sequence[int],
+    tokens: int,
+    cached: int | None,
+    gap: int = CHECKPOINT_GAP,
+    user_start: int = -1,
+) -> tuple[int, ...]:
     """The context checkpoints (token offsets, oldest first) a hybrid llama.cpp slot holds after a
     prompt of ``tokens`` tokens that reused ``cached`` of the slot's state (the engine's count): those
     of ``previous`` at or below ``cached`` (the engine erases the ones past what it reused), then
-    ``tokens - 4 - 512`` and ``tokens - 4``, each if positive and not before ``cached``; the newest
-    ``MAX_CHECKPOINTS``. With ``cached`` unknown (None) none of ``previous`` is kept."""
+    ``max(cached, tokens - gap)``, ``max(cached, tokens - 4)`` and the last user message's start
+    (``user_start``) when it was processed, each if positive (the engine checkpoints each step near
+    the prompt's end as it starts); the newest ``MAX_CHECKPOINTS``. With ``cached`` unknown (None)
+    none of ``previous`` is kept."""
     start = cached or 0
     kept = [c for c in previous if c <= start] if cached is not None else []
-    for offset in (CHECKPOINT_GAP, CHECKPOINT_TAIL):
-        position = tokens - offset
-        if position > 0 and position >= start:
-            if position in kept:
-                kept.remove(position)
-            kept.append(position)
+    near = (max(start, tokens - gap), max(start, tokens - CHECKPOINT_TAIL))
+    user = (user_start,) if start < user_start < tokens else ()
+    for position in sorted({p for p in (*user, *near) if 0 < p < tokens}):
+        if position in kept:
+            kept.remove(position)
+        kept.append(position)
     return tuple(kept[-MAX_CHECKPOINTS:])
 
 
-def usable(match: SlotMatch, hybrid: bool) -> int:
+def usable(match: SlotMatch, hybrid: bool, gap: int = CHECKPOINT_GAP) -> int:
     """Tokens of a slot's (or RAM entry's) state the engine's rules let it reuse: all it shares with
     the prompt when the prompt extends it; for a hybrid model that diverges inside it, the later of
     the slot's newest checkpoint within the shared prefix (``match.checkpoint``: possibly one an
-    earlier prompt left) and a checkpoint near the end of what it holds (N - 4 - 512 or later), else
+    earlier prompt left) and a checkpoint near the end of what it holds (N - ``gap`` or later), else
     nothing. A RAM entry's checkpoints are not tracked: only the near-end one counts for it. Learning
     measures ``reuse`` against this, not against the shared prefix: a hybrid slot sharing only a
     system prompt, with no checkpoint inside it, gives nothing by the rules, and its miss says
     nothing about the engine's reuse."""
     tokens = match.tokens
     if hybrid and not match.whole and match.held:
-        near_end = match.held > CHECKPOINT_GAP and tokens >= match.held - CHECKPOINT_GAP
-        tokens = max(match.checkpoint, match.held - CHECKPOINT_GAP if near_end else 0)
+        near_end = match.held > gap and tokens >= match.held - gap
+        tokens = max(match.checkpoint, match.held - gap if near_end else 0)
     return tokens
 
 

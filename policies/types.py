@@ -270,6 +270,7 @@ class SlotMatch(msgspec.Struct, frozen=True):
     whole: bool = False
     held: int = 0  # tokens of the prompt the slot holds (0: turnout sent nothing there)
     checkpoint: int = 0
+    checkpoints: int = 0  # how many context checkpoints the slot holds (a RAM-cache save copies each)
 
 
 class PrefixMatch(msgspec.Struct, frozen=True):

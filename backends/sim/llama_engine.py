@@ -96,7 +96,7 @@ class LlamaEngine(BatchEngine):
     def _save(self, cache: RamCache, slot: Slot) -> None:
         """Save ``slot``'s state to the RAM cache; the server stops for it (``ram_save_seconds``)."""
         if cache.save(slot.tokens, slot.checkpoints):
-            self.stall_s += self.perf.profile.cache.ram_save_seconds(len(slot.tokens))
+            self.stall_s += self.perf.profile.cache.ram_save_seconds(len(slot.tokens), len(slot.checkpoints))
 
     def _save_idle_slots(self, cache: RamCache) -> None:
         for slot in self.slots:
@@ -130,9 +130,8 @@ class LlamaEngine(BatchEngine):
         task.cached = reuse.n_past
         if reuse.restored is not None and reuse.n_past > 0:  # a checkpoint back on the GPU: all wait
             self.stall_s += self.perf.profile.cache.checkpoint_restore_s
-        slot.checkpoints = (
-            add_checkpoints(reuse.checkpoints, len(task.prompt), reuse.n_past) if self.hybrid else ()
-        )
+        kept, length, user = reuse.checkpoints, len(task.prompt), task.user_start
+        slot.checkpoints = add_checkpoints(kept, length, reuse.n_past, user_start=user) if self.hybrid else ()
         slot.tokens = list(task.prompt[: reuse.n_past])
         self.begin(task, slot.id)
         return True

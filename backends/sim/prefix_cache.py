@@ -8,8 +8,10 @@ llama.cpp (per slot, ``tools/server/server-context.cpp``):
   (``LCP == len(slot tokens) < len(prompt)``) the live state is reused; otherwise the newest context
   checkpoint with ``n_tokens <= LCP`` is restored (``n_past = n_tokens``), else a full re-prefill.
   Checkpoints past ``n_past`` are erased. Each processed prompt of length ``N`` adds checkpoints at
-  ``N - 4 - 512`` and ``N - 4`` (when at or after the first processed token), at most 32 per slot,
-  oldest evicted first.
+  ``max(n_past, N - gap)`` and ``max(n_past, N - 4)``, ``gap = min(n_batch, 4 + n_ubatch)`` (516 at
+  the default micro-batch), and where its last user message starts when that is processed (the
+  pinned ``server-context.cpp`` checkpoints the start of each step near the prompt's end, and ends a
+  step there), at most 32 per slot, oldest evicted first.
 * at least one prompt token is always evaluated: ``n_past <= len(prompt) - 1``.
 
 vLLM (``BlockCache``): prompts are cut into full blocks whose hashes chain (``h_i = hash(h_{i-1}, block_i)``);
@@ -78,15 +80,34 @@ def llama_reuse(
     return SlotReuse(min(n_past, len(prompt) - 1), kept, restored)
 
 
-def add_checkpoints(checkpoints: Sequence[int], prompt_len: int, n_past: int) -> tuple[int, ...]:
-    """Checkpoints after processing a prompt of ``prompt_len`` tokens from position ``n_past``."""
+def new_checkpoints(
+    prompt_len: int, n_past: int, gap: int = CHECKPOINT_OFFSETS[0], user_start: int = -1
+) -> list[int]:
+    """Where processing a prompt of ``prompt_len`` tokens from ``n_past`` takes context checkpoints
+    (ascending): llama-server takes one at the start of each step near the prompt's end and ends its
+    steps ``gap`` and 4 tokens before the end, so at ``max(n_past, N - gap)`` and ``max(n_past, N - 4)``,
+    and one where the last user message starts (``user_start``, when processed); each only with
+    something in memory before it (position > 0)."""
+    near = (max(n_past, prompt_len - gap), max(n_past, prompt_len - CHECKPOINT_OFFSETS[1]))
+    user = (user_start,) if n_past < user_start < prompt_len else ()
+    return sorted({p for p in (*user, *near) if 0 < p < prompt_len})
+
+
+def add_checkpoints(
+    checkpoints: Sequence[int],
+    prompt_len: int,
+    n_past: int,
+    gap: int = CHECKPOINT_OFFSETS[0],
+    user_start: int = -1,
+) -> tuple[int, ...]:
+    """Checkpoints after processing a prompt of ``prompt_len`` tokens from position ``n_past``, the
+    first near-end one ``gap`` tokens before its end (``EngineProfile.checkpoint_gap``): those kept,
+    then ``new_checkpoints`` (one at a position already held replaces it), the newest 32."""
     out = list(checkpoints)
-    for offset in CHECKPOINT_OFFSETS:
-        pos = prompt_len - offset
-        if pos > 0 and pos >= n_past:
-            if pos in out:
-                out.remove(pos)
-            out.append(pos)
+    for pos in new_checkpoints(prompt_len, n_past, gap, user_start):
+        if pos in out:
+            out.remove(pos)
+        out.append(pos)
     return tuple(out[-MAX_CHECKPOINTS:])
 
 

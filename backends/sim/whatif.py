@@ -138,7 +138,8 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> What
         reuse = llama_reuse(tokens, checkpoints, task.prompt, hybrid=hybrid, cache_prompt=task.cache_prompt)
         wait += perf.prefill_seconds(len(task.prompt) - reuse.n_past, reuse.n_past)
         wait += len(task.answer.tokens) * perf.decode_step_seconds(1)
-        checkpoints = add_checkpoints(reuse.checkpoints, len(task.prompt), reuse.n_past) if hybrid else ()
+        kept, prompt_len, user = reuse.checkpoints, len(task.prompt), task.user_start
+        checkpoints = add_checkpoints(kept, prompt_len, reuse.n_past, user_start=user) if hybrid else ()
         tokens = _end_tokens(task)
     if current is None and engine.ram_cache is not None:
         probe = Slot(slot.id, slot.n_ctx, tokens=tokens, checkpoints=checkpoints)

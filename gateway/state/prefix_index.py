@@ -52,6 +52,8 @@ class SentPrompt:
     tokens: int
     session_key: str | None = None
     cached: int | None = None
+    user_start: int = -1
+    """Where its last user message starts, in tokens (the engine checkpoints it; -1: none)."""
 
 
 class Held(msgspec.Struct, frozen=True):
@@ -179,7 +181,8 @@ class PrefixIndex:
             slots = self._slots.setdefault(backend_id, {})
             previous = slots.get(slot)
             kept = previous.survivors(chain, cached) if previous is not None else ()
-            slots[slot] = Held(chain.hashes, chain.mark, tokens, checkpoints_after(kept, tokens, cached))
+            checkpoints = checkpoints_after(kept, tokens, cached, user_start=sent.user_start)
+            slots[slot] = Held(chain.hashes, chain.mark, tokens, checkpoints)
         if session is not None:
             key = chain.hashes[-1] if chain.hashes else ROOT
             tips = [(mark, owner) for mark, owner in self._tips.pop(key, []) if mark.whole != chain.whole]
@@ -204,7 +207,8 @@ class PrefixIndex:
         for slot, held in sorted(self._slots.get(backend_id, {}).items()):
             whole = chain.extends(held.mark)
             tokens = held.tokens if whole else held.tokens_for(chain.common(held.hashes))
-            slots.append(SlotMatch(slot, tokens, whole, held.tokens, held.checkpoint_at(tokens)))
+            at = held.checkpoint_at(tokens)
+            slots.append(SlotMatch(slot, tokens, whole, held.tokens, at, len(held.checkpoints)))
         best, age = recent.match(chain) if recent else (SlotMatch(-1, 0), 0)
         return PrefixMatch(tuple(slots), best.tokens, best.whole, best.held, age)
 

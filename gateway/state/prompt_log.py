@@ -2,16 +2,17 @@
 
 Every replica appends what it sent where, with the batch of writes that ends each request
 (``PromptRecord``: the backend, the llama.cpp slot, the prompt's chain of chunk hashes, the engine's
-token count, the session, the tokens the engine reused; never text) and folds the others' records
-into its own in-memory ``PrefixIndex``. So every replica knows what each backend, slot and RAM cache
-holds, and which checkpoints each slot can restore (rebuilt from the reused counts in stream order),
-whichever replica sent it; a replica that starts reads the whole stream first, so a restart keeps
-that knowledge. A record is a msgpack array (``Packed``); fields are only ever appended: a record
-with fewer takes the defaults (one written before ``cached`` was: None, so the slot keeps no older
-checkpoints), one with more has the extra ones ignored. A turnout from before ``cached`` reads
-exactly eight fields and its follower stops at the first record with nine: upgrade the replicas
-that share a Redis together. The stream is capped at ``LOG_ENTRIES`` (the oldest go:
-by then the engines' caches have moved on too); an entry costs about 8 bytes per KiB of prompt.
+token count, the session, the tokens the engine reused, where its last user message starts; never
+text) and folds the others' records into its own in-memory ``PrefixIndex``. So every replica knows
+what each backend, slot and RAM cache holds, and which checkpoints each slot can restore (rebuilt
+from the reused counts in stream order), whichever replica sent it; a replica that starts reads the
+whole stream first, so a restart keeps that knowledge. A record is a msgpack array (``Packed``);
+fields are only ever appended: a record with fewer takes the defaults (one written before ``cached``
+was: None, so the slot keeps no older checkpoints; one before ``user_start``: no user message). A
+turnout from before a field reads exactly the fields it knows and its follower stops at the first
+record with more: upgrade the replicas that share a Redis together. The stream is capped at
+``LOG_ENTRIES`` (the oldest go: by then the engines' caches have moved on too); an entry costs
+about 8 bytes per KiB of prompt.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Packed(msgspec.Struct, array_like=True, frozen=True):
     tokens: int
     session_key: str | None
     cached: int | None = None
+    user_start: int = -1
 
 
 def pack(record: PromptRecord) -> bytes:
@@ -62,7 +64,7 @@ def pack(record: PromptRecord) -> bytes:
     hashes = _ordered(array("Q", chain.hashes)).tobytes()
     packed = Packed(
         record.replica, sent.backend_id, sent.slot, hashes, chain.length, chain.whole, sent.tokens,
-        sent.session_key, sent.cached,
+        sent.session_key, sent.cached, sent.user_start,
     )  # fmt: skip
     return msgspec.msgpack.encode(packed)
 
@@ -70,7 +72,8 @@ def pack(record: PromptRecord) -> bytes:
 def unpack(raw: bytes) -> PromptRecord:
     p = msgspec.msgpack.decode(raw, type=Packed)
     chain = PromptChain(tuple(_ordered(array("Q", p.hashes))), p.length, p.whole)
-    return PromptRecord(p.replica, SentPrompt(p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached))
+    sent = SentPrompt(p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached, p.user_start)
+    return PromptRecord(p.replica, sent)
 
 
 def _ordered(values: array[int]) -> array[int]:

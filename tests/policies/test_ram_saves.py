@@ -87,3 +87,20 @@ def test_a_busy_slot_is_not_saved_and_an_unmeasured_profile_waits_for_nothing() 
     plain = estimate(features(), LLAMA, replace(snapshot, slots=slots), session=None, leases=(),
                      learned=LearnedState(), match=NOTHING)  # fmt: skip
     assert plain.saves_s == 0.0
+
+
+def test_a_save_counts_the_checkpoints_turnout_knows_the_slot_holds() -> None:
+    """With ``ram_save_checkpoint_s`` a slot's save costs more for each context checkpoint the prefix
+    index says it holds (``SlotMatch.checkpoints``): a one-off request next to a six-turn session."""
+    per_checkpoint = 0.1
+    profile = H100.profile
+    assert profile is not None
+    deployment = replace(
+        H100, profile=replace(profile, cache=replace(profile.cache, ram_save_checkpoint_s=0.1))
+    )
+    snapshot = llama_snapshot()
+    slots = (replace(snapshot.slots[0], unsaved=TOKENS), snapshot.slots[1])
+    holding = PrefixMatch((SlotMatch(0, 0, held=9000, checkpoints=12), SlotMatch(1, 0)), recent=0)
+    got = estimate(features(), deployment, replace(snapshot, slots=slots), session=None, leases=(),
+                   learned=LearnedState(), match=holding)  # fmt: skip
+    assert got.saves_s == pytest.approx(SAVE_S + 12 * per_checkpoint)  # taken or idle: it is saved

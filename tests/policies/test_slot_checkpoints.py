@@ -5,6 +5,8 @@ predicts that much reuse."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backends.sim.prefix_cache import add_checkpoints
 from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
@@ -57,6 +59,22 @@ class TestCheckpointsAfter:
         """The engine keeps the checkpoints at or below what it reused, then adds the new prompt's."""
         kept = tuple(c for c in previous if c <= cached)
         assert checkpoints_after(previous, tokens, cached) == add_checkpoints(kept, tokens, cached)
+
+    @given(
+        previous=st.lists(st.integers(1, 9000), max_size=40, unique=True).map(lambda p: tuple(sorted(p))),
+        tokens=st.integers(1, 10_000),
+        cached=st.integers(0, 10_000),
+        gap=st.sampled_from((516, 2048, 4096)),
+        user_start=st.integers(-1, 10_000),
+    )
+    def test_it_is_the_simulators_rule_at_any_gap_and_user_start(
+        self, previous: tuple[int, ...], tokens: int, cached: int, gap: int, user_start: int
+    ) -> None:
+        cached = min(cached, tokens - 1)
+        kept = tuple(c for c in previous if c <= cached)
+        assert checkpoints_after(previous, tokens, cached, gap, user_start) == add_checkpoints(
+            kept, tokens, cached, gap, user_start
+        )
 
     def test_an_unknown_cached_count_keeps_only_the_new_prompts(self) -> None:
         assert checkpoints_after((1713, 2225), 3000, None) == (3000 - 516, 3000 - 4)

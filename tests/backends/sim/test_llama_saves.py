@@ -29,12 +29,13 @@ SAVE_S, SAVE_TOKEN_S = 0.5425, 3.126e-05
 class Server:
     """A simulated llama-server of two slots in virtual time; each request pinned to its slot."""
 
-    def __init__(self, saves: bool) -> None:
+    def __init__(self, saves: bool, checkpoint_s: float = 0.0) -> None:
         profile = load_profile(PROFILE)
         cache = msgspec.structs.replace(
             profile.cache,
             ram_save_s=SAVE_S if saves else 0.0,
             ram_save_token_s=SAVE_TOKEN_S if saves else 0.0,
+            ram_save_checkpoint_s=checkpoint_s,
         )
         profile = msgspec.structs.replace(profile, cache=cache)
         config = SimConfig(
@@ -97,3 +98,26 @@ def test_the_measured_line_goes_through_both_outliers() -> None:
     )
     assert cache.ram_save_seconds(2000) == pytest.approx(0.605, abs=0.001)
     assert cache.ram_save_seconds(4527) == pytest.approx(0.684, abs=0.001)
+
+
+def test_a_save_copies_each_context_checkpoint_the_slot_holds() -> None:
+    """A hybrid slot's state carries its context checkpoints (a copy of the recurrent state each,
+    ~150 MB at the 27B's shape): with ``ram_save_checkpoint_s`` a slot that held a conversation costs
+    more to save than one that held one prompt of as many tokens (two checkpoints: N - 516, N - 4)."""
+    per_checkpoint = 0.1
+
+    def save_of(turns: int, checkpoint_s: float) -> tuple[float, int]:
+        """Slot 0 holds a conversation of ``turns`` turns; what slot 1's first request waits for."""
+        server = Server(True, checkpoint_s)
+        conversation: list[int] = []
+        for _ in range(turns):
+            _, _, conversation = server.ask(conversation + server.words(2400 // turns), 0, answer=1)
+        count = len(server.engine.slots[0].checkpoints)
+        wait, prompt_s, _ = server.ask(server.words(100), 1, answer=1)
+        return wait - prompt_s, count
+
+    (one, one_count), (one_free, _) = save_of(1, per_checkpoint), save_of(1, 0.0)
+    (three, three_count), (three_free, _) = save_of(3, per_checkpoint), save_of(3, 0.0)
+    assert (one_count, three_count) == (2, 6)  # two near the end of each prompt
+    assert one - one_free == pytest.approx(2 * per_checkpoint)
+    assert three - three_free == pytest.approx(6 * per_checkpoint)

@@ -49,13 +49,26 @@ class TestLlamaReuse:
         assert llama_reuse([1, 2, 3], (), [1, 2, 3, 4], hybrid=False, cache_prompt=False).n_past == 0
 
     def test_checkpoints_near_prompt_end(self) -> None:
-        """A processed prompt of N tokens adds N-516 and N-4; at most 32 are kept."""
+        """A prompt of N tokens processed from n_past adds max(n_past, N - 516) and max(n_past, N - 4)
+        (each step near the end is checkpointed as it starts; the real server's trace of a 300-token
+        turn after 1,024 cached: 1,024 and 1,320); at most 32 are kept."""
         assert add_checkpoints((), 1000, 0) == (484, 996)
-        assert add_checkpoints((), 1000, 990) == (996,)
-        assert add_checkpoints((), 1000, 997) == ()
+        assert add_checkpoints((), 1000, 990) == (990, 996)
+        assert add_checkpoints((), 1324, 1024) == (1024, 1320)
+        assert add_checkpoints((), 1000, 997) == (997,)
         assert add_checkpoints((), 100, 0) == (96,)
         many = tuple(range(1, 40))
         assert len(add_checkpoints(many, 5000, 0)) == 32
+
+    def test_the_gap_follows_the_micro_batch_and_the_last_user_message_is_checkpointed(self) -> None:
+        """At --ubatch-size 2048 (--batch-size 2048) the near-end step starts 2,048 tokens before the
+        end (``EngineProfile.checkpoint_gap``); a chat's last user message start is checkpointed when
+        it is processed (``server-context.cpp`` ends a step there)."""
+        assert add_checkpoints((), 5000, 0, gap=2048) == (2952, 4996)
+        assert add_checkpoints((), 1082, 0, gap=2048) == (1078,)
+        assert add_checkpoints((), 1082, 0, gap=2048, user_start=10) == (10, 1078)
+        assert add_checkpoints((), 1495, 1078, gap=2048, user_start=1350) == (1078, 1350, 1491)
+        assert add_checkpoints((), 1495, 1078, gap=2048, user_start=900) == (1078, 1491)  # reused
 
 
 class TestBlockCache:
