@@ -164,7 +164,9 @@ def summary(profile: EngineProfile) -> str:
     if profile.engine == "llamacpp":  # 0 when not timed (a note says why) or too small to see
         lines.append(
             f"  ram      save {cache.ram_save_s * 1000:.1f} ms"
-            f" + {cache.ram_save_token_s * 1e6:.2f} us a token held (taken out of the prefill points)"
+            f" + {cache.ram_save_token_s * 1e6:.2f} us a token"
+            f" + {cache.ram_save_checkpoint_s * 1000:.1f} ms a checkpoint held"
+            " (taken out of the prefill points)"
         )
         lines.append(f"  restore  a context checkpoint {cache.checkpoint_restore_s * 1000:.1f} ms")
     lines.extend(f"  note     {note}" for note in profile.notes)

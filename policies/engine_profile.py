@@ -82,6 +82,12 @@ class PrefillModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Fixed seconds per request with a prompt to process, before its first token: the engine's
     parsing, slot selection, saving idle slots to the RAM cache, the first sampling."""
 
+    @property
+    def checkpoint_gap(self) -> int:
+        """How far before a prompt's end llama-server ends a step to take a context checkpoint (the
+        first near-end one): ``min(batch, 4 + ubatch)`` (``server-context.cpp``)."""
+        return min(self.batch, CHECKPOINT_TAIL + self.ubatch)
+
     def __post_init__(self) -> None:
         _positive("prefill.request_s", self.request_s, allow_zero=True)
         _positive("prefill.token_s", self.token_s, allow_zero=True)

@@ -41,6 +41,10 @@ class CalibrationError(Exception):
     """The engine cannot be calibrated (unreachable, busy, unknown); the message says why."""
 
 
+Saved = tuple[int, int]
+"""A slot llama-server saved to its RAM cache: the tokens and the context checkpoints it held."""
+
+
 @dataclass(frozen=True, slots=True)
 class Prefill:
     """One prompt processed: ``seconds`` for ``processed`` new tokens after ``cached`` reused ones."""
@@ -48,8 +52,8 @@ class Prefill:
     seconds: float
     processed: int
     cached: int
-    saved: tuple[int, ...] = ()
-    """llama.cpp: the slots (their tokens) the server saved to its RAM cache first (``saves``)."""
+    saved: tuple[Saved, ...] = ()
+    """llama.cpp: the slots the server saved to its RAM cache first (``saves``)."""
 
 
 @dataclass(frozen=True, slots=True)

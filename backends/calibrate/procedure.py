@@ -38,9 +38,9 @@ from dataclasses import replace as with_fields
 from msgspec.structs import replace
 
 from backends.calibrate import restore
-from backends.calibrate.engines import CalibrationError, Engine, Prefill
+from backends.calibrate.engines import CalibrationError, Engine, Prefill, Saved
 from backends.calibrate.grid import DECODE_TOKENS, growths, prefill_sizes
-from backends.calibrate.saves import SaveCost, SlotBook, measure
+from backends.calibrate.saves import PROBE_TOKENS, TURNS, SaveCost, SlotBook, measure
 from policies.engine_profile import (
     OFFLOAD_MIN_BATCH,
     CacheModel,
@@ -93,7 +93,7 @@ class _Run:
     book: SlotBook = field(default_factory=SlotBook)
     """llama.cpp: what each slot holds, for the RAM-cache saves each request waits for (``saves``)."""
     saves: SaveCost = field(default_factory=SaveCost)
-    point_saves: list[tuple[int, ...]] = field(default_factory=list)
+    point_saves: list[tuple[Saved, ...]] = field(default_factory=list)
     """The saves each prefill point waited for (taken out once a save's cost is measured)."""
     restore_s: float = 0.0
     """llama.cpp, hybrid: a context checkpoint's restore (``restore``)."""
@@ -132,7 +132,7 @@ class _Run:
 
     def saved_s(self, got: Prefill) -> float:
         """What the RAM-cache saves ``got`` waited for cost (as measured: ``saves``)."""
-        return sum(self.saves.seconds(tokens) for tokens in got.saved)
+        return sum(self.saves.seconds(saved) for saved in got.saved)
 
     def add_point(self, got: Prefill) -> None:
         self.prefill.append(Point(got.processed, got.cached, round(got.seconds, 6)))
@@ -160,6 +160,7 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
         checkpoint_splits=llama and options.checkpoint_splits,
     )
     run = _Run(engine, options, clock, progress, clock(), shape)
+    run.book.gap = shape.checkpoint_gap  # the server's, by its flags (the simulator's is 516)
     try:
         await _prefill_grid(run, window)
         if llama:
@@ -261,10 +262,11 @@ async def _saves(run: _Run, window: int) -> None:
     if run.engine.info.slots < 2:
         run.notes.append("RAM-cache saves not timed (one slot): ram_save_s unknown")
         return
-    if run.rate_s(sum(sizes)) * 4 > run.left() * RESERVE:  # each size three times, and a margin
+    guess = run.rate_s(sum(sizes) + sizes[0]) * 4 + 3 * TURNS * run.rate_s(PROBE_TOKENS)
+    if guess > run.left() * RESERVE:  # each size three times, a conversation's turns, and a margin
         run.notes.append("RAM-cache saves not timed (budget): ram_save_s unknown")
         return
-    run.say(1, 1, f"RAM-cache saves of {sizes[0]:,} and {sizes[1]:,} tokens (slot 1 continues meanwhile)")
+    run.say(1, 1, f"RAM-cache saves of {sizes[0]:,} and {sizes[1]:,} tokens, then after {TURNS} turns")
 
     saves = await measure(run.prefill_on, run.book, run.engine.prompt, sizes)
     if saves is None:
@@ -299,11 +301,7 @@ async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[l
         run.notes.append(
             "warm, checkpoint and RAM-cache scenarios skipped (budget): ram_restore_token_s unknown"
         )
-        return [], CacheModel(
-            ram_save_s=round(run.saves.fixed, 6),
-            ram_save_token_s=round(run.saves.per_token, 9),
-            checkpoint_restore_s=round(run.restore_s, 6),
-        )
+        return [], _cache(run)
     conversation = run.engine.prompt(n + grow)
     run.say(1, 4, f"a {half:,}-token turn on slot 0 (leaves checkpoints)")
     await run.prefill_on(conversation[:half])
@@ -328,16 +326,23 @@ async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[l
         run.notes.append(
             f"no RAM-cache restore seen ({back.cached} of {n} tokens came back): --cache-ram 0, or too small"
         )
-    cache = CacheModel(
-        ram_restore_token_s=round(ram_token_s, 9),
-        ram_save_s=round(run.saves.fixed, 6),
-        ram_save_token_s=round(run.saves.per_token, 9),
-        checkpoint_restore_s=round(run.restore_s, 6),
-    )
+    cache = _cache(run, ram_token_s)
     checks.append(
         _check("ram", n + grow, back, draft, restore_s=back.cached * ram_token_s + run.saved_s(back))
     )
     return checks, cache
+
+
+def _cache(run: _Run, ram_restore_token_s: float = 0.0) -> CacheModel:
+    """llama.cpp's cache costs as measured: the RAM restore, the saves, a checkpoint's restore."""
+    saves = run.saves
+    return CacheModel(
+        ram_restore_token_s=round(ram_restore_token_s, 9),
+        ram_save_s=round(saves.fixed, 6),
+        ram_save_token_s=round(saves.per_token, 9),
+        ram_save_checkpoint_s=round(saves.per_checkpoint, 6),
+        checkpoint_restore_s=round(run.restore_s, 6),
+    )
 
 
 async def _vllm_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:

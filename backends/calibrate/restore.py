@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from backends.calibrate.engines import Saved
 from backends.calibrate.saves import PROBE_TOKENS, Send, SlotBook
 
 DROP = 2
@@ -29,7 +30,7 @@ async def measure(
     send: Send,
     book: SlotBook,
     prompt: Callable[[int], list[int]],
-    without: Callable[[float, Sequence[int]], float],
+    without: Callable[[float, Sequence[Saved]], float],
     repeat: int = 3,
 ) -> float | None:
     """Seconds of one checkpoint restore (the median of ``repeat`` pairs), measured on slot 1 as it

@@ -13,7 +13,7 @@ import pytest
 from msgspec.structs import replace
 
 from backends.calibrate.engines import Prefill
-from backends.calibrate.saves import SaveCost, SlotBook, measure
+from backends.calibrate.saves import SaveCost, SlotBook, fit, measure
 from backends.clock import Events
 from backends.engine_profiles import load_profile
 from backends.sim.config import SimConfig
@@ -24,10 +24,16 @@ from backends.sim.task import SimTask
 from policies.engine_profile import EngineProfile
 from policies.types import Architecture
 
-TRUTH = SaveCost(0.5425, 3.126e-05)  # the H100 27B's, from its turns' two outliers
+TRUTH = SaveCost(0.5425, 3.126e-05, 0.08)  # the H100 27B's line, and a part per checkpoint
 _BUILT_IN = load_profile("h100-llamacpp-27b-shape-q8_0-dense")
 PROFILE = replace(
-    _BUILT_IN, cache=replace(_BUILT_IN.cache, ram_save_s=TRUTH.fixed, ram_save_token_s=TRUTH.per_token)
+    _BUILT_IN,
+    cache=replace(
+        _BUILT_IN.cache,
+        ram_save_s=TRUTH.fixed,
+        ram_save_token_s=TRUTH.per_token,
+        ram_save_checkpoint_s=TRUTH.per_checkpoint,
+    ),
 )
 
 
@@ -109,8 +115,31 @@ def test_measure_recovers_the_engines_save_cost_and_takes_it_out() -> None:
     assert got is not None
     assert got.fixed == pytest.approx(TRUTH.fixed, rel=1e-6)
     assert got.per_token == pytest.approx(TRUTH.per_token, rel=1e-6)
+    assert got.per_checkpoint == pytest.approx(TRUTH.per_checkpoint, rel=1e-6)
     fresh = engine.prompt(500)  # slot 0 holds the 8,192 tokens, slot 1 the probes: both are saved
     saves = book.launch(fresh, 0)
     seconds, stall = engine.send(fresh, 0)
     assert stall == pytest.approx(sum(TRUTH.seconds(t) for t in saves))
     assert got.without(seconds, saves) == pytest.approx(seconds - stall)
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        ((1024, 2), (8192, 2), (1152, 18)),  # --ubatch-size 512: two checkpoints a prompt, two a turn
+        ((1024, 1), (8192, 2), (1152, 17)),  # 2048: a 1,024-token prompt leaves only N - 4
+    ],
+)
+def test_the_fit_recovers_each_part_whatever_checkpoints_the_prompts_left(
+    held: tuple[tuple[int, int], ...],
+) -> None:
+    got = fit([(h, TRUTH.seconds(h)) for h in held])
+    assert (got.fixed, got.per_token, got.per_checkpoint) == pytest.approx(
+        (TRUTH.fixed, TRUTH.per_token, TRUTH.per_checkpoint), rel=1e-9
+    )
+
+
+def test_without_a_checkpoints_part_the_fit_is_the_line_through_two_sizes() -> None:
+    line = SaveCost(0.08, 7.5e-05)
+    got = fit([(h, line.seconds(h)) for h in ((1024, 1), (8192, 2), (1152, 17))])
+    assert (got.fixed, got.per_token, got.per_checkpoint) == pytest.approx((0.08, 7.5e-05, 0.0), abs=1e-12)
