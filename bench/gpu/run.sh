@@ -23,6 +23,10 @@
 #                     calibration, else the committed one): TURNS turns (3) of each GROW (250 words),
 #                     then each FRESH prompt, MAX_TOKENS (16) an answer (bench/gpu/turns.py)
 #                     -> $OUT/turns-TAG-FLAGSET.json
+#   probe             RAM-cache saves by the tokens and checkpoints a slot holds, a checkpoint restore
+#                     against a live append (bench/gpu/slot_costs.py) -> $OUT/slot-costs.json
+#   trace:LABEL       what the server logged since the last trace of its saves, cache states and
+#                     checkpoints (serve with EXTRA="--set verbosity=4 --set log-timestamps") -> $OUT/trace-LABEL.log
 #   cold:FLAGSET:N[,N...]  fresh prompts of N tokens, one at a time, beside the profile's price -> $OUT/cold.json
 #   disk              copy the GGUF to a disk ($DISK_DIR, not tmpfs) once; later stages serve it from there
 #   evict             drop the served GGUF's pages from the page cache (the next serve reads the disk)
@@ -56,6 +60,7 @@ CARD=${CARD:-h200}   # a dry run without a GPU keeps the old name
 PIDFILE=/tmp/turnout-llama-server.pid   # not under .gpu/: a carried .gpu/ replaces it between calls
 SERVER=${SERVER:-$BUILD/bin/llama-server}
 PORT=${PORT:-8080}
+LOGS=/tmp/llama-logs   # the server's log (``trace`` copies what it says of slots and caches to $OUT)
 EXTRA=${EXTRA:-}   # more --set NAME=VALUE for compose_flags.py (a dry run on a CPU: EXTRA="--set threads=2")
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
@@ -137,7 +142,8 @@ stage_serve() {
   stop_server
   mapfile -t flags < <(flags_for "$1")
   echo "${flags[*]}" > "$OUT/flags-$1.txt"
-  local started log="$OUT/server-$1-$WHERE.log"
+  local started log="$LOGS/server-$1-$WHERE.log"   # outside $OUT (each call's is new): ``trace`` reads it
+  mkdir -p "$LOGS"; ln -sfn "$log" "$LOGS/current.log"; echo 0 > "$LOGS/traced"
   started=$(date +%s.%N)
   setsid "$SERVER" "${flags[@]}" > "$log" 2>&1 &
   echo $! > "$PIDFILE"
@@ -232,6 +238,22 @@ profile_of() {  # this machine's calibration of a flag set, else the committed o
   else echo "backends/profiles/h200-llamacpp-$name.toml"; fi
 }
 
+stage_probe() {  # RAM-cache saves by tokens and checkpoints, a checkpoint restore (bench/gpu/slot_costs.py)
+  python_env
+  python3 bench/gpu/slot_costs.py "http://127.0.0.1:$PORT" --repeat 2 --out "$OUT/slot-costs.json" \
+    | tee "$OUT/slot-costs.log" | grep -v '^{'
+}
+
+stage_trace() {  # the server's own account since the last trace (run it with EXTRA="--set verbosity=4
+  # --set log-timestamps"): saves, cache states, checkpoints created and restored
+  local from log=$LOGS/current.log
+  from=$(cat "$LOGS/traced")
+  tail -n +$((from + 1)) "$log" | grep -aE 'saving|cache state|prompt 0x|took|restored context|created context|erasing|removing|limit|selected slot|cached n_tokens|new prompt|prompt eval time' \
+    > "$OUT/trace-$1.log" || true
+  wc -l < "$log" > "$LOGS/traced"
+  say "trace $1: $(wc -l < "$OUT/trace-$1.log") lines"
+}
+
 stage_cold() {
   python_env
   python3 bench/gpu/cold.py "http://127.0.0.1:$PORT" --tokens ${2//,/ } --label "$1 from $WHERE" \
@@ -271,6 +293,8 @@ for step in "$@"; do
     calibrate) stage_calibrate "$a" "$b" "$c" ;;
     turns) stage_turns "$a" ;;
     cold) stage_cold "$a" "$b" ;;
+    probe) stage_probe ;;
+    trace) stage_trace "$a" ;;
     disk) stage_disk ;;
     evict) stage_evict ;;
     shm) MODEL=$SHM_MODEL WHERE=shm ;;
