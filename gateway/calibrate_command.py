@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 
 from backends.calibrate.engines import CalibrationError, connect
-from backends.calibrate.procedure import Options, calibrate
+from backends.calibrate.procedure import calibrate
+from backends.calibrate.run import Options
 from backends.clock import WALL
 from backends.engine_profiles import builtin_names, save_profile
 from policies.engine_profile import EngineProfile, relative_errors

@@ -114,6 +114,7 @@ from policies.slot_costs import Situation
 from policies.slot_rules import consults_ram, ram_span, reuse
 from policies.slots import DEFAULT_LEASE_IDLE_S, SlotOption, llama_options, proven
 from policies.types import (
+    Architecture,
     BackendSnapshot,
     Deployment,
     Endpoint,
@@ -334,7 +335,8 @@ def estimate(
         target = option.slot if option.slot is not None else option.lands
         there = next((m for m in situation.match.slots if m.slot == target), None)
         keeps = there is not None and not consults_ram(there, features.prompt_tokens)  # no save of it first
-        holds = {m.slot: m.checkpoints for m in situation.match.slots}
+        hybrid = deployment.architecture is Architecture.HYBRID
+        holds = {m.slot: m.checkpoints for m in situation.match.slots} if hybrid else {}
         saves = ram_saves_s(deployment, snapshot.slots, target, keeps, holds)
     checkpoint = checkpoint_restore_s(deployment) if option.restores else 0.0
     ttft = queue + saves + checkpoint + prefill + interleaved

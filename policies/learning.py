@@ -232,7 +232,7 @@ def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> 
             sample = uncached / prefill_s
         else:
             expected = profile.prefill_seconds(uncached, cached, outcome.user_start)
-            if outcome.predicted is not None and cached:  # a checkpoint restored: in its prompt_ms
+            if outcome.predicted and 0 < cached <= outcome.shared_prefix_tokens:  # restored (prompt_ms)
                 expected += outcome.predicted.checkpoint_s
             sample = stats.prefill_tok_s.prior * expected / prefill_s
         stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(sample))

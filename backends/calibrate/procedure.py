@@ -31,16 +31,15 @@ at the end (the RAM cache keeps what it saved: llama-server has no call to empty
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from dataclasses import replace as with_fields
+from collections.abc import Sequence
 
 from msgspec.structs import replace
 
 from backends.calibrate import restore
-from backends.calibrate.engines import CalibrationError, Engine, Prefill, Saved
+from backends.calibrate.engines import CalibrationError, Engine, Prefill
 from backends.calibrate.grid import DECODE_TOKENS, growths, prefill_sizes
-from backends.calibrate.saves import PROBE_TOKENS, TURNS, SaveCost, SlotBook, measure
+from backends.calibrate.run import Clock, Options, Progress, Run
+from backends.calibrate.saves import PROBE_TOKENS, TURNS, measure
 from policies.engine_profile import (
     OFFLOAD_MIN_BATCH,
     CacheModel,
@@ -52,91 +51,8 @@ from policies.engine_profile import (
 )
 from policies.profile_fit import fit_decode, fit_prefill
 
-Progress = Callable[[str], None]
-Clock = Callable[[], float]
 RESERVE = 0.25
 """Of the budget kept back from the prefill grid for the decode steps and the scenarios."""
-
-
-@dataclass(frozen=True)
-class Options:
-    name: str
-    budget_s: float = 600.0
-    ubatch: int | None = None
-    """Micro-batch tokens (llama.cpp ``--ubatch-size``; default 512); vLLM: ``batch``."""
-    batch: int | None = None
-    """Tokens per engine step (llama.cpp ``--batch-size``, vLLM ``--max-num-batched-tokens``); 2048."""
-    checkpoint_splits: bool = True
-    """llama.cpp serving a hybrid (or SWA) model with context checkpoints."""
-    window: int | None = None
-    """Measure prompts up to this many tokens (default: the engine's window)."""
-    machine: tuple[tuple[str, str], ...] = ()
-    source: str = ""
-    seed: int = 0
-    repeat: int = 2
-    """Measure each cold prefill and decode point this many times and keep the fastest (only where
-    that costs little of the budget): noise on a shared machine only adds time."""
-
-
-@dataclass
-class _Run:
-    engine: Engine
-    options: Options
-    clock: Clock
-    progress: Progress
-    started: float
-    shape: PrefillModel
-    prefill: list[Point] = field(default_factory=list)
-    decode: list[Point] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    used_slots: set[int] = field(default_factory=set)
-    book: SlotBook = field(default_factory=SlotBook)
-    """llama.cpp: what each slot holds, for the RAM-cache saves each request waits for (``saves``)."""
-    saves: SaveCost = field(default_factory=SaveCost)
-    point_saves: list[tuple[Saved, ...]] = field(default_factory=list)
-    """The saves each prefill point waited for (taken out once a save's cost is measured)."""
-    restore_s: float = 0.0
-    """llama.cpp, hybrid: a context checkpoint's restore (``restore``)."""
-
-    def left(self) -> float:
-        return self.options.budget_s - (self.clock() - self.started)
-
-    def repeat(self, guess_s: float) -> int:
-        """How often to measure a point estimated at ``guess_s``: ``Options.repeat`` times (the
-        fastest counts: a busy machine only ever adds time) while that stays a small part of the
-        budget, else once."""
-        if self.options.repeat > 1 and guess_s * self.options.repeat <= self.left() * 0.1:
-            return self.options.repeat
-        return 1
-
-    def rate_s(self, tokens: int) -> float:
-        """A pessimistic guess of a cold prefill of ``tokens`` from what was measured (0: no idea)."""
-        if not self.prefill:
-            return 0.0
-        sized = [p for p in self.prefill if p.a >= 256] or self.prefill
-        per_token = max(p.seconds / max(p.a, 1) for p in sized)
-        return 1.2 * per_token * tokens + self.prefill[0].seconds
-
-    def say(self, step: int, steps: int, what: str) -> None:
-        filled = round(20 * step / max(steps, 1))
-        elapsed = self.clock() - self.started
-        self.progress(
-            f"[{'#' * filled}{'-' * (20 - filled)}] {step}/{steps} {what}"
-            f"  ({elapsed:.0f} s of {self.options.budget_s:.0f} s)"
-        )
-
-    async def prefill_on(self, tokens: Sequence[int], slot: int = 0) -> Prefill:
-        self.used_slots.add(slot)
-        saved = self.book.launch(tokens, slot) if self.engine.info.engine == "llamacpp" else ()
-        return with_fields(await self.engine.prefill(tokens, slot), saved=saved)
-
-    def saved_s(self, got: Prefill) -> float:
-        """What the RAM-cache saves ``got`` waited for cost (as measured: ``saves``)."""
-        return sum(self.saves.seconds(saved) for saved in got.saved)
-
-    def add_point(self, got: Prefill) -> None:
-        self.prefill.append(Point(got.processed, got.cached, round(got.seconds, 6)))
-        self.point_saves.append(got.saved)
 
 
 async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress: Progress) -> EngineProfile:
@@ -159,13 +75,13 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
         batch_min=OFFLOAD_MIN_BATCH if llama else 1,
         checkpoint_splits=llama and options.checkpoint_splits,
     )
-    run = _Run(engine, options, clock, progress, clock(), shape)
+    run = Run(engine, options, clock, progress, clock(), shape)
     run.book.gap = shape.checkpoint_gap  # the server's, by its flags (the simulator's is 516)
     try:
         await _prefill_grid(run, window)
         if llama:
-            await _saves(run, window)
             await _restore(run)
+            await _saves(run, window)
         prefill = fit_prefill(shape, run.prefill, attention=any(p.b > 0 for p in run.prefill))
         await _decode_grid(run, window, slots=info.slots if llama else 8)
         decode = fit_decode(run.decode) if run.decode else DecodeModel(step_s=0.05)
@@ -206,7 +122,7 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
     )
 
 
-async def _prefill_grid(run: _Run, window: int) -> None:
+async def _prefill_grid(run: Run, window: int) -> None:
     sizes = prefill_sizes(window, run.shape.ubatch, run.shape.batch)
     base = window // 4
     grown = growths(window - DECODE_TOKENS - 8 - base, run.shape.ubatch, run.shape.batch)
@@ -239,7 +155,7 @@ async def _prefill_grid(run: _Run, window: int) -> None:
         run.add_point(await run.prefill_on(conversation, slot))
 
 
-async def _decode_grid(run: _Run, window: int, *, slots: int) -> None:
+async def _decode_grid(run: Run, window: int, *, slots: int) -> None:
     batches = [b for b in (1, 2, 4, 8) if b <= max(1, min(slots, 8))]
     contexts = [64, min(window // 4, 4096)]
     plan = [(b, c) for c in contexts for b in batches]
@@ -256,7 +172,7 @@ async def _decode_grid(run: _Run, window: int, *, slots: int) -> None:
         run.decode.append(Point(b, b * (context + DECODE_TOKENS // 2), round(step, 6)))
 
 
-async def _saves(run: _Run, window: int) -> None:
+async def _saves(run: Run, window: int) -> None:
     """Time a RAM-cache save (``saves.measure``) and take the saves out of the prefill points."""
     sizes = [min(1024, window // 8), min(8192, window // 4)]
     if run.engine.info.slots < 2:
@@ -282,19 +198,24 @@ async def _saves(run: _Run, window: int) -> None:
     ]
 
 
-async def _restore(run: _Run) -> None:
-    """Time a context checkpoint's restore on slot 1 (``restore.measure``)."""
-    if run.engine.info.slots < 2 or run.rate_s(256) * 8 > run.left() * RESERVE:
-        run.notes.append("checkpoint restore not timed (one slot, or budget): checkpoint_restore_s unknown")
+async def _restore(run: Run) -> None:
+    """Time a context checkpoint's restore on slot 1 (``restore.measure``); a model that restores none
+    keeps no checkpoints, and the saves are booked without them."""
+    if run.rate_s(256) * 8 > run.left() * RESERVE:
+        run.notes.append("checkpoint restore not timed (budget): checkpoint_restore_s unknown")
         return
-    run.say(1, 1, "a context checkpoint restored against a live append (slot 1, 3 pairs)")
-    restored = await restore.measure(run.prefill_on, run.book, run.engine.prompt, run.saves.without)
+    slot = 1 if run.engine.info.slots > 1 else 0
+    run.say(1, 1, f"a context checkpoint restored against a live append (slot {slot}, 3 pairs)")
+    restored = await restore.measure(
+        run.prefill_on, run.book, run.engine.prompt, run.saves.without, slot=slot
+    )
     if restored is None:
         run.notes.append("no context checkpoint restored (not a hybrid model, or --ctx-checkpoints 0)")
+        run.book.hybrid = False
     run.restore_s = restored or 0.0
 
 
-async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:
+async def _llama_checks(run: Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:
     n = min(window // 2, max(p.a for p in run.prefill))
     half, grow = n // 2, min(200, max(window - n - DECODE_TOKENS - 8, 1))
     if draft.prefill_seconds(n) * 2.5 > run.left():
@@ -333,7 +254,7 @@ async def _llama_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[l
     return checks, cache
 
 
-def _cache(run: _Run, ram_restore_token_s: float = 0.0) -> CacheModel:
+def _cache(run: Run, ram_restore_token_s: float = 0.0) -> CacheModel:
     """llama.cpp's cache costs as measured: the RAM restore, the saves, a checkpoint's restore."""
     saves = run.saves
     return CacheModel(
@@ -345,7 +266,7 @@ def _cache(run: _Run, ram_restore_token_s: float = 0.0) -> CacheModel:
     )
 
 
-async def _vllm_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:
+async def _vllm_checks(run: Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:
     hits: list[int] = []
     checks: list[Check] = []
     for n in (min(window // 4, 3000), min(window // 2, 5000)):
@@ -369,7 +290,7 @@ async def _vllm_checks(run: _Run, draft: EngineProfile, window: int) -> tuple[li
     return checks, CacheModel(prefix_block=block)
 
 
-def _block(run: _Run, hits: Sequence[int]) -> int:
+def _block(run: Run, hits: Sequence[int]) -> int:
     """The prefix-cache block of the ``hits`` (cached tokens of prompts sent twice): the one vLLM's
     ``/metrics`` reports where every hit is whole blocks of it, else their greatest common divisor
     (which a 784-token block's hits of 2,352 and 4,704 would give as 2,352: two prompts need not

@@ -10,7 +10,8 @@ slot, so its fit never saw it.
 
 ``measure`` grows a conversation on slot 1 by the same number of tokens each turn, alternately
 extending it and dropping its last two tokens first (the checkpoint 4 tokens before the end is
-restored); the median difference is the restore.
+restored); the median difference is the restore. It runs before the saves are timed: whether a
+restore happened says whether the model keeps checkpoints at all, which the saves' fit needs.
 """
 
 from __future__ import annotations
@@ -32,23 +33,26 @@ async def measure(
     prompt: Callable[[int], list[int]],
     without: Callable[[float, Sequence[Saved]], float],
     repeat: int = 3,
+    slot: int = 1,
 ) -> float | None:
-    """Seconds of one checkpoint restore (the median of ``repeat`` pairs), measured on slot 1 as it
+    """Seconds of one checkpoint restore (the median of ``repeat`` pairs), measured on ``slot`` as it
     continues its conversation (the saves each request waited for taken out by ``without``). None
     when no restore happened: the model is not hybrid (the diverging turn reused all it shared) or
-    the server keeps no checkpoints (it re-processed everything)."""
-    conversation = list(book.held.get(1, [])) or prompt(4 * PROBE_TOKENS)
-    if 1 not in book.held:
-        await send(conversation, 1)
+    the server keeps no checkpoints (it re-processed everything), or the slot lost its conversation
+    meanwhile (the extending turn did not reuse it)."""
+    conversation = list(book.held.get(slot, [])) or prompt(4 * PROBE_TOKENS)
+    if slot not in book.held:
+        await send(conversation, slot)
     differences = []
     for _ in range(repeat):
+        before = len(conversation)
         conversation = conversation + prompt(PROBE_TOKENS)
-        extended = await send(conversation, 1)
+        extended = await send(conversation, slot)
         shared = len(conversation) - DROP
         conversation = conversation[:shared] + prompt(PROBE_TOKENS)
-        diverged = await send(conversation, 1)
-        if not 0 < diverged.cached < shared:
-            return None  # reused all it shared (no recurrent state), or nothing (no checkpoint)
+        diverged = await send(conversation, slot)
+        if extended.cached < before - 4 or not 0 < diverged.cached < shared:
+            return None  # lost, reused all it shared (no recurrent state), or nothing (no checkpoint)
         took = without(diverged.seconds, diverged.saved)
         differences.append(took - without(extended.seconds, extended.saved))
     return max(statistics.median(differences), 0.0)

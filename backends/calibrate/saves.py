@@ -50,6 +50,8 @@ class SlotBook:
     cache: RamCache = field(default_factory=lambda: RamCache(0, 0, StateSizes()))
     gap: int = CHECKPOINT_OFFSETS[0]
     """Where the server takes its first near-end checkpoint: ``min(batch, 4 + ubatch)``."""
+    hybrid: bool = True
+    """The model keeps context checkpoints (a recurrent state); calibrate's restore probe says."""
 
     def launch(self, tokens: Sequence[int], slot: int, busy: Collection[int] = ()) -> tuple[Saved, ...]:
         """A request for ``tokens`` on ``slot`` starts (``busy`` slots are working): the slots the
@@ -65,8 +67,9 @@ class SlotBook:
                 entry = self.cache.load(own, tokens)
                 if entry is not None:
                     own, kept = entry.tokens, entry.checkpoints
-        reuse = llama_reuse(own, kept, tokens, hybrid=True)
-        self.checkpoints[slot] = add_checkpoints(reuse.checkpoints, len(tokens), reuse.n_past, self.gap)
+        reuse = llama_reuse(own, kept, tokens, hybrid=self.hybrid)
+        later = add_checkpoints(reuse.checkpoints, len(tokens), reuse.n_past, self.gap)
+        self.checkpoints[slot] = later if self.hybrid else ()
         self.held[slot] = list(tokens)
         for other, content in sorted(self.held.items()):
             if other != slot and other not in busy and self.cache.save(content, self.checkpoints[other]):

@@ -36,3 +36,18 @@ def test_it_recovers_the_restore_with_the_saves_taken_out() -> None:
 
 def test_a_model_without_recurrent_state_restores_nothing() -> None:
     assert probe(RESTORE_S, Architecture.DENSE) is None
+
+
+def test_a_one_slot_server_is_probed_on_its_only_slot() -> None:
+    profile = replace(PROFILE, cache=replace(PROFILE.cache, checkpoint_restore_s=RESTORE_S))
+    engine, book = Engine(profile=profile), SlotBook()
+    send = sender(engine, book)
+    paying = asyncio.run(restore.measure(send, book, engine.prompt, TRUTH.without, slot=0))
+    assert paying is not None
+    assert paying == pytest.approx(RESTORE_S, abs=0.002)
+
+
+def test_a_book_for_a_model_without_recurrent_state_counts_no_checkpoints() -> None:
+    book = SlotBook(hybrid=False)
+    book.launch(list(range(3000)), 0)
+    assert book.launch(list(range(5000, 5100)), 1) == ((3000, 0),)

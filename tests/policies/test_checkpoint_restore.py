@@ -64,3 +64,17 @@ def test_learning_does_not_take_the_restore_for_a_slower_engine() -> None:
     rate = learned.for_deployment(H100, EngineKind.LLAMACPP).prefill_tok_s
     assert rate.samples == 1
     assert rate.value == pytest.approx(rate.prior, rel=1e-3)
+
+
+def test_learning_adds_no_restore_where_the_engine_extended_the_slot_instead() -> None:
+    """Predicted to restore, the engine reused more than the checkpoint (it loaded a state the prompt
+    extends, or the answer came back token for token): its prompt_ms holds no restore, and a turn
+    that took what its tokens cost teaches the profile's own rate."""
+    predicted = turn(H100, DIVERGES)
+    cached = 8998  # more than the 8,996 the checkpoint gives
+    prompt_ms = PROFILE.prefill_seconds(9400 - cached, cached) * 1000
+    usage = Usage(9400, 8, cached, prompt_ms=prompt_ms)
+    outcome = Outcome("llama", "m", EngineKind.LLAMACPP, usage, 0.5, 0.6, 30_000, 8996, True,
+                      predicted=predicted)  # fmt: skip
+    rate = learn(LearnedState(), outcome, H100).for_deployment(H100, EngineKind.LLAMACPP).prefill_tok_s
+    assert rate.value == pytest.approx(rate.prior, rel=1e-3)

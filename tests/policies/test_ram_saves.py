@@ -13,7 +13,7 @@ from backends.engine_profiles import load_profile
 from policies.cost import estimate
 from policies.decision import Estimate
 from policies.learning import LearnedState
-from policies.types import PrefixMatch, SlotLease, SlotMatch
+from policies.types import Architecture, PrefixMatch, SlotLease, SlotMatch
 from tests.policies.cost_helpers import LLAMA, NOTHING, SESSION, features, llama_snapshot
 
 TOKENS = 9000  # what the session on the slot sent last
@@ -104,3 +104,18 @@ def test_a_save_counts_the_checkpoints_turnout_knows_the_slot_holds() -> None:
     got = estimate(features(), deployment, replace(snapshot, slots=slots), session=None, leases=(),
                    learned=LearnedState(), match=holding)  # fmt: skip
     assert got.saves_s == pytest.approx(SAVE_S + 12 * per_checkpoint)  # taken or idle: it is saved
+
+
+def test_a_dense_model_saves_no_checkpoints() -> None:
+    """Only a hybrid model's slot keeps context checkpoints: a dense one's save is its tokens alone,
+    whatever the prefix index counted."""
+    profile = H100.profile
+    assert profile is not None
+    cache = replace(profile.cache, ram_save_checkpoint_s=0.1)
+    dense = replace(H100, architecture=Architecture.DENSE, profile=replace(profile, cache=cache))
+    snapshot = llama_snapshot()
+    slots = (replace(snapshot.slots[0], unsaved=TOKENS), snapshot.slots[1])
+    holding = PrefixMatch((SlotMatch(0, 0, held=9000, checkpoints=12), SlotMatch(1, 0)), recent=0)
+    got = estimate(features(), dense, replace(snapshot, slots=slots), session=None, leases=(),
+                   learned=LearnedState(), match=holding)  # fmt: skip
+    assert got.saves_s == pytest.approx(SAVE_S)

@@ -27,7 +27,8 @@ import msgspec
 import pytest
 
 from backends.calibrate.engines import connect
-from backends.calibrate.procedure import Options, calibrate
+from backends.calibrate.procedure import calibrate
+from backends.calibrate.run import Options
 from backends.clock import WALL
 from backends.engine_profiles import save_profile
 from gateway.app import create_app

@@ -16,6 +16,7 @@ from backends.sim.drive import EventDriver
 from backends.sim.generation import Answer, DeltaKind, OutToken
 from backends.sim.llama_engine import LlamaEngine
 from backends.sim.task import SimTask
+from backends.sim.whatif import whatif_llama
 from policies.types import Architecture
 
 PROFILE = "h100-llamacpp-27b-shape-q8_0-dense"
@@ -101,3 +102,20 @@ def test_every_slot_waits_for_the_restore() -> None:
         return long.sim_last
 
     assert answer_end(RESTORE_S) - answer_end(0.0) == pytest.approx(RESTORE_S)
+
+
+def test_the_what_if_prices_the_restore_the_engine_then_pays() -> None:
+    """``/_sim/whatif`` predicts the prompt time the engine takes, the restore included."""
+
+    def predicted_and_paid(restore_s: float) -> tuple[float, float]:
+        server = Server(restore_s)
+        conversation = server.words(2000)
+        server.ask(conversation, 0)
+        diverging = conversation[:-2] + server.words(400)
+        predicted = whatif_llama(server.engine, diverging, id_slot=0)
+        task = server.ask(diverging, 0)
+        return predicted.prefill_s, task.sim_prompt_end - task.sim_start
+
+    predicted, paid = predicted_and_paid(RESTORE_S)
+    assert predicted == pytest.approx(paid)
+    assert predicted - predicted_and_paid(0.0)[0] == pytest.approx(RESTORE_S)
