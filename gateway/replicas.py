@@ -5,7 +5,7 @@ travel through its stream (``gateway.state.prompt_log``). Twice a second each re
 
 - publishes what it learned from its own outcomes (``learned``, kept ``LEARNED_TTL_S``: a restarted
   gateway starts from what the fleet knew) and routes on the merge of its own and the others'
-  (``policies.learning.merge``: merged, never overwritten, nothing counted twice);
+  (``policies.learning_merge.merge``: merged, never overwritten, nothing counted twice);
 - publishes its requests in flight per backend (``load``, gone ``LOAD_TTL_S`` after the replica's last
   word: a replica that dies stops counting), and lays the others' prefill backlog over its
   snapshots (``backends.inflight.Load``).
@@ -24,7 +24,8 @@ import structlog
 from backends.fleet import Fleet
 from backends.inflight import Load
 from gateway.routing import Router
-from policies.learning import DeploymentStats, Ewma, LearnedState, ModelStats, merge
+from policies.learning import DeploymentStats, Ewma, LearnedState, ModelStats
+from policies.learning_merge import merge
 
 log = structlog.get_logger(__name__)
 SYNC_S = 0.5

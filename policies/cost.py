@@ -338,7 +338,9 @@ def estimate(
         hybrid = deployment.architecture is Architecture.HYBRID
         holds = {m.slot: m.checkpoints for m in situation.match.slots} if hybrid else {}
         saves = ram_saves_s(deployment, snapshot.slots, target, keeps, holds)
-    checkpoint = checkpoint_restore_s(deployment) if option.restores else 0.0
+    checkpoint = checkpoint_restore_s(deployment) * (
+        1.0 if option.restores else 1.0 - stats.live.value if option.continues else 0.0
+    )
     ttft = queue + saves + checkpoint + prefill + interleaved
     decode = (expected_output(features, learned, session) - 1) * decode_step
     total = ttft + decode
@@ -356,6 +358,8 @@ def estimate(
         interleaved_s=interleaved,
         saves_s=saves,
         checkpoint_s=checkpoint,
+        restores=option.restores,
+        continues=option.continues,
         shared_prefix_tokens=shared,
         future_s=objective.future(option.cached_next, objective.lasting(option)) if horizon else 0.0,
         horizon=horizon,

@@ -29,6 +29,11 @@ Per deployment (``backend/model``):
   measured its prefix block (``cache.prefix_block``, ``turnout calibrate``) starts from that block
   and a ``reuse`` of 1: a hybrid model's prompts are reused in whole blocks from the first turn
   (vLLM 0.25; the kind's prior, none, is the older releases').
+- ``live``: of a hybrid llama.cpp slot's turns that continue its last prompt, the share the engine
+  continued live (the prompt carried the slot's answer token for token: it reused at least the last
+  prompt) rather than restoring the checkpoint before the answer (a chat turn whose answer is
+  rendered back otherwise: a reasoning block dropped, tokenized anew). Prior 0.5: on the GPU the
+  27B's re-rendered turns all restored, the CPU build's tiny model continued one of two.
 - ``service_s``: request duration, for queue-wait estimates.
 - ``queue_factor``: how much longer than predicted a predicted queue really was,
   ``(ttft - predicted ttft + predicted queue) / modelled queue`` on streams that were predicted to
@@ -60,10 +65,10 @@ rates are learned robustly (``policies.ewma``): one observation moves a rate at 
 sample more than 4x faster than the learned rate is set aside (counted, shown on the dashboard)
 unless the one before it was set aside too and agrees with it; a slow one is learned, bounded.
 
-Replicas (``merge``): each gateway learns from its own outcomes and shares that state; routing reads
-the merge of its own and the others', each value their mean weighted by samples (at most
-``MERGE_WEIGHT_CAP`` each: an EWMA stands for its last few samples, not its whole history) and
-``block`` the greatest common divisor of the blocks seen. Merging never feeds back into what a
+Replicas (``policies.learning_merge.merge``): each gateway learns from its own outcomes and shares
+that state; routing reads the merge of its own and the others', each value their mean weighted by
+samples (at most ``MERGE_WEIGHT_CAP`` each: an EWMA stands for its last few samples, not its whole
+history) and ``block`` the greatest common divisor of the blocks seen. Merging never feeds back into what a
 replica shares, so nothing is counted twice.
 """
 
@@ -71,7 +76,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
 
 import msgspec
@@ -90,6 +95,7 @@ PRIOR_COMPLETION_TOKENS = 256.0
 PRIOR_RAM_REUSE = 0.95
 """llama-server keeps an 8 GiB RAM prompt cache by default; other engines have none."""
 PRIOR_RAM_TOKENS = 100_000.0
+PRIOR_LIVE = 0.5
 """Tokens of recent prompts the RAM cache is believed to hold (8 GiB at ~64 KiB a token, less the
 recurrent states of the saved checkpoints)."""
 RAM_MISS_SHRINK = 0.5
@@ -129,6 +135,7 @@ class DeploymentStats(msgspec.Struct, frozen=True):
     ram_reuse: Ewma = msgspec.field(default_factory=lambda: Ewma(0.0, 0.0, ratio=True))
     ram_tokens: Ewma = msgspec.field(default_factory=lambda: Ewma(PRIOR_RAM_TOKENS, PRIOR_RAM_TOKENS))
     queue_factor: Ewma = msgspec.field(default_factory=lambda: Ewma(1.0, 1.0))
+    live: Ewma = msgspec.field(default_factory=lambda: Ewma(PRIOR_LIVE, PRIOR_LIVE, ratio=True))
     block: int = 0  # 0: no hit seen yet
 
     @property
@@ -232,8 +239,8 @@ def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> 
             sample = uncached / prefill_s
         else:
             expected = profile.prefill_seconds(uncached, cached, outcome.user_start)
-            if outcome.predicted and 0 < cached <= outcome.shared_prefix_tokens:  # restored (prompt_ms)
-                expected += outcome.predicted.checkpoint_s
+            if restored(outcome):  # a checkpoint came back first, inside prompt_ms
+                expected += profile.cache.checkpoint_restore_s
             sample = stats.prefill_tok_s.prior * expected / prefill_s
         stats = replace(stats, prefill_tok_s=stats.prefill_tok_s.update(sample))
     steps = usage.completion_tokens - 1
@@ -248,6 +255,17 @@ def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> 
             rate *= profile.batch_slowdown(1, usage.prompt_tokens)
         stats = replace(stats, decode_tok_s=stats.decode_tok_s.update(rate))
     return stats
+
+
+def restored(outcome: Outcome) -> bool:
+    """Whether the engine restored a context checkpoint for ``outcome``, by what it reused: a turn
+    predicted to resume from one (``Estimate.restores``) reused at most what the checkpoint gives;
+    one that continues the slot's last prompt (``continues``) reused less than that prompt."""
+    cached, shared = outcome.usage.cached_tokens or 0, outcome.shared_prefix_tokens
+    predicted = outcome.predicted
+    if predicted is None or cached <= 0:
+        return False
+    return cached <= shared if predicted.restores else predicted.continues and cached < shared
 
 
 def _ram_capacity(capacity: Ewma, outcome: Outcome, predicted: Estimate) -> Ewma:
@@ -316,6 +334,8 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
             stats = replace(stats, ram_reuse=stats.ram_reuse.update(ratio))
         elif not from_ram:
             stats = replace(stats, reuse=stats.reuse.update(ratio))
+    if predicted.continues and usage.cached_tokens is not None and outcome.shared_prefix_tokens > 0:
+        stats = replace(stats, live=stats.live.update(0.0 if restored(outcome) else 1.0))
     sample = _queue_sample(outcome, predicted)
     if sample is not None:
         stats = replace(stats, queue_factor=stats.queue_factor.update_factor(sample, QUEUE_SPREAD))
@@ -338,62 +358,4 @@ def learn(state: LearnedState, outcome: Outcome, deployment: Deployment) -> Lear
         models=MappingProxyType({**state.models, deployment.model: model}),
         speed=speed,
         clients=clients,
-    )
-
-
-def _merge_ewma(values: Sequence[Ewma]) -> Ewma:
-    measured = [v for v in values if v.samples > 0]
-    if not measured:
-        return values[0]
-    weights = [min(v.samples, MERGE_WEIGHT_CAP) for v in measured]
-    value = sum(v.value * w for v, w in zip(measured, weights, strict=True)) / sum(weights)
-    first = values[0]
-    return Ewma(
-        value, first.prior, sum(v.samples for v in measured), first.ratio, first.rate,
-        aside=sum(v.aside for v in values), held=first.held,
-        last_aside=first.last_aside, last_against=first.last_against,
-    )  # fmt: skip
-
-
-def _merge_stats(stats: Sequence[DeploymentStats]) -> DeploymentStats:
-    merged = {
-        name: _merge_ewma([getattr(s, name) for s in stats])
-        for name in (
-            "prefill_tok_s",
-            "decode_tok_s",
-            "reuse",
-            "service_s",
-            "ram_reuse",
-            "ram_tokens",
-            "queue_factor",
-        )
-    }
-    return DeploymentStats(**merged, block=math.gcd(*(s.block for s in stats)))
-
-
-def merge(own: LearnedState, others: Sequence[LearnedState]) -> LearnedState:
-    """What all replicas learned (module docstring, "Replicas"); ``own`` first, its priors kept."""
-    states = [own, *others]
-    if not others:
-        return own
-    deployments = {
-        key: _merge_stats([s.deployments[key] for s in states if key in s.deployments])
-        for key in dict.fromkeys(k for s in states for k in s.deployments)
-    }
-    models = {
-        key: ModelStats(
-            _merge_ewma([s.models[key].chars_per_token for s in states if key in s.models]),
-            _merge_ewma([s.models[key].completion_tokens for s in states if key in s.models]),
-        )
-        for key in dict.fromkeys(k for s in states for k in s.models)
-    }
-    clients = {
-        key: _merge_ewma([s.clients[key] for s in states if key in s.clients])
-        for key in dict.fromkeys(k for s in states for k in s.clients)
-    }
-    return LearnedState(
-        MappingProxyType(deployments),
-        MappingProxyType(models),
-        _merge_ewma([s.speed for s in states]),
-        MappingProxyType(clients),
     )

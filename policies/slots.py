@@ -141,6 +141,7 @@ class SlotOption(msgspec.Struct, frozen=True):
     lost: bool = False  # the session's slot no longer holds its prompt
     restore_s: float = 0.0  # loading ``cached`` back from the RAM cache (in ``queue_s``)
     restores: bool = False  # a hybrid state resumed from a context checkpoint, not extended live
+    continues: bool = False  # a hybrid slot whose last prompt this one continues (live, or restored)
     lands: int | None = None  # no slot named (``slot`` None): the one llama-server is expected to give
     sharing: int = 0  # the sessions sharing a crowded server's slots (why no slot is named)
 
@@ -209,6 +210,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
         restore = ram_restore_s(situation.deployment, got.cached) if got.source == "ram" else 0.0
         resumed = situation.match.best_recent if got.source == "ram" else held
         restores = hybrid and got.cached > 0 and not resumed.whole
+        continues = hybrid and got.cached > 0 and resumed.whole and got.source == "slot"
         queue += restore
         evicts, cost = None, 0.0
         if lease is not None and not mine:
@@ -231,6 +233,7 @@ def llama_options(features: RequestFeatures, situation: Situation) -> list[SlotO
                 lost=lost,
                 restore_s=restore,
                 restores=restores,
+                continues=continues,
             )
         )  # fmt: skip
     if situation.sharing and session is not None:

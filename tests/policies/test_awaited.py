@@ -18,7 +18,8 @@ from policies.decision import Outcome
 from policies.engine_profile import linear_profile
 from policies.ewma import Ewma
 from policies.features import extract
-from policies.learning import LearnedState, learn, merge
+from policies.learning import LearnedState, learn
+from policies.learning_merge import merge
 from policies.profiles import BUILTIN_PROFILES
 from policies.route import route
 from policies.types import Awaited, Endpoint, SessionSource, SessionView, Usage

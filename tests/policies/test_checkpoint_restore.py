@@ -41,14 +41,47 @@ def turn(deployment: object, match: PrefixMatch, learned: LearnedState | None = 
     )
 
 
-def test_a_diverging_turn_pays_the_restore_and_an_extending_one_does_not() -> None:
-    diverging, extending = turn(H100, DIVERGES), turn(H100, EXTENDS)
-    assert (diverging.slot, diverging.source, extending.slot, extending.source) == (0, "slot", 0, "slot")
+def test_a_diverging_turn_pays_the_restore_and_a_continuing_one_what_is_learned_of_it() -> None:
+    """A prompt that diverges inside the slot restores a checkpoint; one that continues the slot's
+    last prompt restores the one before the answer unless it carries the answer token for token (the
+    engine continues live): priced by the share learned to continue live (prior 0.5)."""
+    diverging, continuing = turn(H100, DIVERGES), turn(H100, EXTENDS)
+    assert (diverging.slot, diverging.source, continuing.slot, continuing.source) == (0, "slot", 0, "slot")
+    assert (diverging.restores, diverging.continues, continuing.restores, continuing.continues) == (
+        True, False, False, True,
+    )  # fmt: skip
     assert diverging.checkpoint_s == RESTORE_S
-    assert extending.checkpoint_s == 0.0
+    assert continuing.checkpoint_s == pytest.approx(RESTORE_S * 0.5)
     unmeasured = turn(PLAIN, DIVERGES)
     assert unmeasured.checkpoint_s == 0.0
     assert diverging.ttft_s - unmeasured.ttft_s == pytest.approx(RESTORE_S)
+
+
+def continued(cached: int, learned: LearnedState) -> LearnedState:
+    """A continuing turn (the slot held the session's 9,000 tokens) whose engine reused ``cached``
+    and took what its tokens and a restore (if it restored: fewer than 9,000 reused) cost."""
+    predicted = turn(H100, EXTENDS, learned)
+    restore = RESTORE_S if cached < 9000 else 0.0
+    prompt_ms = (PROFILE.prefill_seconds(9400 - cached, cached) + restore) * 1000
+    usage = Usage(9400, 8, cached, prompt_ms=prompt_ms)
+    outcome = Outcome("llama", "m", EngineKind.LLAMACPP, usage, 0.5, 0.6, 30_000, 9000, True,
+                      predicted=predicted)  # fmt: skip
+    return learn(learned, outcome, H100)
+
+
+@pytest.mark.parametrize(("cached", "towards"), [(8996, 0.0), (9150, 1.0)])
+def test_learning_follows_whether_continuing_turns_restore(cached: int, towards: float) -> None:
+    """Restored (the checkpoint 4 before the last prompt's end) or continued live (the answer too):
+    the share moves to it, the next continuing turn is priced by it, and the rate stays the
+    profile's own either way (the restore is expected in prompt_ms only where it happened)."""
+    learned = LearnedState()
+    for _ in range(6):
+        learned = continued(cached, learned)
+    stats = learned.for_deployment(H100, EngineKind.LLAMACPP)
+    assert stats.live.samples == 6
+    assert abs(stats.live.value - towards) < 0.2
+    assert turn(H100, EXTENDS, learned).checkpoint_s == pytest.approx(RESTORE_S * (1 - stats.live.value))
+    assert stats.prefill_tok_s.value == pytest.approx(stats.prefill_tok_s.prior, rel=1e-3)
 
 
 def test_learning_does_not_take_the_restore_for_a_slower_engine() -> None:

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from policies import Architecture, Deployment, EngineKind
 from policies.decision import Outcome
-from policies.learning import MERGE_WEIGHT_CAP, LearnedState, learn, merge
+from policies.learning import MERGE_WEIGHT_CAP, LearnedState, learn
+from policies.learning_merge import merge
 from policies.types import Usage
 
 LLAMA = Deployment("m", "llama", "up", 65536, Architecture.HYBRID)
