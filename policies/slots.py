@@ -175,6 +175,8 @@ class SlotOption(msgspec.Struct, frozen=True):
                 notes.append(f"takes {taken} from {holder} (+{self.evict_cost_s:.2f} s next turn)")
         if self.source == "ram" and not self.mine and slot is not None:
             notes.append(f"slot {slot} restores {self.cached} tokens from the RAM cache")
+        if self.restores and slot is not None:
+            notes.append(f"slot {slot} resumes from a context checkpoint (the prompt diverges inside it)")
         return "; ".join(notes)
 
 

@@ -51,6 +51,8 @@ def test_a_diverging_turn_pays_the_restore_and_a_continuing_one_what_is_learned_
         True, False, False, True,
     )  # fmt: skip
     assert diverging.checkpoint_s == RESTORE_S
+    assert "slot 0 resumes from a context checkpoint" in diverging.note  # the decision log says why
+    assert "checkpoint" not in continuing.note
     assert continuing.checkpoint_s == pytest.approx(RESTORE_S * 0.5)
     unmeasured = turn(PLAIN, DIVERGES)
     assert unmeasured.checkpoint_s == 0.0
