@@ -96,8 +96,8 @@ def next_session(router: Router, done: Completion) -> None:
     session, chain, slot = routed.session, routed.features.chain, routed.decision.slot
     if chain.length:
         key = session.key if session is not None else None
-        tokens, cached, share = usage.prompt_tokens, usage.cached_tokens, routed.features.user_share
-        user = round(tokens * share) if share > 0 else -1
+        tokens, cached = usage.prompt_tokens, usage.cached_tokens
+        user = routed.features.user_start_at(tokens)
         done.sent = SentPrompt(outcome.backend_id, slot, chain, tokens, key, cached, user)
     if session is None:
         return

@@ -217,7 +217,11 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     def user_start(self) -> int:
         """Where the prompt's last user message starts, in (estimated) tokens: llama-server ends a
         prefill step there (``EngineProfile.step_tokens``); -1 for none."""
-        return -1 if self.user_share <= 0 else round(self.prompt_tokens * self.user_share)
+        return self.user_start_at(self.prompt_tokens)
+
+    def user_start_at(self, tokens: int) -> int:
+        """``user_start`` of the prompt counted as ``tokens`` tokens (the engine's own count)."""
+        return -1 if self.user_share <= 0 else round(tokens * self.user_share)
 
 
 class SessionView(msgspec.Struct, frozen=True):

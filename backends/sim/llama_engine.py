@@ -128,7 +128,7 @@ class LlamaEngine(BatchEngine):
             slot.tokens, slot.checkpoints, task.prompt, hybrid=self.hybrid, cache_prompt=task.cache_prompt
         )
         task.cached = reuse.n_past
-        if reuse.restored is not None and reuse.n_past > 0:  # a checkpoint back on the GPU: all wait
+        if reuse.restores:  # a checkpoint back on the GPU: every slot waits
             self.stall_s += self.perf.profile.cache.checkpoint_restore_s
         kept, length, user = reuse.checkpoints, len(task.prompt), task.user_start
         slot.checkpoints = add_checkpoints(kept, length, reuse.n_past, user_start=user) if self.hybrid else ()

@@ -52,6 +52,11 @@ class SlotReuse:
     checkpoints: tuple[int, ...]
     restored: int | None = None
 
+    @property
+    def restores(self) -> bool:
+        """A context checkpoint is copied back before the prompt is processed (something reused)."""
+        return self.restored is not None and self.n_past > 0
+
 
 def llama_reuse(
     slot_tokens: Sequence[int],
@@ -101,7 +106,7 @@ def add_checkpoints(
     user_start: int = -1,
 ) -> tuple[int, ...]:
     """Checkpoints after processing a prompt of ``prompt_len`` tokens from position ``n_past``, the
-    first near-end one ``gap`` tokens before its end (``EngineProfile.checkpoint_gap``): those kept,
+    first near-end one ``gap`` tokens before its end (``PrefillModel.checkpoint_gap``): those kept,
     then ``new_checkpoints`` (one at a position already held replaces it), the newest 32."""
     out = list(checkpoints)
     for pos in new_checkpoints(prompt_len, n_past, gap, user_start):

@@ -150,7 +150,7 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> What
     reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=hybrid)
     own = len(prompt) - reuse.n_past
     prefill_s = perf.prefill_seconds(own, reuse.n_past)
-    if reuse.restored is not None and reuse.n_past > 0:  # a checkpoint back on the GPU, in prompt_ms
+    if reuse.restores:  # a checkpoint back on the GPU, in prompt_ms
         prefill_s += perf.profile.cache.checkpoint_restore_s
     decode_s = 0.0
     if current is None:
