@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import structlog
@@ -64,6 +65,25 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"hypothesis: profile {settings.get_current_profile_name()!r}, seed {seed} "
         f"(TURNOUT_HYPOTHESIS_SEED={seed} replays this run's examples)"
     )
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test that configures the gateway's logging (``gateway.logging.configure_logging``, a bench
+    script's ``main``) binds it to pytest's captured stderr, closed once the test ends, and the
+    loggers it used would keep it (``cache_logger_on_first_use``): every later test logging there
+    failed ("I/O operation on closed file", when tests/replay ran before tests/backends). Here no
+    logger is cached, and the test's configuration goes with it."""
+    before = structlog.get_config()
+    configure = structlog.configure
+
+    def uncached(**options: Any) -> None:
+        configure(**{**options, "cache_logger_on_first_use": False})
+
+    monkeypatch.setattr(structlog, "configure", uncached)
+    yield
+    if structlog.get_config() != before:
+        configure(**before)
 
 
 @pytest.fixture(scope="module")
