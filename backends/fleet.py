@@ -18,7 +18,8 @@ from backends.base import Adapter, BackendSpec, Documents, Poster
 from backends.breaker import Breaker
 from backends.clock import WALL, Clock
 from backends.history import LoadHistory
-from backends.inflight import InFlight, Load, Own
+from backends.inflight import InFlight
+from backends.load import Load, Own
 from backends.registry import create_adapter
 from backends.sent import Sent
 from backends.watchdog import Watchdog
@@ -133,7 +134,7 @@ class Fleet:
 
     def prefilled(self, token: int) -> None:
         """The request's first byte arrived (its prompt is processed)."""
-        self._inflight.prefilled(token)
+        self._inflight.prefilled(token, self.clock.time())
 
     def end(self, token: int) -> bool:
         """The request ended (after :meth:`judge`, if it showed anything of the engine); returns

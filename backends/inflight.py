@@ -6,9 +6,11 @@ looked idle, and a slot turnout's own request just left would still look busy. S
 - a request begun after a snapshot counts as running there (its llama.cpp slot as busy), beyond
   the slot count as queued; one the snapshot saw that has ended since no longer runs;
 - vLLM's waiting requests (``queued``) leave out those of turnout's the snapshot may have caught
-  waiting (sent before it, prompt not done by then): a request waits there for the next engine
-  step, so a probe often sees one, and its prompt is in the backlog already. Counted again as
-  waiting, each added ``service_s / running`` to every queue until the next probe;
+  waiting for the next engine step (sent up to ``STEP_LAG_S`` before it, prompt not done by then):
+  a probe often sees one, and its prompt is in the backlog already. Counted again as waiting, each
+  added ``service_s / running`` to every queue until the next probe. One sent earlier and still
+  without a first token waits to be admitted (the batch is full): it counts (val-burst-70: with
+  every request of turnout's taken out, 60 waiting behind 179 running read as a 3-20 s queue);
 - a slot whose request of turnout's ended after the snapshot, or less than ``RELEASE_LAG_S``
   before it (the engine releases a slot a moment after its last event), is idle again;
 - a slot running a request of turnout's says how long it is still predicted to be busy, ``busy_s``:
@@ -39,8 +41,11 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   from the end of its predicted queue wait (the prefill plus, on vLLM, the decode steps run with its
   chunks: ``Sent.interleaved_s``), and nothing once its first token arrived. Both engines process
   the prompt chunks of earlier requests first, so a new request's first token waits for that
-  backlog. A llama.cpp request deferred for its slot is not in the engine yet and comes after a
-  request sent now to an idle slot: its prompt is kept apart, ``deferred_prefill_s`` (a request
+  backlog. Streamed requests without a first token say more: their prompts are not done, whatever
+  their predictions say, and the engine has worked on them only since the latest first token of a
+  prompt none of them came before (``backends.sent.seen_left_s``); the backlog is at least that.
+  A llama.cpp request deferred for its slot is not in the engine yet and comes after a request
+  sent now to an idle slot: its prompt is kept apart, ``deferred_prefill_s`` (a request
   waits behind turnout's own request on its slot until that one ends, and for work a probe saw
   there, not of turnout's, as long as predicted: ``Sent.deferred_s``). Issue #45: counted in the
   backlog, it made a session's idle warm slot look 4 s slow, and the session left for a cold one.
@@ -58,54 +63,24 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from typing import NamedTuple
 
-import msgspec
 from msgspec.structs import replace
 
-from backends.sent import Sent, busy_until
+from backends.load import NONE_OWN, Load, Own
+from backends.sent import Sent, busy_until, seen_left_s
 from policies.types import BackendSnapshot, SlotState
 
 ARRIVALS_WINDOW_S = 30.0
 """How far back ``arrivals_per_s`` counts the requests begun on a backend."""
+STEP_LAG_S = 1.0
+"""A vLLM probe this much younger than a request of turnout's may have caught it waiting for the
+engine's next step (its prompt is in the backlog already); one waiting longer waits to be admitted."""
 FORGET_AFTER_S = 3600.0  # a request not ended by then was lost
 RELEASE_LAG_S = 1.0
 """A slot turnout's request left is still taken for free in a probe this much younger than the
 request's end: llama-server releases the slot after its last event, and a probe taken in between
 (a busy machine: tens to hundreds of milliseconds) still sees it processing. Trusting that probe made
 a session's next turn leave its warm slot for the idle one."""
-
-
-class Load(msgspec.Struct, frozen=True):
-    """Requests in flight on one backend, as another replica sees them: their prefill backlog (what
-    the engines cannot report) and how many."""
-
-    backlog_s: float = 0.0
-    running: int = 0
-    at: float = 0.0
-    """When it was measured (wall clock; 0: now): the engine works the backlog off meanwhile."""
-
-    def backlog_at(self, now: float) -> float:
-        """The backlog left at ``now``: the prefill predicted when measured, less the time since. A
-        replica's word is up to a second old; its request may have long passed its prompt."""
-        return max(0.0, self.backlog_s - max(0.0, now - self.at)) if self.at else self.backlog_s
-
-    def __add__(self, other: Load) -> Load:
-        at = max(self.at, other.at)  # both as of the later measurement
-        return Load(self.backlog_at(at) + other.backlog_at(at), self.running + other.running, at)
-
-
-class Own(NamedTuple):
-    """Turnout's own requests open on one backend."""
-
-    requests: int
-    tokens: int
-    """Their prompt tokens."""
-    prefilling: int
-    """The prompt tokens of those without a first token yet."""
-
-
-NONE_OWN = Own(0, 0, 0)
 
 
 class InFlight:
@@ -115,7 +90,8 @@ class InFlight:
     pinned to a slot apart, and a count of those sent since the backend's last probe: laying them
     over a snapshot costs what the few pinned or still prefilling need, not one look at every
     request in flight (5,000 open streams made that most of the gateway's CPU). A request leaves the
-    prefilling ones at its first token, or once its predicted prefill is over (it adds nothing more).
+    prefilling ones at its first token; one not streamed, once its predicted prefill is over (it
+    adds nothing more: nothing will tell it is done).
     """
 
     def __init__(self) -> None:
@@ -135,6 +111,7 @@ class InFlight:
         self._unprefilled: dict[int, int] = {}  # token -> prompt tokens, until its first token
         self._own: dict[str, Own] = {}  # per backend: requests, their prompt tokens, those before a token
         self._shared: set[int] = set()  # requests whose prefill a warm-up's overlapped (``shared``)
+        self._first_at: dict[str, float] = {}  # per backend, when its latest first token came
 
     def __bool__(self) -> bool:
         # and while slots wait to be saved (the next launch on their backend waits for it)
@@ -190,14 +167,17 @@ class InFlight:
             own = self._own[backend]
             self._own[backend] = Own(own.requests, own.tokens, own.prefilling - tokens)
 
-    def prefilled(self, token: int) -> None:
-        """The request's first token arrived: its prompt is no longer part of the backlog."""
+    def prefilled(self, token: int, now: float) -> None:
+        """The request's first token arrived (at ``now``): its prompt is no longer part of the backlog."""
         backend = self._backend.get(token)
         if backend is None:
             return
-        self._first_token(token, backend)
-        self._prefilling.get(backend, {}).pop(token, None)
+        prefilling = self._prefilling.get(backend, {})
         request = self._open[backend][token]
+        if request.prefill_s > 0 and not any(r.stream for older, r in prefilling.items() if older < token):
+            self._first_at[backend] = now  # no older prompt waits: the engine is on the next ones
+        self._first_token(token, backend)
+        prefilling.pop(token, None)
         if request.prefill_s > 0:
             self._open[backend][token] = replace(request, prefill_s=0.0)
             if request.started <= self._probed_at.get(backend, -math.inf):
@@ -275,13 +255,14 @@ class InFlight:
         prefilling = self._prefilling.get(backend)
         if not prefilling:
             return 0.0, 0.0, 0.0
-        over = [token for token, r in prefilling.items() if r.prefilled_by <= now]
+        over = [token for token, r in prefilling.items() if r.prefilled_by <= now and not r.stream]
         for token in over:
             del prefilling[token]
         first: dict[int, Sent] = {}  # per slot, the oldest request of turnout's open there: it runs
         for request in self._slotted.get(backend, {}).values():
             first.setdefault(request.slot, request)  # type: ignore[arg-type]
-        engine = deferred = warming = 0.0
+        engine = deferred = warming = predicted = 0.0
+        watched: list[Sent] = []  # streamed, in the engine: their first tokens say what is left
         for request in prefilling.values():
             behind = request.slot is not None and first.get(request.slot) is not request
             if behind or request.deferred_at(now):
@@ -290,7 +271,11 @@ class InFlight:
                 left = request.prefill_left_s(now)
                 engine += left
                 warming += left if request.warm else 0.0
-        return engine, deferred, warming
+                if request.stream:
+                    watched.append(request)
+                    predicted += left
+        seen = seen_left_s(watched, self._first_at.get(backend, -math.inf), now)
+        return engine + max(seen - predicted, 0.0), deferred, warming
 
     def load(self, now: float) -> dict[str, Load]:
         """This replica's requests per backend, for the other replicas."""
@@ -317,7 +302,7 @@ class InFlight:
         slots = self._slots(snapshot, ended, now, unsaved)
         backlog, deferred, warming = self._backlog(backend, now)
         backlog += (peers or Load()).backlog_at(now)
-        running, queued = self._counts(snapshot, latest, gone)
+        running, queued = self._counts(snapshot, latest, gone, now)
         return replace(
             snapshot,
             running=running,
@@ -361,7 +346,7 @@ class InFlight:
             for s in snapshot.slots
         )
 
-    def _counts(self, snapshot: BackendSnapshot, latest: bool, gone: int) -> tuple[int, int]:
+    def _counts(self, snapshot: BackendSnapshot, latest: bool, gone: int, now: float) -> tuple[int, int]:
         """The probe's running and queued requests, with turnout's since (module docstring); ``gone``:
         those it saw that have ended. Of a snapshot that is not the latest (``latest``) only the
         requests sent after it are known."""
@@ -371,7 +356,10 @@ class InFlight:
         capacity = snapshot.total_slots
         if capacity:
             return min(running, capacity), snapshot.queued + max(0, running - capacity)
-        prefilling = self._prefilling.get(backend, {}).values()  # after ``_backlog``: still predicted so
-        caught = sum(1 for r in prefilling if r.started <= snapshot.taken_at)
+        # turnout's prompts caught waiting for the engine's next step (older ones wait to be admitted)
+        prefilling = self._prefilling.get(backend, {}).values()
+        caught = sum(
+            1 for r in prefilling if snapshot.taken_at - STEP_LAG_S <= r.started <= snapshot.taken_at
+        )
         caught += self._begun.get(backend, 0) if latest else 0
         return running, max(snapshot.queued - caught, 0)

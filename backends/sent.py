@@ -7,7 +7,7 @@ the gateway builds from a decision (``gateway.lifecycle.in_flight``, ``gateway.w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -34,6 +34,9 @@ class Sent(msgspec.Struct, frozen=True):
     token count does not: it is not an arrival in ``arrivals_per_s``)."""
     warm: bool = False
     """A background warm-up of a llama.cpp slot (``gateway.warming``): no client waits for it."""
+    stream: bool = False
+    """Streamed: its first token is seen when it comes (``InFlight.prefilled``), so until then its
+    prompt is known unprocessed, however long ago its prediction said it would be (``seen_left_s``)."""
 
     def prefill_left_s(self, now: float) -> float:
         """Seconds of prompt processing still to do: ``prefill_s``, worked off over its predicted
@@ -61,6 +64,28 @@ class Sent(msgspec.Struct, frozen=True):
     def prefilled_by(self) -> float:
         """When its prompt is predicted processed: no backlog left from then on."""
         return self.started + self.queue_s + self.prefill_span_s
+
+
+def seen_left_s(watched: Sequence[Sent], since: float, now: float) -> float:
+    """Seconds of prompt processing the streamed requests in an engine without a first token
+    (``watched``, in the order sent) still need, as observed: the engine works prompts in the order
+    they came, and it has worked on these since the oldest was sent or the latest first token on
+    that backend came (``since``), whichever is later; their predicted spans less that time, but at
+    least ``OVERDUE_FLOOR`` of the oldest one's (it has no first token yet), in prefill seconds.
+
+    Each request's predicted queue and span (``Sent.prefill_left_s``) are worked off on the clock
+    whatever the engine does: on a saturated vLLM they ran out while the prompts still waited
+    (val-mooncake-synthetic: 150k tokens of prompts without a first token, ~25 s of work, read as
+    0-2 s), and every later request was sent into a queue predicted empty."""
+    if not watched:
+        return 0.0
+    head = watched[0]
+    work = sum(request.prefill_s for request in watched)
+    span = work + max(request.interleaved_s for request in watched)
+    if span <= 0:
+        return 0.0
+    left = max(span - max(now - max(head.started, since), 0.0), OVERDUE_FLOOR * head.prefill_span_s)
+    return left * work / span
 
 
 def busy_until(requests: Iterable[Sent], now: float) -> float:

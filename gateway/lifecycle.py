@@ -56,6 +56,7 @@ def in_flight(decision: Decision, now: float, features: RequestFeatures | None =
         now,
         prompt_tokens=features.prompt_tokens if features is not None else 0,
         holds=features is None or features.endpoint is not Endpoint.COUNT_TOKENS,
+        stream=features is not None and features.stream,
     )
     if chosen is None or chosen.estimate is None:
         return request

@@ -22,7 +22,7 @@ import msgspec
 import structlog
 
 from backends.fleet import Fleet
-from backends.inflight import Load
+from backends.load import Load
 from gateway.routing import Router
 from policies.learning import DeploymentStats, Ewma, LearnedState, ModelStats
 from policies.learning_merge import merge

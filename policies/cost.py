@@ -58,8 +58,9 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                hold stands for (docs/benchmarks.md, 2026-12-05)
 
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
-               there (both engines process earlier prompt chunks first; ``backends.inflight``);
-               vLLM at least queued * service_s / running from its own waiting queue
+               there (both engines process earlier prompt chunks first; ``backends.inflight``: at
+               least what streamed prompts without a first token still need, as the engine's clock
+               says); vLLM at least queued * service_s / running from its own waiting queue
                (on llama.cpp without the prompts of requests deferred for a busy slot: they
                start after this one)
                a busy llama.cpp slot: what its request is predicted to still need (``busy_s``), plus

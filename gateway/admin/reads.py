@@ -10,7 +10,7 @@ from typing import Any
 
 import structlog
 
-from backends.inflight import Load
+from backends.load import Load
 from gateway.admin import accuracy, bought, slots, whatif
 from gateway.admin.auth import AdminAuth
 from gateway.admin.learned import learned_row

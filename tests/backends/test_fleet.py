@@ -11,7 +11,8 @@ from msgspec.structs import replace
 from backends.base import BackendSpec
 from backends.clock import VirtualClock
 from backends.fleet import Fleet
-from backends.inflight import ARRIVALS_WINDOW_S, RELEASE_LAG_S, Load
+from backends.inflight import ARRIVALS_WINDOW_S, RELEASE_LAG_S, STEP_LAG_S
+from backends.load import Load
 from backends.sent import OVERDUE_FLOOR, Sent
 from policies import EngineKind, Health, SlotState
 
@@ -331,6 +332,44 @@ def test_vllm_waiting_requests_leave_out_turnouts_own(fleet: Fleet) -> None:
     assert fleet.snapshots()[1].queued == 1
     fleet.observe(replace(probe, running=3, queued=1, taken_at=NOW - 0.5))
     assert fleet.snapshots()[1].queued == 1  # a newer probe: it was not waiting then
+
+
+def test_a_streamed_prompt_without_its_first_token_is_still_in_the_backlog(fleet: Fleet) -> None:
+    """A streamed prompt's first token says when it is processed: past its predicted span without
+    one, the engine is behind the prediction and the prompt still waits (val-mooncake-synthetic:
+    150k tokens of prompts without a first token read as a 0-2 s queue, and the next requests were
+    sent into it). A prompt not streamed shows nothing until its answer ends: its prediction stands."""
+    fleet.begin(Sent("vllm", None, NOW - 10.0, queue_s=0.0, prefill_s=2.0, interleaved_s=1.0, stream=True))
+    fleet.begin(Sent("vllm", None, NOW - 9.0, queue_s=3.0, prefill_s=4.0, stream=True))
+    fleet.begin(Sent("llama", None, NOW - 10.0, queue_s=0.0, prefill_s=2.0))  # not streamed
+    llama, vllm = fleet.snapshots()
+    assert llama.prefill_backlog_s == 0.0  # its predicted span is over
+    # 7 s of predicted spans, 10 s on the clock: the oldest prompt's floor, in prefill seconds
+    assert vllm.prefill_backlog_s == pytest.approx(OVERDUE_FLOOR * 3.0 * 6.0 / 7.0)
+
+
+def test_the_engine_works_the_backlog_from_the_latest_first_token_it_owed(fleet: Fleet) -> None:
+    """The engine processes prompts in the order they came: the first token of the oldest prompt
+    starts the clock on the next ones (a prompt predicted done 5 s ago may have waited all that
+    time behind the one before it); a later prompt's first token, past one still waiting, does not."""
+    old = fleet.begin(Sent("vllm", None, NOW - 10.0, prefill_s=4.0, stream=True))
+    fleet.begin(Sent("vllm", None, NOW - 9.0, queue_s=4.0, prefill_s=1.0, stream=True))
+    short = fleet.begin(Sent("vllm", None, NOW - 8.0, queue_s=5.0, prefill_s=0.5, stream=True))
+    fleet.prefilled(short)  # overtook the two before it: no word on them
+    assert fleet.snapshots()[1].prefill_backlog_s == pytest.approx(OVERDUE_FLOOR * 4.0)
+    fleet.prefilled(old)  # just now: the next prompt has all of its prefill to go
+    assert fleet.snapshots()[1].prefill_backlog_s == pytest.approx(1.0)
+
+
+def test_vllm_requests_waiting_longer_than_a_step_wait_to_be_admitted(fleet: Fleet) -> None:
+    """A probe catches a request of turnout's waiting for the engine's next step only in the moment
+    after it was sent; one sent well before the probe and still waiting waits for room in the batch
+    (val-burst-70: 179 sequences running, 60 waiting, each wait predicted 3-20 s and 60-110 s long)."""
+    fleet.begin(Sent("vllm", None, NOW - 30.0, queue_s=30.0, prefill_s=10.0, stream=True))
+    fleet.begin(Sent("vllm", None, NOW - 1.0 - STEP_LAG_S / 2, queue_s=30.0, prefill_s=10.0, stream=True))
+    probe = fleet.snapshots()[1]
+    fleet.observe(replace(probe, running=179, queued=2, taken_at=NOW - 1.0))
+    assert fleet.snapshots()[1].queued == 1
 
 
 def test_requests_ended_since_the_probe_no_longer_run(fleet: Fleet) -> None:

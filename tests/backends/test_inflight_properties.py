@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from backends.inflight import ARRIVALS_WINDOW_S, FORGET_AFTER_S, RELEASE_LAG_S, InFlight
-from backends.sent import Sent, busy_until
+from backends.inflight import ARRIVALS_WINDOW_S, FORGET_AFTER_S, RELEASE_LAG_S, STEP_LAG_S, InFlight
+from backends.sent import Sent, busy_until, seen_left_s
 from policies.types import BackendSnapshot, EngineKind, Health, SlotState
 
 BACKENDS = ("llama", "vllm")
@@ -25,10 +25,12 @@ def naive_overlay(
     since: Since | None = None,
     begun: list[Sent] | None = None,
     tokens: dict[tuple[str, int], int] | None = None,
+    anchor: float = float("-inf"),
 ) -> BackendSnapshot:
     """``since``: what happened since ``snapshot`` when it is the backend's latest probe; ``begun``:
     every request ever begun (ended ones too: they count in the arrival rate); ``tokens``: the prompt
-    tokens of each slot's last ended request."""
+    tokens of each slot's last ended request; ``anchor``: when the backend's latest first token came
+    that no older streamed prompt still waited behind."""
     recent = [
         r for r in begun or [] if r.backend_id == snapshot.backend_id and r.started > now - ARRIVALS_WINDOW_S
     ]
@@ -67,12 +69,20 @@ def naive_overlay(
     if capacity:
         queued = snapshot.queued + max(0, running - capacity)
         running = min(running, capacity)
-    else:  # vLLM: less turnout's requests it may have caught waiting
+    else:  # vLLM: less turnout's requests it may have caught waiting for its next step
         waiting = [
-            r for r in mine if r.prefill_s > 0 and r.prefilled_by > now and r.started <= snapshot.taken_at
+            r
+            for r in mine
+            if r.prefill_s > 0
+            and (r.stream or r.prefilled_by > now)
+            and snapshot.taken_at - STEP_LAG_S <= r.started <= snapshot.taken_at
         ]
         queued = max(snapshot.queued - len(waiting) - since.prefilled, 0)
-    backlog = sum(r.prefill_left_s(now) for r in mine)
+    # a streamed prompt without its first token still needs what its engine's clock says
+    watched = [r for r in mine if r.stream and r.prefill_s > 0]
+    predicted = sum(r.prefill_left_s(now) for r in watched)
+    seen = seen_left_s(watched, anchor, now)
+    backlog = sum(r.prefill_left_s(now) for r in mine) + max(seen - predicted, 0.0)
     return replace(snapshot, running=running, queued=queued, slots=slots, prefill_backlog_s=backlog)
 
 
@@ -122,11 +132,21 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
     tokens: list[int] = []
     probed: dict[str, BackendSnapshot] = {}
     since: dict[str, Since] = {}
+    anchor: dict[str, float] = {}
     clock = 0.0
 
     def same(backend: str, at: float) -> None:
         seen = probed.get(backend) or snapshot(backend, taken_at)
-        expected = naive_overlay(list(live.values()), ended, seen, at, since.get(backend), begun, held)
+        expected = naive_overlay(
+            list(live.values()),
+            ended,
+            seen,
+            at,
+            since.get(backend),
+            begun,
+            held,
+            anchor.get(backend, float("-inf")),
+        )
         got = inflight.overlay(seen, at)
         assert (got.running, got.queued, got.prefill_backlog_s) == (
             expected.running,
@@ -141,7 +161,10 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
     for kind, backend, slot, total, prefill, pick in script:
         clock += 1.0
         if kind == "begin":
-            request = Sent(backend, slot if backend == "llama" else None, clock, total, 0.5, prefill)
+            if backend == "llama":  # its prompt deferred: the slots' rules are the point here
+                request = Sent(backend, slot, clock, total, 0.5, deferred_s=prefill)
+            else:  # vLLM: its prompt in the backlog, seen through its first token when streamed
+                request = Sent(backend, None, clock, total, 0.5, prefill_s=prefill, stream=pick % 2 == 0)
             token = inflight.begin(request)
             live[token] = request
             begun.append(request)
@@ -155,8 +178,15 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
         elif tokens:
             token = tokens[pick % len(tokens)]
             if kind == "prefilled" and token in live:
-                inflight.prefilled(token)
+                inflight.prefilled(token, clock)
                 request = live[token]
+                older = [
+                    t
+                    for t, r in live.items()
+                    if t < token and r.backend_id == request.backend_id and r.stream
+                ]
+                if request.prefill_s > 0 and not any(live[t].prefill_s > 0 for t in older):
+                    anchor[request.backend_id] = clock
                 if request.prefill_s > 0 and before_probe(request):
                     since[request.backend_id].prefilled += 1
                 live[token] = replace(request, prefill_s=0.0)
@@ -175,7 +205,14 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
         mine = [r for r in live.values() if r.backend_id == backend]
         if mine:
             assert load[backend].running == len(mine)
-            assert abs(load[backend].backlog_s - sum(r.prefill_left_s(now) for r in mine)) < 1e-9
+            expected = naive_overlay(
+                list(live.values()),
+                {},
+                snapshot(backend, now),
+                now,
+                anchor=anchor.get(backend, float("-inf")),
+            )
+            assert abs(load[backend].backlog_s - expected.prefill_backlog_s) < 1e-9
 
 
 def test_a_request_never_ended_is_forgotten_after_an_hour_of_probes() -> None:

@@ -50,7 +50,10 @@ async def scenario() -> None:
         assert lease.last_used == clock.time()  # the lease is stamped in virtual time
         assert router.live.count(clock.time()) == 1
 
-        sent = in_flight(routed.decision, clock.time())
+        sent = in_flight(routed.decision, clock.time(), features)
+        assert not sent.stream  # its first token comes with its answer: the prediction stands meanwhile
+        streamed = extract({**BODY, "stream": True}, Endpoint.CHAT, model="m")
+        assert in_flight(routed.decision, clock.time(), streamed).stream  # its first token is seen
         token = fleet.begin(sent)
         clock.advance_to(130.0)
         assert fleet.load()["llama"].running == 1

@@ -24,7 +24,7 @@ def test_the_fleet_counts_its_own_requests_and_their_tokens_until_they_end() -> 
     first = flights.begin(Sent("a", None, 0.0, prompt_tokens=1000))
     flights.begin(Sent("a", 0, 0.0, prompt_tokens=300))
     assert flights.own("a") == (2, 1300, 1300)
-    flights.prefilled(first)
+    flights.prefilled(first, 0.0)
     assert flights.own("a") == (2, 1300, 300)
     flights.end(first, 1.0)
     assert flights.own("a") == (1, 300, 300)
