@@ -132,9 +132,10 @@ class Fleet:
         """This gateway's own requests open on ``backend_id`` (``InFlight.own``)."""
         return self._inflight.own(backend_id)
 
-    def prefilled(self, token: int) -> None:
-        """The request's first byte arrived (its prompt is processed)."""
-        self._inflight.prefilled(token, self.clock.time())
+    def prefilled(self, token: int, *, seen: bool = True) -> None:
+        """The request's first token arrived (its prompt is processed); ``seen`` False: its prompt
+        left the engine without one (``InFlight.prefilled``)."""
+        self._inflight.prefilled(token, self.clock.time(), seen=seen)
 
     def end(self, token: int) -> bool:
         """The request ended (after :meth:`judge`, if it showed anything of the engine); returns

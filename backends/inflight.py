@@ -42,13 +42,17 @@ looked idle, and a slot turnout's own request just left would still look busy. S
   chunks: ``Sent.interleaved_s``), and nothing once its first token arrived. Both engines process
   the prompt chunks of earlier requests first, so a new request's first token waits for that
   backlog. Streamed requests without a first token say more: their prompts are not done, whatever
-  their predictions say, and the engine has worked on them only since the latest first token of a
-  prompt none of them came before (``backends.sent.seen_left_s``); the backlog is at least that.
-  A llama.cpp request deferred for its slot is not in the engine yet and comes after a request
-  sent now to an idle slot: its prompt is kept apart, ``deferred_prefill_s`` (a request
+  their predictions say, and the engine has worked on them only since the latest first token of the
+  oldest streamed prompt still waiting there (``backends.sent.seen_left_s``); the backlog is at
+  least that. (A llama.cpp prompt deferred for its slot counts as waiting there too: it keeps that
+  clock until its first token, and the estimate errs low.) A request not streamed, or whose answer
+  comes whole (the Envoy picker's buffered mode), tells nothing before it ends: its prediction
+  stands. A llama.cpp request deferred for its slot is not in the engine yet and comes after a
+  request sent now to an idle slot: its prompt is kept apart, ``deferred_prefill_s`` (a request
   waits behind turnout's own request on its slot until that one ends, and for work a probe saw
-  there, not of turnout's, as long as predicted: ``Sent.deferred_s``). Issue #45: counted in the
-  backlog, it made a session's idle warm slot look 4 s slow, and the session left for a cold one.
+  there, not of turnout's, as long as predicted: ``Sent.deferred_s``; streamed, until its first
+  token: past its predicted span it has still not run). Issue #45: counted in the backlog, it made
+  a session's idle warm slot look 4 s slow, and the session left for a cold one.
 
 Other gateway replicas on the same engines publish their requests' ``Load`` (``gateway.replicas``):
 their prefill backlog adds to this one's, less the time since they measured it (the engine works it
@@ -111,7 +115,8 @@ class InFlight:
         self._unprefilled: dict[int, int] = {}  # token -> prompt tokens, until its first token
         self._own: dict[str, Own] = {}  # per backend: requests, their prompt tokens, those before a token
         self._shared: set[int] = set()  # requests whose prefill a warm-up's overlapped (``shared``)
-        self._first_at: dict[str, float] = {}  # per backend, when its latest first token came
+        self._first_at: dict[str, float] = {}  # per backend, when the engine got past its streamed prompts
+        self._waiting: dict[str, dict[int, None]] = {}  # per backend, streamed prompts before a token
 
     def __bool__(self) -> bool:
         # and while slots wait to be saved (the next launch on their backend waits for it)
@@ -128,6 +133,8 @@ class InFlight:
         if request.prefill_s > 0:
             self._overlap(token, request)
             self._prefilling.setdefault(backend, {})[token] = request
+            if request.stream:
+                self._waiting.setdefault(backend, {})[token] = None
         if request.slot is not None:
             self._slotted.setdefault(backend, {})[token] = request
         if request.started > self._probed_at.get(backend, -math.inf):
@@ -167,20 +174,24 @@ class InFlight:
             own = self._own[backend]
             self._own[backend] = Own(own.requests, own.tokens, own.prefilling - tokens)
 
-    def prefilled(self, token: int, now: float) -> None:
-        """The request's first token arrived (at ``now``): its prompt is no longer part of the backlog."""
+    def prefilled(self, token: int, now: float, *, seen: bool = True) -> None:
+        """The request's first token arrived (at ``now``): its prompt is no longer part of the
+        backlog. The oldest streamed prompt still waiting there: the engine is on the next ones from
+        now (``seen_left_s``); ``seen`` False: its prompt left the engine without a first token (a
+        data plane's fallback answered), which says nothing of the others."""
         backend = self._backend.get(token)
         if backend is None:
             return
-        prefilling = self._prefilling.get(backend, {})
         request = self._open[backend][token]
-        if request.prefill_s > 0 and not any(r.stream for older, r in prefilling.items() if older < token):
-            self._first_at[backend] = now  # no older prompt waits: the engine is on the next ones
+        waiting = self._waiting.get(backend, {})
+        if seen and waiting and next(iter(waiting)) == token:
+            self._first_at[backend] = now
+        waiting.pop(token, None)
         self._first_token(token, backend)
-        prefilling.pop(token, None)
+        self._prefilling.get(backend, {}).pop(token, None)
         if request.prefill_s > 0:
             self._open[backend][token] = replace(request, prefill_s=0.0)
-            if request.started <= self._probed_at.get(backend, -math.inf):
+            if self._caught(request, self._probed_at.get(backend, -math.inf)):
                 self._begun[backend] = self._begun.get(backend, 0) + 1
 
     def end(self, token: int, now: float) -> str | None:
@@ -212,6 +223,7 @@ class InFlight:
         if backend is None:
             return None
         self._prefilling.get(backend, {}).pop(token, None)
+        self._waiting.get(backend, {}).pop(token, None)
         self._slotted.get(backend, {}).pop(token, None)
         request = self._open[backend].pop(token)
         self._first_token(token, backend)
@@ -240,6 +252,13 @@ class InFlight:
         self._probed_at[backend] = snapshot.taken_at
         self._newer[backend] = self._count_newer(backend, snapshot.taken_at)
         self._gone[backend] = self._begun[backend] = 0
+
+    @staticmethod
+    def _caught(request: Sent, probed_at: float) -> bool:
+        """Whether a vLLM probe taken at ``probed_at`` may have counted ``request`` waiting for the
+        engine's next step (its prompt in the backlog already); one sent earlier that still waited
+        waited to be admitted (module docstring)."""
+        return probed_at - STEP_LAG_S <= request.started <= probed_at
 
     def _count_newer(self, backend: str, since: float) -> int:
         """Requests open on ``backend`` that began after ``since`` (newest first: they were sent in order)."""
@@ -302,7 +321,7 @@ class InFlight:
         slots = self._slots(snapshot, ended, now, unsaved)
         backlog, deferred, warming = self._backlog(backend, now)
         backlog += (peers or Load()).backlog_at(now)
-        running, queued = self._counts(snapshot, latest, gone, now)
+        running, queued = self._counts(snapshot, latest, gone)
         return replace(
             snapshot,
             running=running,
@@ -346,7 +365,7 @@ class InFlight:
             for s in snapshot.slots
         )
 
-    def _counts(self, snapshot: BackendSnapshot, latest: bool, gone: int, now: float) -> tuple[int, int]:
+    def _counts(self, snapshot: BackendSnapshot, latest: bool, gone: int) -> tuple[int, int]:
         """The probe's running and queued requests, with turnout's since (module docstring); ``gone``:
         those it saw that have ended. Of a snapshot that is not the latest (``latest``) only the
         requests sent after it are known."""
@@ -356,10 +375,8 @@ class InFlight:
         capacity = snapshot.total_slots
         if capacity:
             return min(running, capacity), snapshot.queued + max(0, running - capacity)
-        # turnout's prompts caught waiting for the engine's next step (older ones wait to be admitted)
-        prefilling = self._prefilling.get(backend, {}).values()
         caught = sum(
-            1 for r in prefilling if snapshot.taken_at - STEP_LAG_S <= r.started <= snapshot.taken_at
+            1 for r in self._prefilling.get(backend, {}).values() if self._caught(r, snapshot.taken_at)
         )
         caught += self._begun.get(backend, 0) if latest else 0
         return running, max(snapshot.queued - caught, 0)

@@ -8,7 +8,7 @@ travel through its stream (``gateway.state.prompt_log``). Twice a second each re
   (``policies.learning_merge.merge``: merged, never overwritten, nothing counted twice);
 - publishes its requests in flight per backend (``load``, gone ``LOAD_TTL_S`` after the replica's last
   word: a replica that dies stops counting), and lays the others' prefill backlog over its
-  snapshots (``backends.inflight.Load``).
+  snapshots (``backends.load.Load``).
 
 With the in-memory store there is no one to share with and nothing runs.
 """

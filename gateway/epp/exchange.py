@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import msgspec
 import structlog
+from msgspec.structs import replace
 
 from backends.base import UPSTREAM_PATHS, Adapter, UpstreamRequest
 from gateway.completion import Completion, measured
@@ -193,7 +194,10 @@ class Exchange:
         except GatewayError as exc:
             await self._refuse(exc)
             return
-        self.token = core.fleet.begin(in_flight(decision, core.fleet.clock.time(), routed.features))
+        sent = in_flight(decision, core.fleet.clock.time(), routed.features)
+        # its first token is seen only through a streamed response body (a buffered one comes whole)
+        seen = sent.stream and self.response_mode != wire.BUFFERED_MODE
+        self.token = core.fleet.begin(replace(sent, stream=seen))
         core.lifecycle.warming.start(endpoint, body, routed)  # turnout's own: the next turn's slot
         url = urlsplit(upstream.url)
         headers = {":path": url.path + (f"?{url.query}" if url.query else ""), **dict(upstream.headers)}
@@ -273,6 +277,8 @@ class Exchange:
         foreign = False
         if served is not None and served != picked:  # a data plane's fallback: not what was predicted
             log.warning("epp.served_elsewhere", picked=picked, served=served)
+            if self.token is not None:  # the primary holds its prompt no longer: no word on its others
+                self.core.fleet.prefilled(self.token, seen=False)
             self.served_by = self.named.get(served)
             if self.served_by is not None:  # one the picker named: the primary failed before answering
                 self.core.fleet.judge(upstream.backend_id, f"the data plane fell back to {self.served_by}")
@@ -316,7 +322,7 @@ class Exchange:
         await self._settle(status or self.record.status, self.record.error)
 
     def _prefilled(self) -> None:
-        if self.token is not None:
+        if self.token is not None and self.served_by is None:  # another engine's token says nothing here
             self.core.fleet.prefilled(self.token)
 
     # --- the end ----------------------------------------------------------------------------------

@@ -361,6 +361,15 @@ def test_the_engine_works_the_backlog_from_the_latest_first_token_it_owed(fleet:
     assert fleet.snapshots()[1].prefill_backlog_s == pytest.approx(1.0)
 
 
+def test_a_prompt_that_left_without_a_first_token_says_nothing_of_the_others(fleet: Fleet) -> None:
+    """A data plane's fallback answered instead (the Envoy picker): the engine no longer holds that
+    prompt, but no first token came from it, so the prompts behind it have not started."""
+    old = fleet.begin(Sent("vllm", None, NOW - 10.0, prefill_s=4.0, stream=True))
+    fleet.begin(Sent("vllm", None, NOW - 9.0, queue_s=4.0, prefill_s=1.0, stream=True))
+    fleet.prefilled(old, seen=False)
+    assert fleet.snapshots()[1].prefill_backlog_s == pytest.approx(OVERDUE_FLOOR * 1.0)
+
+
 def test_vllm_requests_waiting_longer_than_a_step_wait_to_be_admitted(fleet: Fleet) -> None:
     """A probe catches a request of turnout's waiting for the engine's next step only in the moment
     after it was sent; one sent well before the probe and still waiting waits for room in the batch

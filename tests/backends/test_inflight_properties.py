@@ -88,8 +88,8 @@ def naive_overlay(
 
 @dataclass
 class Since:
-    """Of the requests sent before a backend's latest probe: how many ended since, and how many got
-    their first token since."""
+    """Of the requests sent before a backend's latest probe: how many ended since, and how many of
+    those it may have caught waiting for the engine's next step got their first token since."""
 
     ended: int = 0
     prefilled: int = 0
@@ -155,6 +155,10 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
         )
         assert got == expected
 
+    def caught_waiting(request: Sent) -> bool:  # by the backend's probe, for the engine's next step
+        probe = probed.get(request.backend_id)
+        return probe is not None and probe.taken_at - STEP_LAG_S <= request.started <= probe.taken_at
+
     def before_probe(request: Sent) -> bool:
         return request.backend_id in probed and request.started <= probed[request.backend_id].taken_at
 
@@ -187,7 +191,7 @@ def test_the_overlay_is_what_one_look_at_every_request_gives(
                 ]
                 if request.prefill_s > 0 and not any(live[t].prefill_s > 0 for t in older):
                     anchor[request.backend_id] = clock
-                if request.prefill_s > 0 and before_probe(request):
+                if request.prefill_s > 0 and caught_waiting(request):
                     since[request.backend_id].prefilled += 1
                 live[token] = replace(request, prefill_s=0.0)
             elif kind == "end" and inflight.end(token, clock) is not None:
