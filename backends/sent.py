@@ -69,9 +69,10 @@ class Sent(msgspec.Struct, frozen=True):
 def seen_left_s(watched: Sequence[Sent], since: float, now: float) -> float:
     """Seconds of prompt processing the streamed requests in an engine without a first token
     (``watched``, in the order sent) still need, as observed: the engine works prompts in the order
-    they came, and it has worked on these since the oldest was sent or the latest first token on
-    that backend came (``since``), whichever is later; their predicted spans less that time, but at
-    least ``OVERDUE_FLOOR`` of the oldest one's (it has no first token yet), in prefill seconds.
+    they came, and it has worked on these since the oldest was sent or the first token of the
+    streamed prompt before them came (``since``), whichever is later; their predicted spans less
+    that time, but at least ``OVERDUE_FLOOR`` of the oldest one's (it has no first token yet), in
+    prefill seconds.
 
     Each request's predicted queue and span (``Sent.prefill_left_s``) are worked off on the clock
     whatever the engine does: on a saturated vLLM they ran out while the prompts still waited

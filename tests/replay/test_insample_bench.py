@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import re
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
 from gateway.replay.report import percentile
+from tests.replay.bench_scripts import bench_scripts
 
-BENCH = str(Path(__file__).resolve().parents[2] / "bench")
-sys.path.insert(0, BENCH)  # bench/ holds scripts, not a package
-try:
-    import insample_cost
-finally:  # its modules (routing, state, ...) must not shadow anything for the tests after this one
-    while BENCH in sys.path:
-        sys.path.remove(BENCH)
+(insample_cost,) = bench_scripts("insample_cost")
 
 
 def test_a_rows_draws_are_pooled_request_by_request(

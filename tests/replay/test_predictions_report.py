@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.replay.results import Result
+from tests.replay.bench_scripts import bench_scripts
 
-BENCH = str(Path(__file__).resolve().parents[2] / "bench")
-sys.path.insert(0, BENCH)  # bench/ holds scripts, not a package
-try:
-    import predictions
-finally:  # its modules (routing, state, ...) must not shadow anything for the tests after this one
-    while BENCH in sys.path:
-        sys.path.remove(BENCH)
+(predictions,) = bench_scripts("predictions")
 
 
 def result(index: int, ttft_s: float, cached: int) -> Result:

@@ -5,19 +5,14 @@ until the switch before it has ended."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-BENCH = str(Path(__file__).resolve().parents[2] / "bench")
-sys.path.insert(0, BENCH)
-try:
-    import residency
-finally:
-    while BENCH in sys.path:
-        sys.path.remove(BENCH)
+from tests.replay.bench_scripts import bench_scripts
+
+(residency,) = bench_scripts("residency")
 
 from gateway.replay.generate import agent_trace  # noqa: E402
 

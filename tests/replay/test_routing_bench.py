@@ -5,21 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = str(Path(__file__).resolve().parents[2] / "bench")
-sys.path.insert(0, BENCH)  # bench/ holds scripts, not a package
-try:
-    import routing
-    import routing_peers
-    import routing_report
-    import routing_validation
-finally:  # its modules must not shadow anything for the tests after this one
-    while BENCH in sys.path:
-        sys.path.remove(BENCH)
+from tests.replay.bench_scripts import bench_scripts
+
+routing, routing_peers, routing_report, routing_validation = bench_scripts(
+    "routing", "routing_peers", "routing_report", "routing_validation"
+)
 
 
 def test_draw_range_reads_a_span_or_a_count() -> None:
