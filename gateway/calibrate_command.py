@@ -169,6 +169,9 @@ def summary(profile: EngineProfile) -> str:
             f" + {cache.ram_save_checkpoint_s * 1000:.1f} ms a checkpoint held"
             " (taken out of the prefill points)"
         )
-        lines.append(f"  restore  a context checkpoint {cache.checkpoint_restore_s * 1000:.1f} ms")
+        lines.append(
+            f"  checkpoint  taken {p.checkpoint_s * 1000:.1f} ms each (taken out of the prefill points),"
+            f" restored {cache.checkpoint_restore_s * 1000:.1f} ms"
+        )
     lines.extend(f"  note     {note}" for note in profile.notes)
     return "\n".join(lines)

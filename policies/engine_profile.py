@@ -21,7 +21,10 @@ checkpoints) the last ``4 + ubatch`` and the last 4 tokens of a prompt go in ste
 the server can checkpoint the recurrent state there (llama.cpp PR 20288), and a step ends where the
 last user message starts (``user_start``; the pinned server's prompt loop, "break at the last user
 message"): a warm chat turn re-processes the previous answer and then the new user message, two
-micro-batches where one would do (measured on Flash-Next's shape, docs/calibrate.md).
+micro-batches where one would do (measured on Flash-Next's shape, docs/calibrate.md). Each checkpoint
+it takes there (``checkpoint_positions``) costs ``checkpoint_s``: a copy of the recurrent state off the
+GPU, which every slot waits for (on the H100's 27B, ~150 MiB in ~0.12 s: three of them are most of a
+short warm turn).
 
 **Decode**: one step giving each of ``n`` sequences one token, with ``context`` tokens among them::
 
@@ -81,6 +84,9 @@ class PrefillModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request_s: float = 0.0
     """Fixed seconds per request with a prompt to process, before its first token: the engine's
     parsing, slot selection, saving idle slots to the RAM cache, the first sampling."""
+    checkpoint_s: float = 0.0
+    """With ``checkpoint_splits``: seconds per context checkpoint the server takes while it processes
+    a prompt (``checkpoint_positions``; 0: not measured)."""
 
     @property
     def checkpoint_gap(self) -> int:
@@ -90,6 +96,7 @@ class PrefillModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         _positive("prefill.request_s", self.request_s, allow_zero=True)
+        _positive("prefill.checkpoint_s", self.checkpoint_s, allow_zero=True)
         _positive("prefill.token_s", self.token_s, allow_zero=True)
         _positive("prefill.batch_s", self.batch_s, allow_zero=True)
         _positive("prefill.context_s", self.context_s, allow_zero=True)
@@ -258,9 +265,18 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def prefill_seconds(self, new: int, cached: int = 0, user_start: int = -1) -> float:
         """Seconds to process ``new`` prompt tokens after ``cached`` reused ones (no other work), the
-        request's fixed cost included (``user_start``: ``step_tokens``)."""
+        request's fixed cost and its context checkpoints included (``user_start``: ``step_tokens``)."""
         steps = self.prefill_steps(new, cached, user_start)
-        return sum(self.chunk_seconds(n, p, first=p == cached) for n, p in steps)
+        chunks = sum(self.chunk_seconds(n, p, first=p == cached) for n, p in steps)
+        return chunks + self.checkpoints_seconds(new + cached, cached, user_start)
+
+    def checkpoints_seconds(self, prompt: int, n_past: int, user_start: int = -1) -> float:
+        """Seconds the context checkpoints cost that the server takes processing a prompt of ``prompt``
+        tokens from ``n_past`` (``checkpoint_s`` each; 0 without ``checkpoint_splits``)."""
+        p = self.prefill
+        if not p.checkpoint_splits or p.checkpoint_s <= 0:
+            return 0.0
+        return p.checkpoint_s * len(checkpoint_positions(prompt, n_past, p.checkpoint_gap, user_start))
 
     def prefill_steps(self, new: int, cached: int = 0, user_start: int = -1) -> Iterator[tuple[int, int]]:
         """The engine steps (tokens, context before them) a prompt's ``new`` tokens run in."""
@@ -301,6 +317,16 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def ram_restore_seconds(self, tokens: int) -> float:
         """Seconds to load ``tokens`` tokens of a saved slot back from the RAM cache."""
         return tokens * self.cache.ram_restore_token_s
+
+
+def checkpoint_positions(prompt: int, n_past: int, gap: int, user_start: int = -1) -> list[int]:
+    """Where llama-server takes context checkpoints processing a hybrid prompt of ``prompt`` tokens from
+    ``n_past`` (ascending): at ``max(n_past, prompt - gap)`` and ``max(n_past, prompt - 4)`` (it starts
+    a step there) and where the last user message starts (``user_start``) when it is processed; each
+    only with something in memory before it (position > 0)."""
+    near = (max(n_past, prompt - gap), max(n_past, prompt - CHECKPOINT_TAIL))
+    user = (user_start,) if n_past < user_start < prompt else ()
+    return sorted({p for p in (*user, *near) if 0 < p < prompt})
 
 
 def linear_profile(

@@ -29,13 +29,7 @@ def prefill_features(
 ) -> tuple[float, float, float, float]:
     """``(1, T, B, A)`` of one prefill under ``shape``'s batching (module docstring); ``align``: the
     block vLLM's align mode cuts its steps to (``EngineProfile.align_block``)."""
-    unit = EngineProfile(
-        name="unit",
-        engine="vllm" if align else "llamacpp",
-        prefill=shape,
-        decode=DecodeModel(step_s=1.0),
-        cache=CacheModel(prefix_block=align),
-    )  # only its batching is used
+    unit = _unit(shape, align)
     tokens = batches = attention = 0.0
     for step, context in unit.prefill_steps(new, cached):
         done = 0
@@ -49,10 +43,22 @@ def prefill_features(
     return 1.0, tokens, batches, attention
 
 
+def _unit(shape: PrefillModel, align: int) -> EngineProfile:
+    """A profile of ``shape``'s batching and checkpoints, to count with (its prices are not used)."""
+    return EngineProfile(
+        name="unit",
+        engine="vllm" if align else "llamacpp",
+        prefill=shape,
+        decode=DecodeModel(step_s=1.0),
+        cache=CacheModel(prefix_block=align),
+    )
+
+
 def fit_prefill(
     shape: PrefillModel, points: Sequence[Point], *, attention: bool = True, align: int = 0
 ) -> PrefillModel:
-    """``shape`` (its batching) with ``token_s``, ``batch_s`` and ``context_s`` fitted to ``points``
+    """``shape`` (its batching, and its ``checkpoint_s``: the checkpoints each point took are taken out
+    of it first) with ``request_s``, ``token_s``, ``batch_s`` and ``context_s`` fitted to ``points``
     (``new``, ``cached``, ``seconds``); ``attention=False`` keeps ``context_s`` at 0 (too few long
     prompts to tell it apart); ``align``: vLLM's align-mode block, which cuts the steps. Attention adds
     to a per-token or per-batch cost, never replaces it: a fit that explains the points by attention
@@ -60,7 +66,8 @@ def fit_prefill(
     rows = [prefill_features(shape, p.a, p.b, align=align) for p in points]
     if not attention:
         rows = [(one, t, b, 0.0) for one, t, b, _ in rows]
-    seconds = [p.seconds for p in points]
+    checkpoints = _unit(shape, align).checkpoints_seconds  # measured apart: out of every point first
+    seconds = [max(p.seconds - checkpoints(p.a + p.b, p.b), 0.0) for p in points]
     request_s, token_s, batch_s, context_s = nnls(rows, seconds)
     if token_s == 0 and batch_s == 0 and attention:
         request_s, token_s, batch_s, context_s = nnls([(one, t, b, 0.0) for one, t, b, _ in rows], seconds)
@@ -75,6 +82,7 @@ def fit_prefill(
         context_s=context_s,
         checkpoint_splits=shape.checkpoint_splits,
         request_s=request_s,
+        checkpoint_s=shape.checkpoint_s,
     )
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from policies.engine_profile import CHECKPOINT_TAIL, checkpoint_positions
 from policies.learning import DeploymentStats, reusable
 from policies.types import PrefixMatch, SlotMatch
 
 SIMILARITY_THRESHOLD = 0.1  # llama-server's --slot-prompt-similarity
-CHECKPOINT_TAIL = 4
 CHECKPOINT_GAP = CHECKPOINT_TAIL + 512
 """llama-server checkpoints a hybrid prompt of N tokens at N - min(n_batch, 4 + n_ubatch) and N - 4
 (``server-context.cpp``: it ends a step there to take the checkpoint); this is the gap at the default
@@ -61,9 +61,7 @@ def checkpoints_after(
     none of ``previous`` is kept."""
     start = cached or 0
     kept = [c for c in previous if c <= start] if cached is not None else []
-    near = (max(start, tokens - gap), max(start, tokens - CHECKPOINT_TAIL))
-    user = (user_start,) if start < user_start < tokens else ()
-    for position in sorted({p for p in (*user, *near) if 0 < p < tokens}):
+    for position in checkpoint_positions(tokens, start, gap, user_start):
         if position in kept:
             kept.remove(position)
         kept.append(position)

@@ -3,16 +3,18 @@
 The procedure, in order, each step skipped (and said so in the profile's ``notes``) when what is
 left of ``--budget`` would not cover it at the rate measured so far:
 
-1. **Cold prefills** of fresh prompts from 16 tokens to 90% of the window, at sizes chosen around the
-   micro-batch (half of one, one and a bit, a whole step and a bit), then a quarter, a half and 90%
-   of the window; shortest first, so each estimate extrapolates from measured ones. Then **prefills
-   after cached tokens**: a conversation of a quarter of the window grows by half a micro-batch,
-   then by a step and a half, on its own slot (the points that tell attention's cost apart).
-   llama.cpp with two slots or more: a **RAM-cache save** timed at two sizes (``saves``): each cold
-   prefill on slot 0 waited for the server to save the prompt before it, and that is taken out of
-   every point (its cost goes to ``cache.ram_save_s`` and ``ram_save_token_s``). Then a **context
-   checkpoint restore** (``restore``): slot 1's conversation grows alternately by extending it and
-   by diverging 2 tokens before its end (``cache.checkpoint_restore_s``; hybrid models only).
+1. **Cold prefills** (after one not counted: an engine's first request sets things up) of fresh
+   prompts from 16 tokens to 90% of the window, at sizes chosen around the micro-batch (half of
+   one, one and a bit, a whole step and a bit), then a quarter, a half and 90% of the window;
+   shortest first, so each estimate extrapolates from measured ones. Then **prefills after cached
+   tokens**: a conversation of a quarter of the window grows by half a micro-batch, then by a step
+   and a half, on its own slot (the points that tell attention's cost apart). llama.cpp with two
+   slots or more: a **RAM-cache save** timed at two sizes (``saves``): each cold prefill on slot 0
+   waited for the server to save the prompt before it, and that is taken out of every point (its
+   cost goes to ``cache.ram_save_s`` and ``ram_save_token_s``). Then a **context checkpoint
+   restore** and **take** (``restore``): slot 1's conversation grows by 16 tokens, by 16 after
+   diverging 2 tokens before its end, and by 4 (``cache.checkpoint_restore_s`` and
+   ``prefill.checkpoint_s``, which the fit takes out of every point; hybrid models only).
 2. **Decode steps** for 1, 2, ... sequences together (up to the slots, at most 4; vLLM 1 to 8) at a
    short and a long context.
 3. **Scenarios**, each against the profile's cold prefill of the same prompt
@@ -23,9 +25,10 @@ left of ``--budget`` would not cover it at the rate measured so far:
    the prefix cache reuses a hybrid model's prompt in, if at all).
 
 Cold prefills and decode steps are measured ``repeat`` times (2 by default, where cheap) and the
-fastest kept. Prefill and decode coefficients are fitted to the points (``policies.profile_fit``);
-the scenario checks show how far the fitted profile is from what happened. Every llama.cpp slot used is erased
-at the end (the RAM cache keeps what it saved: llama-server has no call to empty it).
+fastest kept (a prefill's once the saves it waited for are out). Prefill and decode coefficients
+are fitted to the points (``policies.profile_fit``); the scenario checks show how far the fitted
+profile is from what happened. Every llama.cpp slot used is erased at the end (the RAM cache keeps
+what it saved: llama-server has no call to empty it).
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
         if llama:
             await _restore(run)
             await _saves(run, window)
+        shape = replace(shape, checkpoint_s=round(run.checkpoint_s, 6))
         prefill = fit_prefill(shape, run.prefill, attention=any(p.b > 0 for p in run.prefill))
         await _decode_grid(run, window, slots=info.slots if llama else 8)
         decode = fit_decode(run.decode) if run.decode else DecodeModel(step_s=0.05)
@@ -93,7 +97,10 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
         )
         if cache.prefix_block and not llama:  # vLLM's align mode cut the steps measured: fit them so
             prefill = fit_prefill(
-                shape, run.prefill, attention=any(p.b > 0 for p in run.prefill), align=cache.prefix_block
+                shape,
+                run.prefill,
+                attention=any(p.b > 0 for p in run.prefill),
+                align=cache.prefix_block,
             )
             aligned = EngineProfile(
                 name=options.name, engine=info.engine, prefill=prefill, decode=decode, cache=cache
@@ -127,6 +134,9 @@ async def _prefill_grid(run: Run, window: int) -> None:
     base = window // 4
     grown = growths(window - DECODE_TOKENS - 8 - base, run.shape.ubatch, run.shape.batch)
     steps = len(sizes) + len(grown)
+    # an engine's first request pays its one-time setup (the H100's 27B on llama.cpp: 311 ms for 16
+    # tokens in its own prompt_ms, 197 ms the second time): sent first, not a point
+    await run.prefill_on(run.engine.prompt(sizes[0]))
     for index, n in enumerate(sizes, 1):
         guess = run.rate_s(n)
         if len(run.prefill) >= 2 and guess > run.left() * (1 - RESERVE):
@@ -138,7 +148,7 @@ async def _prefill_grid(run: Run, window: int) -> None:
             break
         run.say(index, steps, f"cold prefill of {n:,} tokens (~{guess:.0f} s)")
         tries = [await run.prefill_on(run.engine.prompt(n)) for _ in range(run.repeat(guess))]
-        run.add_point(min(tries, key=lambda t: t.seconds))
+        run.add_point(*tries)
     if len(run.prefill) < 2:
         raise CalibrationError("fewer than two prefills measured: give calibrate a larger --budget")
     # after cached tokens: a conversation of ``base`` tokens on slot 1 grows turn by turn
@@ -192,27 +202,33 @@ async def _saves(run: Run, window: int) -> None:
         )
         return
     run.saves = saves
-    run.prefill = [
-        replace(p, seconds=round(run.saves.without(p.seconds, saved), 6))
-        for p, saved in zip(run.prefill, run.point_saves, strict=True)
-    ]
+    run.without_saves()
 
 
 async def _restore(run: Run) -> None:
-    """Time a context checkpoint's restore on slot 1 (``restore.measure``); a model that restores none
-    keeps no checkpoints, and the saves are booked without them."""
-    if run.rate_s(256) * 8 > run.left() * RESERVE:
-        run.notes.append("checkpoint restore not timed (budget): checkpoint_restore_s unknown")
+    """Time a context checkpoint's restore and take on slot 1 (``restore.measure``); a model that
+    restores none keeps no checkpoints, and the saves are booked without them."""
+    if run.rate_s(256) * 12 > run.left() * RESERVE:
+        run.notes.append(
+            "context checkpoints not timed (budget): checkpoint_restore_s and checkpoint_s unknown"
+        )
         return
     slot = 1 if run.engine.info.slots > 1 else 0
-    run.say(1, 1, f"a context checkpoint restored against a live append (slot {slot}, 3 pairs)")
-    restored = await restore.measure(
-        run.prefill_on, run.book, run.engine.prompt, run.saves.without, slot=slot
+    run.say(1, 1, f"context checkpoints restored and taken (slot {slot}, 3 rounds)")
+    draft = EngineProfile(
+        name="draft",
+        engine="llamacpp",
+        prefill=fit_prefill(run.shape, run.prefill, attention=False),
+        decode=DecodeModel(step_s=1.0),
+    )  # only its price of a few more tokens is used
+    measured = await restore.measure(
+        run.prefill_on, run.book, run.engine.prompt, run.saves.without, draft.prefill_seconds, slot=slot
     )
-    if restored is None:
+    if measured is None:
         run.notes.append("no context checkpoint restored (not a hybrid model, or --ctx-checkpoints 0)")
         run.book.hybrid = False
-    run.restore_s = restored or 0.0
+        return
+    run.restore_s, run.checkpoint_s = measured.restore_s, measured.take_s
 
 
 async def _llama_checks(run: Run, draft: EngineProfile, window: int) -> tuple[list[Check], CacheModel]:

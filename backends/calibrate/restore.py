@@ -1,4 +1,5 @@
-"""What a context checkpoint restore costs a hybrid llama.cpp slot (``cache.checkpoint_restore_s``).
+"""What a context checkpoint costs a hybrid llama.cpp slot: restored (``cache.checkpoint_restore_s``)
+and taken (``prefill.checkpoint_s``).
 
 A hybrid model's recurrent state cannot be rolled back: when a prompt diverges inside what a slot
 holds, llama-server restores the newest context checkpoint at or before the divergence (a copy of
@@ -8,23 +9,42 @@ turn of ~400 new tokens took 0.45-0.49 s where its tokens cost 0.36 s: the resto
 back to the GPU), inside the engine's ``prompt_ms``. Calibrate's own warm points all extend their
 slot, so its fit never saw it.
 
-``measure`` grows a conversation on slot 1 by the same number of tokens each turn, alternately
-extending it and dropping its last two tokens first (the checkpoint 4 tokens before the end is
-restored); the median difference is the restore. It runs before the saves are timed: whether a
-restore happened says whether the model keeps checkpoints at all, which the saves' fit needs.
+The server also takes checkpoints as it processes a prompt (``policies.engine_profile.
+checkpoint_positions``): each is a copy of the recurrent state off the GPU that every slot waits for
+(on the H100's 27B, ~150 MiB in ~0.12 s each: a warm turn of 400 tokens took three of them, 0.39 s of
+its 0.56 s). A turn that extends its slot by 4 tokens takes one (where it starts), one that extends
+it by 16 takes two (and 4 before its end).
+
+``measure`` grows a conversation on slot 1 three ways a round: by 16 tokens, by 16 after dropping its
+last two tokens (the checkpoint 4 tokens before the end is restored), and by 4. The median
+difference of the first two is the restore; of the first and the third, less what 12 more tokens
+cost, a checkpoint taken. It runs before the saves are timed: whether a restore happened says whether
+the model keeps checkpoints at all, which the saves' fit needs.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from backends.calibrate.engines import Saved
 from backends.calibrate.saves import PROBE_TOKENS, Send, SlotBook
+from policies.engine_profile import CHECKPOINT_TAIL
 
 DROP = 2
 """Tokens of the conversation a diverging turn drops: the slot restores its checkpoint 4 before the
 end (a live state cannot go back 2)."""
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """What a context checkpoint costs, as measured."""
+
+    restore_s: float
+    """One restored (the state copied back to the GPU)."""
+    take_s: float
+    """One taken while a prompt is processed (the state copied off the GPU)."""
 
 
 async def measure(
@@ -32,18 +52,20 @@ async def measure(
     book: SlotBook,
     prompt: Callable[[int], list[int]],
     without: Callable[[float, Sequence[Saved]], float],
+    tokens_s: Callable[[int, int], float],
     repeat: int = 3,
     slot: int = 1,
-) -> float | None:
-    """Seconds of one checkpoint restore (the median of ``repeat`` pairs), measured on ``slot`` as it
-    continues its conversation (the saves each request waited for taken out by ``without``). None
-    when no restore happened: the model is not hybrid (the diverging turn reused all it shared) or
-    the server keeps no checkpoints (it re-processed everything), or the slot lost its conversation
-    meanwhile (the extending turn did not reuse it)."""
+) -> Checkpoints | None:
+    """A checkpoint's restore and take (the medians of ``repeat`` rounds), measured on ``slot`` as it
+    continues its conversation (the saves each request waited for taken out by ``without``;
+    ``tokens_s(new, cached)``: what the prefill of ``new`` tokens after ``cached`` costs without
+    checkpoints, by the fit so far). None when no restore happened: the model is not hybrid (the
+    diverging turn reused all it shared) or the server keeps no checkpoints (it re-processed
+    everything), or the slot lost its conversation meanwhile (an extending turn did not reuse it)."""
     conversation = list(book.held.get(slot, [])) or prompt(4 * PROBE_TOKENS)
     if slot not in book.held:
         await send(conversation, slot)
-    differences = []
+    restores, takes = [], []
     for _ in range(repeat):
         before = len(conversation)
         conversation = conversation + prompt(PROBE_TOKENS)
@@ -51,8 +73,13 @@ async def measure(
         shared = len(conversation) - DROP
         conversation = conversation[:shared] + prompt(PROBE_TOKENS)
         diverged = await send(conversation, slot)
-        if extended.cached < before - 4 or not 0 < diverged.cached < shared:
+        held = len(conversation)
+        conversation = conversation + prompt(CHECKPOINT_TAIL)
+        short = await send(conversation, slot)  # one checkpoint, where it starts
+        if extended.cached < before - 4 or not 0 < diverged.cached < shared or short.cached < held - 4:
             return None  # lost, reused all it shared (no recurrent state), or nothing (no checkpoint)
-        took = without(diverged.seconds, diverged.saved)
-        differences.append(took - without(extended.seconds, extended.saved))
-    return max(statistics.median(differences), 0.0)
+        took = without(extended.seconds, extended.saved)
+        restores.append(without(diverged.seconds, diverged.saved) - took)
+        more = tokens_s(PROBE_TOKENS, before) - tokens_s(CHECKPOINT_TAIL, held)
+        takes.append(took - without(short.seconds, short.saved) - more)
+    return Checkpoints(max(statistics.median(restores), 0.0), max(statistics.median(takes), 0.0))

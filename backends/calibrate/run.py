@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as with_fields
 
-from backends.calibrate.engines import Engine, Prefill, Saved
+from backends.calibrate.engines import Engine, Prefill
 from backends.calibrate.saves import SaveCost, SlotBook
 from policies.engine_profile import Point, PrefillModel
 
@@ -51,10 +51,14 @@ class Run:
     book: SlotBook = field(default_factory=SlotBook)
     """llama.cpp: what each slot holds, for the RAM-cache saves each request waits for (``saves``)."""
     saves: SaveCost = field(default_factory=SaveCost)
-    point_saves: list[tuple[Saved, ...]] = field(default_factory=list)
-    """The saves each prefill point waited for (taken out once a save's cost is measured)."""
+    point_tries: list[tuple[Prefill, ...]] = field(default_factory=list)
+    """Each prefill point's tries, with the saves each waited for: once a save's cost is measured,
+    the point is the fastest try without its saves (the fastest as timed may have waited for none
+    only because it came first)."""
     restore_s: float = 0.0
     """llama.cpp, hybrid: a context checkpoint's restore (``restore``)."""
+    checkpoint_s: float = 0.0
+    """llama.cpp, hybrid: a context checkpoint taken as a prompt is processed (``restore``)."""
 
     def left(self) -> float:
         return self.options.budget_s - (self.clock() - self.started)
@@ -92,6 +96,15 @@ class Run:
         """What the RAM-cache saves ``got`` waited for cost (as measured: ``saves``)."""
         return sum(self.saves.seconds(saved) for saved in got.saved)
 
-    def add_point(self, got: Prefill) -> None:
+    def add_point(self, *tries: Prefill) -> None:
+        """One prefill point measured ``tries`` times: the fastest counts."""
+        got = min(tries, key=lambda t: t.seconds)
         self.prefill.append(Point(got.processed, got.cached, round(got.seconds, 6)))
-        self.point_saves.append(got.saved)
+        self.point_tries.append(tries)
+
+    def without_saves(self) -> None:
+        """Each prefill point again: its fastest try without the saves it waited for (``saves``)."""
+        self.prefill = [
+            Point(p.a, p.b, round(min(self.saves.without(t.seconds, t.saved) for t in tries), 6))
+            for p, tries in zip(self.prefill, self.point_tries, strict=True)
+        ]

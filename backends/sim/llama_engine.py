@@ -88,7 +88,7 @@ class LlamaEngine(BatchEngine):
                 slot.tokens, slot.checkpoints = entry.tokens, entry.checkpoints
         before = self.stall_s
         launched = self._launch(slot, task)
-        restore = self.stall_s - before  # in its prompt_ms: the server restores once the prompt started
+        restore = self.stall_s - before  # in its prompt_ms, as its checkpoints: once the prompt started
         if launched and self.ram_cache is not None and self.config.cache_idle_slots:
             self._save_idle_slots(self.ram_cache)
         task.sim_start += self.stall_s - stalled - restore  # its prompt starts after the saves (prompt_ms)
@@ -132,6 +132,8 @@ class LlamaEngine(BatchEngine):
             self.stall_s += self.perf.profile.cache.checkpoint_restore_s
         kept, length, user = reuse.checkpoints, len(task.prompt), task.user_start
         slot.checkpoints = add_checkpoints(kept, length, reuse.n_past, user_start=user) if self.hybrid else ()
+        if self.hybrid:  # the checkpoints it takes, copied off the GPU as it goes: every slot waits
+            self.stall_s += self.perf.profile.checkpoints_seconds(length, reuse.n_past, user)
         slot.tokens = list(task.prompt[: reuse.n_past])
         self.begin(task, slot.id)
         return True

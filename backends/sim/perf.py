@@ -27,9 +27,10 @@ class PerfModel:
         """The model a :class:`SimConfig` describes."""
         return cls(config.engine_profile, config.time_scale)
 
-    def prefill_seconds(self, new: int, cached: int = 0) -> float:
-        """Simulated seconds to prefill ``new`` tokens after ``cached`` reused ones, alone."""
-        return self.profile.prefill_seconds(new, cached)
+    def prefill_seconds(self, new: int, cached: int = 0, user_start: int = -1) -> float:
+        """Simulated seconds to prefill ``new`` tokens after ``cached`` reused ones, alone (llama.cpp,
+        hybrid: with the context checkpoints it takes, ``user_start`` one of them)."""
+        return self.profile.prefill_seconds(new, cached, user_start)
 
     def decode_step_seconds(self, n_running: int, context: int = 0) -> float:
         """Simulated seconds of one decode step for ``n_running`` sequences of ``context`` tokens in all."""

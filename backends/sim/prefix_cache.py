@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from policies.engine_profile import checkpoint_positions
+
 MAX_CHECKPOINTS = 32
 CHECKPOINT_OFFSETS = (4 + 512, 4)
 
@@ -93,9 +95,7 @@ def new_checkpoints(
     steps ``gap`` and 4 tokens before the end, so at ``max(n_past, N - gap)`` and ``max(n_past, N - 4)``,
     and one where the last user message starts (``user_start``, when processed); each only with
     something in memory before it (position > 0)."""
-    near = (max(n_past, prompt_len - gap), max(n_past, prompt_len - CHECKPOINT_OFFSETS[1]))
-    user = (user_start,) if n_past < user_start < prompt_len else ()
-    return sorted({p for p in (*user, *near) if 0 < p < prompt_len})
+    return checkpoint_positions(prompt_len, n_past, gap, user_start)
 
 
 def add_checkpoints(

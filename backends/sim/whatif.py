@@ -136,9 +136,9 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> What
         if task.id_slot == -1 or task.id_slot % len(engine.slots) != slot.id:
             continue
         reuse = llama_reuse(tokens, checkpoints, task.prompt, hybrid=hybrid, cache_prompt=task.cache_prompt)
-        wait += perf.prefill_seconds(len(task.prompt) - reuse.n_past, reuse.n_past)
-        wait += len(task.answer.tokens) * perf.decode_step_seconds(1)
         kept, prompt_len, user = reuse.checkpoints, len(task.prompt), task.user_start
+        wait += perf.prefill_seconds(prompt_len - reuse.n_past, reuse.n_past, user)
+        wait += len(task.answer.tokens) * perf.decode_step_seconds(1)
         checkpoints = add_checkpoints(kept, prompt_len, reuse.n_past, user_start=user) if hybrid else ()
         tokens = _end_tokens(task)
     if current is None and engine.ram_cache is not None:

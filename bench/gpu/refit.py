@@ -3,6 +3,7 @@
     python bench/gpu/refit.py backends/profiles/h200-llamacpp-flash-next-shape-mmap512.toml \
         bench/gpu/results/2026-12-03b-h200/cold.json --label compose
     python bench/gpu/refit.py backends/profiles/h100-vllm-27b-shape-fp8.toml   # its own points again
+    python bench/gpu/refit.py PROFILE.toml --drop 16,0 --why "the server's first request"   # one left out
 
 A vLLM profile with a prefix block is fitted with its steps cut to whole blocks, as vLLM 0.25's align
 mode ran them (``policies.engine_profile``).
@@ -51,14 +52,16 @@ def save_noted(profile: EngineProfile, path: Path, note: str) -> None:
     save_profile(profile, path, header=header)
 
 
-def _recheck(profile: EngineProfile, check: Check) -> Check:
-    """The scenario's cold price and prediction by the refit profile (as ``turnout calibrate`` prices
-    them: ``backends.calibrate.procedure``)."""
-    restore = profile.ram_restore_seconds(check.cached) if check.name == "ram" else 0.0
+def _recheck(before: EngineProfile, profile: EngineProfile, check: Check) -> Check:
+    """The scenario's cold price and prediction by the refit profile: what calibrate priced beside
+    the prefill (a RAM restore, the saves it waited for, a checkpoint restored) stays as it was
+    (``backends.calibrate.procedure``)."""
+    prefill = profile.prefill_seconds(check.prompt - check.cached, check.cached)
+    beside = check.predicted_s - before.prefill_seconds(check.prompt - check.cached, check.cached)
     return msgspec.structs.replace(
         check,
         cold_seconds=round(profile.prefill_seconds(check.prompt), 6),
-        predicted_s=round(profile.prefill_seconds(check.prompt - check.cached, check.cached) + restore, 6),
+        predicted_s=round(prefill + max(beside, 0.0), 6),
     )
 
 
@@ -69,7 +72,14 @@ def main() -> int:
     parser.add_argument("profile", type=Path)
     parser.add_argument("cold", type=Path, nargs="?", help="cold.json (none: refit the profile's own points)")
     parser.add_argument("--label", help="the rows of cold.json whose label starts so")
+    parser.add_argument(
+        "--drop", action="append", default=[], metavar="NEW,CACHED", help="leave this point out (repeatable)"
+    )
+    parser.add_argument("--why", default="", help="why the dropped points are left out (goes in the note)")
     args = parser.parse_args()
+    dropped = {tuple(int(x) for x in d.split(",")) for d in args.drop}
+    if dropped and not args.why:
+        raise SystemExit("--drop needs --why: the profile's note says why a measured point was left out")
     profile = load_profile(args.profile)
     added: list[Point] = []
     if args.cold is not None:
@@ -79,7 +89,8 @@ def main() -> int:
         added = [
             Point(int(r["prompt_n"]), int(r["cache_n"]), float(r["seconds"])) for r in rows
         ]  # new, cached
-    points = tuple(p for p in profile.prefill_points if p not in added) + tuple(added)
+    points = tuple(p for p in profile.prefill_points if p not in added and (p.a, p.b) not in dropped)
+    points += tuple(added)
     attention = any(p.b > 0 for p in points)
     align = profile.align_block  # vLLM's align mode cut the measured steps to whole blocks
     refit = msgspec.structs.replace(
@@ -88,10 +99,12 @@ def main() -> int:
         prefill_points=points,
         context_window=max(profile.context_window, *(p.a + p.b for p in points)),
     )
-    refit = msgspec.structs.replace(refit, checks=tuple(_recheck(refit, c) for c in refit.checks))
+    refit = msgspec.structs.replace(refit, checks=tuple(_recheck(profile, refit, c) for c in refit.checks))
     cut = f", its steps cut to whole {align}-token blocks (vLLM's align mode)" if align else ""
     source = f"{len(added)} cold prompts from {shown(args.cold)}" if args.cold else "its own points"
-    save_noted(refit, args.profile, f"Prefill refit by bench/gpu/refit.py with {source}{cut}.")
+    left_out = "".join(f" without the point [{a}, {b}]" for a, b in sorted(dropped))
+    why = f" ({args.why})" if dropped else ""
+    save_noted(refit, args.profile, f"Prefill refit by bench/gpu/refit.py with {source}{left_out}{why}{cut}.")
     for point in points:
         predicted = refit.prefill_seconds(point.a, point.b)
         error = (predicted - point.seconds) / point.seconds

@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 from msgspec.structs import replace
 
 from backends.calibrate.engines import Prefill
+from backends.calibrate.run import Options, Run
 from backends.calibrate.saves import SaveCost, SlotBook, fit, measure
 from backends.clock import Events
 from backends.engine_profiles import load_profile
@@ -21,13 +23,16 @@ from backends.sim.drive import EventDriver
 from backends.sim.generation import Answer, DeltaKind, OutToken
 from backends.sim.llama_engine import LlamaEngine
 from backends.sim.task import SimTask
-from policies.engine_profile import EngineProfile
+from policies.engine_profile import EngineProfile, Point
 from policies.types import Architecture
 
 TRUTH = SaveCost(0.5425, 3.126e-05, 0.08)  # the H100 27B's line, and a part per checkpoint
 _BUILT_IN = load_profile("h100-llamacpp-27b-shape-q8_0-dense")
 PROFILE = replace(
     _BUILT_IN,
+    prefill=replace(
+        _BUILT_IN.prefill, checkpoint_s=0.0
+    ),  # the saves alone (checkpoints: test_calibrate_restore)
     cache=replace(
         _BUILT_IN.cache,
         ram_save_s=TRUTH.fixed,
@@ -120,7 +125,7 @@ def test_measure_recovers_the_engines_save_cost_and_takes_it_out() -> None:
     saves = book.launch(fresh, 0)
     seconds, stall = engine.send(fresh, 0)
     assert stall == pytest.approx(sum(TRUTH.seconds(t) for t in saves))
-    assert got.without(seconds, saves) == pytest.approx(seconds - stall)
+    assert got.without(seconds, saves) == pytest.approx(seconds - stall, abs=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -143,3 +148,19 @@ def test_without_a_checkpoints_part_the_fit_is_the_line_through_two_sizes() -> N
     line = SaveCost(0.08, 7.5e-05)
     got = fit([(h, line.seconds(h)) for h in ((1024, 1), (8192, 2), (1152, 17))])
     assert (got.fixed, got.per_token, got.per_checkpoint) == pytest.approx((0.08, 7.5e-05, 0.0), abs=1e-12)
+
+
+def test_a_point_is_its_fastest_try_once_the_saves_are_out() -> None:
+    """The H100's 27B: calibrate's first request (16 tokens, no save to wait for) took 0.314 s, the
+    second 0.42 s of which 0.21 s was the save of the first: the point is the second, 0.21 s; keeping
+    the fastest as timed made the fit's per-request cost 0.13 s where 0.03 s was right."""
+    engine: Any = None  # not used: no request is sent
+    run = Run(
+        engine, Options(name="t"), clock=lambda: 0.0, progress=print, started=0.0, shape=PROFILE.prefill
+    )
+    first, second = Prefill(0.314, 16, 0, ()), Prefill(0.42, 16, 0, ((16, 1),))
+    run.add_point(first, second)
+    assert run.prefill == [Point(16, 0, 0.314)]  # no save measured yet: as timed
+    run.saves = SaveCost(0.121, 40.6e-6, 0.091)
+    run.without_saves()
+    assert run.prefill == [Point(16, 0, round(0.42 - (0.121 + 16 * 40.6e-6 + 0.091), 6))]

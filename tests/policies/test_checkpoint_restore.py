@@ -19,7 +19,7 @@ from tests.policies.cost_helpers import LLAMA, SESSION, features, llama_snapshot
 RESTORE_S = 0.12
 PROFILE = load_profile("h100-llamacpp-27b-shape-q8_0-dense")
 H100 = replace(LLAMA, profile=replace(PROFILE, cache=replace(PROFILE.cache, checkpoint_restore_s=RESTORE_S)))
-PLAIN = replace(LLAMA, profile=PROFILE)
+PLAIN = replace(LLAMA, profile=replace(PROFILE, cache=replace(PROFILE.cache, checkpoint_restore_s=0.0)))
 # slot 0 holds the session's 9,000 tokens; this prompt extends them, or leaves them 2 before the end
 EXTENDS = PrefixMatch((SlotMatch(0, 9000, whole=True, held=9000), SlotMatch(1, 0)), recent=9000,
                       recent_whole=True, recent_held=9000)  # fmt: skip

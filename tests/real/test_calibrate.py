@@ -52,15 +52,18 @@ class TestLlamaServer:
         assert not [n for n in profile.notes if "saves not timed" in n]
         assert profile.cache.ram_save_s >= 0  # a tiny model's save is well under a millisecond: maybe 0
         assert profile.cache.ram_save_token_s >= 0
-        # the tiny hybrid model restored a context checkpoint in the probe (its cost may round to 0)
-        assert not [n for n in profile.notes if "checkpoint restore" in n or "no context checkpoint" in n]
+        # the tiny hybrid model restored and took context checkpoints in the probe (their costs may round
+        # to 0)
+        assert not [n for n in profile.notes if "checkpoints not timed" in n or "no context checkpoint" in n]
         assert profile.cache.checkpoint_restore_s >= 0
+        assert profile.prefill.checkpoint_s >= 0
         # the profile prices each restore below a cold prefill of the same prompt (what the engine took
         # is data, not a verdict: on a busy machine one scenario can take longer than the cold estimate)
         assert all(c.predicted_s < c.cold_seconds for c in checks.values())
         assert "wrote" in captured.out
         assert "warm" in captured.out
         assert "ram      save" in captured.out
+        assert "checkpoint  taken" in captured.out
         # it leaves no calibration prompt in the slots it used
         slots = httpx.get(server.base_url + "/slots").json()
         assert all(s.get("n_ctx") and len(s.get("prompt", "") or "") < 100 for s in slots)
