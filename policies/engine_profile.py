@@ -52,9 +52,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from policies.checkpoints import CHECKPOINT_TAIL, checkpoint_positions
+
 SCHEMA_VERSION = 1
-CHECKPOINT_TAIL = 4
-"""llama-server checkpoints this many tokens before a prompt's end (and ``4 + ubatch``)."""
 OFFLOAD_MIN_BATCH = 32
 """ggml offloads a CPU weight's op to the GPU only for batches of at least this many tokens."""
 
@@ -263,12 +263,15 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         fixed = self.prefill.request_s if first else 0.0
         return fixed + sum(self._ubatch_s(u, p) for u, p in _ubatches(tokens, context, self.prefill.ubatch))
 
-    def prefill_seconds(self, new: int, cached: int = 0, user_start: int = -1) -> float:
+    def prefill_seconds(
+        self, new: int, cached: int = 0, user_start: int = -1, *, checkpoints: bool = True
+    ) -> float:
         """Seconds to process ``new`` prompt tokens after ``cached`` reused ones (no other work), the
-        request's fixed cost and its context checkpoints included (``user_start``: ``step_tokens``)."""
+        request's fixed cost and (``checkpoints``: a prompt's, not a rest of one) its context
+        checkpoints included (``user_start``: ``step_tokens``)."""
         steps = self.prefill_steps(new, cached, user_start)
         chunks = sum(self.chunk_seconds(n, p, first=p == cached) for n, p in steps)
-        return chunks + self.checkpoints_seconds(new + cached, cached, user_start)
+        return chunks + (self.checkpoints_seconds(new + cached, cached, user_start) if checkpoints else 0.0)
 
     def checkpoints_seconds(self, prompt: int, n_past: int, user_start: int = -1) -> float:
         """Seconds the context checkpoints cost that the server takes processing a prompt of ``prompt``
@@ -317,16 +320,6 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def ram_restore_seconds(self, tokens: int) -> float:
         """Seconds to load ``tokens`` tokens of a saved slot back from the RAM cache."""
         return tokens * self.cache.ram_restore_token_s
-
-
-def checkpoint_positions(prompt: int, n_past: int, gap: int, user_start: int = -1) -> list[int]:
-    """Where llama-server takes context checkpoints processing a hybrid prompt of ``prompt`` tokens from
-    ``n_past`` (ascending): at ``max(n_past, prompt - gap)`` and ``max(n_past, prompt - 4)`` (it starts
-    a step there) and where the last user message starts (``user_start``) when it is processed; each
-    only with something in memory before it (position > 0)."""
-    near = (max(n_past, prompt - gap), max(n_past, prompt - CHECKPOINT_TAIL))
-    user = (user_start,) if n_past < user_start < prompt else ()
-    return sorted({p for p in (*user, *near) if 0 < p < prompt})
 
 
 def linear_profile(

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from policies.learning import DeploymentStats
-from policies.types import Deployment, SlotState
+from policies.types import Architecture, Deployment, SlotState
 
 BATCH_SLOWDOWN = 0.06
 """Without a profile: each further running request makes a decode step 6% longer."""
@@ -27,16 +27,26 @@ STEP_TOKENS = 2048
 
 
 def prefill_s(
-    deployment: Deployment, stats: DeploymentStats, new: float, cached: int = 0, user_start: int = -1
+    deployment: Deployment,
+    stats: DeploymentStats,
+    new: float,
+    cached: int = 0,
+    user_start: int = -1,
+    *,
+    prompt: bool = True,
 ) -> float:
     """Seconds to prefill ``new`` tokens after ``cached`` reused ones, as learned so far (``new``
-    may be an expectation: a fraction of a prompt; ``user_start``: ``EngineProfile.step_tokens``)."""
+    may be an expectation: a fraction of a prompt; ``user_start``: ``EngineProfile.step_tokens``).
+    ``prompt=False``: tokens a prompt would process besides what it does anyway, without the context
+    checkpoints a prompt takes (an eviction's lost reuse: the holder's next turn takes them either way)."""
     if new <= 0:
         return 0.0
     rate = stats.prefill_tok_s
     if deployment.profile is None:
         return new / rate.value
-    return deployment.profile.prefill_seconds(round(new), cached, user_start) * rate.prior / rate.value
+    checkpoints = prompt and deployment.architecture is Architecture.HYBRID  # as the engine takes them
+    seconds = deployment.profile.prefill_seconds(round(new), cached, user_start, checkpoints=checkpoints)
+    return seconds * rate.prior / rate.value
 
 
 def decode_step_s(deployment: Deployment, stats: DeploymentStats, running: int, context: int = 0) -> float:

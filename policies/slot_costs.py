@@ -166,10 +166,10 @@ def eviction(lease: SlotLease, situation: Situation, held: SlotMatch, prompt: in
     mine = lease.tokens * stats.reuse.value
     if consults_ram_by_counts(held.tokens, lease.tokens, prompt):  # the holder's prompt against this one
         ram = lease.tokens * min(stats.ram_reuse.value, stats.reuse.value)
-        lost = prefill_s(deployment, stats, mine - ram) + ram_restore_s(deployment, ram)
+        lost = prefill_s(deployment, stats, mine - ram, prompt=False) + ram_restore_s(deployment, ram)
     else:
         kept = min(_left_for(deployment, held, prompt, cached), mine)
-        lost = prefill_s(deployment, stats, mine - kept, round(kept))
+        lost = prefill_s(deployment, stats, mine - kept, round(kept), prompt=False)
     return comes_back * lost
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from policies.engine_profile import CHECKPOINT_TAIL, checkpoint_positions
+from policies.checkpoints import CHECKPOINT_TAIL, checkpoint_positions
 from policies.learning import DeploymentStats, reusable
 from policies.types import PrefixMatch, SlotMatch
 

@@ -9,7 +9,7 @@ turn of ~400 new tokens took 0.45-0.49 s where its tokens cost 0.36 s: the resto
 back to the GPU), inside the engine's ``prompt_ms``. Calibrate's own warm points all extend their
 slot, so its fit never saw it.
 
-The server also takes checkpoints as it processes a prompt (``policies.engine_profile.
+The server also takes checkpoints as it processes a prompt (``policies.checkpoints.
 checkpoint_positions``): each is a copy of the recurrent state off the GPU that every slot waits for
 (on the H100's 27B, ~150 MiB in ~0.12 s each: a warm turn of 400 tokens took three of them, 0.39 s of
 its 0.56 s). A turn that extends its slot by 4 tokens takes one (where it starts), one that extends
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from backends.calibrate.engines import Saved
 from backends.calibrate.saves import PROBE_TOKENS, Send, SlotBook
-from policies.engine_profile import CHECKPOINT_TAIL
+from policies.checkpoints import CHECKPOINT_TAIL
 
 DROP = 2
 """Tokens of the conversation a diverging turn drops: the slot restores its checkpoint 4 before the
@@ -76,10 +76,10 @@ async def measure(
         held = len(conversation)
         conversation = conversation + prompt(CHECKPOINT_TAIL)
         short = await send(conversation, slot)  # one checkpoint, where it starts
-        if extended.cached < before - 4 or not 0 < diverged.cached < shared or short.cached < held - 4:
+        if extended.cached < before - 4 or not 0 < diverged.cached < shared or short.cached < held:
             return None  # lost, reused all it shared (no recurrent state), or nothing (no checkpoint)
         took = without(extended.seconds, extended.saved)
         restores.append(without(diverged.seconds, diverged.saved) - took)
-        more = tokens_s(PROBE_TOKENS, before) - tokens_s(CHECKPOINT_TAIL, held)
+        more = tokens_s(extended.processed, extended.cached) - tokens_s(short.processed, short.cached)
         takes.append(took - without(short.seconds, short.saved) - more)
     return Checkpoints(max(statistics.median(restores), 0.0), max(statistics.median(takes), 0.0))

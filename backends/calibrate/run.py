@@ -104,7 +104,9 @@ class Run:
 
     def without_saves(self) -> None:
         """Each prefill point again: its fastest try without the saves it waited for (``saves``)."""
+        fastest = [
+            min(tries, key=lambda t: self.saves.without(t.seconds, t.saved)) for tries in self.point_tries
+        ]
         self.prefill = [
-            Point(p.a, p.b, round(min(self.saves.without(t.seconds, t.saved) for t in tries), 6))
-            for p, tries in zip(self.prefill, self.point_tries, strict=True)
+            Point(t.processed, t.cached, round(self.saves.without(t.seconds, t.saved), 6)) for t in fastest
         ]

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.engine_profile import checkpoint_positions
+from policies.checkpoints import checkpoint_positions
 
 MAX_CHECKPOINTS = 32
 CHECKPOINT_OFFSETS = (4 + 512, 4)

@@ -123,13 +123,14 @@ def _end_tokens(task: SimTask) -> list[int]:
     return list(task.prompt) + [t.id for t in task.answer.tokens][:-1]
 
 
-def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> WhatIf:
+def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int], user_start: int = -1) -> WhatIf:
     perf, hybrid = engine.perf, engine.hybrid
     tokens, checkpoints = list(slot.tokens), slot.checkpoints
     wait = 0.0
     current = slot.task
     if current is not None:
-        wait += perf.prefill_seconds(current.prefill_left, len(current.prompt) - current.prefill_left)
+        left, done = current.prefill_left, len(current.prompt) - current.prefill_left
+        wait += perf.prefill_seconds(left, done, checkpoints=False)  # its checkpoints: charged at launch
         wait += (len(current.answer.tokens) - current.n_emitted) * perf.decode_step_seconds(1)
         tokens = _end_tokens(current)
     for task in engine.deferred:
@@ -149,30 +150,33 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int]) -> What
                 tokens, checkpoints = entry.tokens, entry.checkpoints
     reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=hybrid)
     own = len(prompt) - reuse.n_past
-    prefill_s = perf.prefill_seconds(own, reuse.n_past)
+    prefill_s = perf.prefill_seconds(own, reuse.n_past, user_start)
     if reuse.restores:  # a checkpoint back on the GPU, in prompt_ms
         prefill_s += perf.profile.cache.checkpoint_restore_s
     decode_s = 0.0
     if current is None:
         others = [s.task for s in engine.slots if s.task is not None]
         ahead = sum(t.prefill_left for t in others)
-        wait = perf.prefill_seconds(ahead)
+        wait = perf.prefill_seconds(ahead, checkpoints=False)  # launched: their checkpoints are charged
         decode_s = _steps(ahead + own, engine.config.prefill_chunk) * perf.decode_step_seconds(len(others))
     fits = len(prompt) <= slot.n_ctx
     ttft = wait + prefill_s + decode_s if fits else math.inf
     return WhatIf(fits, len(prompt), reuse.n_past, slot.id, wait, prefill_s, ttft)
 
 
-def whatif_slots(engine: LlamaEngine, prompt: Sequence[int]) -> list[WhatIf]:
-    """The llama.cpp prediction for every slot, by slot id."""
-    return [_slot_whatif(engine, slot, prompt) for slot in engine.slots]
+def whatif_slots(engine: LlamaEngine, prompt: Sequence[int], user_start: int = -1) -> list[WhatIf]:
+    """The llama.cpp prediction for every slot, by slot id (``user_start``: where the prompt's last
+    user message starts, a checkpoint the engine takes)."""
+    return [_slot_whatif(engine, slot, prompt, user_start) for slot in engine.slots]
 
 
-def whatif_llama(engine: LlamaEngine, prompt: Sequence[int], id_slot: int = -1) -> WhatIf:
+def whatif_llama(
+    engine: LlamaEngine, prompt: Sequence[int], id_slot: int = -1, user_start: int = -1
+) -> WhatIf:
     """The llama.cpp prediction for slot ``id_slot``, or for the best slot when it is -1."""
     if id_slot != -1:
-        return _slot_whatif(engine, engine.slots[id_slot % len(engine.slots)], prompt)
-    return min(whatif_slots(engine, prompt), key=lambda w: (w.ttft_s, w.slot or 0))
+        return _slot_whatif(engine, engine.slots[id_slot % len(engine.slots)], prompt, user_start)
+    return min(whatif_slots(engine, prompt, user_start), key=lambda w: (w.ttft_s, w.slot or 0))
 
 
 @post("/_sim/whatif", status_code=200)
@@ -189,10 +193,10 @@ async def sim_whatif(request: Request[Any, Any, Any]) -> Response[bytes]:
         return json_response({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
     if isinstance(engine, LlamaEngine):
         if req.id_slot == -1:
-            options = whatif_slots(engine, req.prompt)
+            options = whatif_slots(engine, req.prompt, req.user_start)
             best = min(options, key=lambda w: (w.ttft_s, w.slot or 0))
             return json_response({**best.to_json(), "options": [o.to_json() for o in options]})
-        result = whatif_llama(engine, req.prompt, req.id_slot)
+        result = whatif_llama(engine, req.prompt, req.id_slot, req.user_start)
     else:
         assert isinstance(engine, VllmEngine)
         result = whatif_vllm(engine, req.prompt, req.max_tokens)

@@ -56,13 +56,31 @@ def _recheck(before: EngineProfile, profile: EngineProfile, check: Check) -> Che
     """The scenario's cold price and prediction by the refit profile: what calibrate priced beside
     the prefill (a RAM restore, the saves it waited for, a checkpoint restored) stays as it was
     (``backends.calibrate.procedure``)."""
-    prefill = profile.prefill_seconds(check.prompt - check.cached, check.cached)
-    beside = check.predicted_s - before.prefill_seconds(check.prompt - check.cached, check.cached)
+    new, cached = check.prompt - check.cached, check.cached
+    prefill = profile.prefill_seconds(new, cached)
+    beside = check.predicted_s - before.prefill_seconds(new, cached)  # the saves, a checkpoint restored
+    if check.name == "ram":  # its RAM restore as the refit profile prices it
+        prefill += profile.ram_restore_seconds(cached)
+        beside -= before.ram_restore_seconds(cached)
     return msgspec.structs.replace(
         check,
         cold_seconds=round(profile.prefill_seconds(check.prompt), 6),
         predicted_s=round(prefill + max(beside, 0.0), 6),
     )
+
+
+def _ram_restore(before: EngineProfile, profile: EngineProfile) -> EngineProfile:
+    """llama.cpp: the RAM restore a token measured again against the refit prefill, as calibrate
+    measures it (what the ``ram`` scenario took beyond its prefill and the saves it waited for, per
+    token it loaded back)."""
+    ram = next((c for c in profile.checks if c.name == "ram" and c.cached > 0), None)
+    if ram is None or profile.engine != "llamacpp":
+        return profile
+    new, cached = ram.prompt - ram.cached, ram.cached
+    saves = ram.predicted_s - before.prefill_seconds(new, cached) - before.ram_restore_seconds(cached)
+    token_s = max(ram.seconds - profile.prefill_seconds(new, cached) - max(saves, 0.0), 0.0) / cached
+    cache = msgspec.structs.replace(profile.cache, ram_restore_token_s=round(token_s, 9))
+    return msgspec.structs.replace(profile, cache=cache)
 
 
 def main() -> int:
@@ -99,6 +117,7 @@ def main() -> int:
         prefill_points=points,
         context_window=max(profile.context_window, *(p.a + p.b for p in points)),
     )
+    refit = _ram_restore(profile, refit)
     refit = msgspec.structs.replace(refit, checks=tuple(_recheck(profile, refit, c) for c in refit.checks))
     cut = f", its steps cut to whole {align}-token blocks (vLLM's align mode)" if align else ""
     source = f"{len(added)} cold prompts from {shown(args.cold)}" if args.cold else "its own points"

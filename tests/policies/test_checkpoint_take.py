@@ -11,13 +11,8 @@ from __future__ import annotations
 import pytest
 from msgspec.structs import replace
 
-from policies.engine_profile import (
-    DecodeModel,
-    EngineProfile,
-    Point,
-    PrefillModel,
-    checkpoint_positions,
-)
+from policies.checkpoints import checkpoint_positions
+from policies.engine_profile import DecodeModel, EngineProfile, Point, PrefillModel
 from policies.profile_fit import fit_prefill
 
 GAP = 2048  # compose's --ubatch-size 2048 --batch-size 2048: min(batch, 4 + ubatch)

@@ -5,7 +5,9 @@ much the two share from the holder's side (``policies.slot_costs.eviction``)."""
 from __future__ import annotations
 
 import pytest
+from msgspec.structs import replace
 
+from backends.engine_profiles import load_profile
 from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
 from policies.cost import estimate
 from policies.decision import Estimate
@@ -109,3 +111,28 @@ def test_a_hybrid_holder_sharing_the_newcomers_prompt_to_its_end_gets_its_near_e
     far = on_llama(Architecture.HYBRID, (SHARING,), leases)
     near = on_llama(Architecture.HYBRID, (SlotMatch(0, 2600, held=AGENT),), leases)
     assert 0 < near.evict_cost_s < far.evict_cost_s
+
+
+def test_the_holders_loss_is_its_tokens_not_the_checkpoints_its_turn_takes_anyway() -> None:
+    """On a profile that prices the context checkpoints a prompt takes (the H100's 27B: 0.12 s each),
+    the holder's loss is the tokens it must process again: its next turn takes its checkpoints
+    whether the slot was kept or not. The newcomer's own prompt pays its own."""
+    profile = load_profile("h100-llamacpp-27b-shape-q8_0-dense")
+    free = replace(profile, prefill=replace(profile.prefill, checkpoint_s=0.0))
+    leases = (SlotLease(0, "a", NOW - 6, AGENT), SlotLease(1, "b", NOW - 5, AGENT))
+
+    def priced(p: object) -> Estimate:
+        served = Deployment("m", "llama", "up", 65536, Architecture.HYBRID, profile=p)  # type: ignore[arg-type]
+        states = (SlotState(0, 65536, False), SlotState(1, 65536, False))
+        snapshot = BackendSnapshot("llama", EngineKind.LLAMACPP, Health.READY, NOW, (served,), slots=states,
+                                   total_slots=2)  # fmt: skip
+        return estimate(
+            RequestFeatures("m", Endpoint.CHAT, CHAT, 100, True, "chat", SessionSource.HEADER),
+            served, snapshot, session=SessionView("chat"), leases=leases, learned=LearnedState(),
+            match=PrefixMatch((SHARING, APART)), now=NOW, lease_idle_s=600.0,
+        )  # fmt: skip
+
+    paying, not_paying = priced(profile), priced(free)
+    assert paying.evicts == not_paying.evicts is not None
+    assert paying.evict_cost_s == pytest.approx(not_paying.evict_cost_s)
+    assert paying.prefill_s - not_paying.prefill_s == pytest.approx(2 * profile.prefill.checkpoint_s)

@@ -55,8 +55,6 @@ class TestLlamaServer:
         # the tiny hybrid model restored and took context checkpoints in the probe (their costs may round
         # to 0)
         assert not [n for n in profile.notes if "checkpoints not timed" in n or "no context checkpoint" in n]
-        assert profile.cache.checkpoint_restore_s >= 0
-        assert profile.prefill.checkpoint_s >= 0
         # the profile prices each restore below a cold prefill of the same prompt (what the engine took
         # is data, not a verdict: on a busy machine one scenario can take longer than the cold estimate)
         assert all(c.predicted_s < c.cold_seconds for c in checks.values())

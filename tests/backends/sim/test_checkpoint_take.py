@@ -16,6 +16,7 @@ from backends.sim.drive import EventDriver
 from backends.sim.generation import Answer, DeltaKind, OutToken
 from backends.sim.llama_engine import LlamaEngine
 from backends.sim.task import SimTask
+from backends.sim.whatif import whatif_llama
 from policies.types import Architecture
 
 TAKE_S = 0.125
@@ -71,3 +72,19 @@ def test_each_checkpoint_taken_is_in_the_prompt_time_and_every_slot_waits() -> N
 
 def test_a_dense_model_takes_none() -> None:
     assert run(TAKE_S, Architecture.DENSE) == run(0.0, Architecture.DENSE)
+
+
+def test_whatif_prices_the_checkpoints_the_turn_takes() -> None:
+    """``/_sim/whatif`` on an idle slot predicts the turn's prompt time with its three checkpoints (its
+    user message's among them) as the engine then takes it."""
+    server = Server(TAKE_S)
+    conversation = list(range(2000))
+    server.engine.submit(server.task(conversation, 0, user_start=10))
+    server.events.run()
+    prompt = conversation + list(range(5000, 5400))
+    predicted = whatif_llama(server.engine, prompt, id_slot=0, user_start=2080)
+    turn = server.task(prompt, 0, user_start=2080)
+    server.engine.submit(turn)
+    server.events.run()
+    assert predicted.cached_tokens == turn.cached
+    assert predicted.prefill_s == pytest.approx(turn.sim_prompt_end - turn.sim_start)

@@ -1,0 +1,21 @@
+"""Where llama-server takes a hybrid (or SWA) model's context checkpoints as it processes a prompt
+(``server-context.cpp``, the pinned build): it ends a step near the prompt's end to take one, and
+takes one where the last user message starts. The engine profile prices them
+(``EngineProfile.checkpoints_seconds``), the simulator keeps them per slot
+(``backends.sim.prefix_cache``) and the router follows them per slot (``policies.slot_rules``).
+"""
+
+from __future__ import annotations
+
+CHECKPOINT_TAIL = 4
+"""llama-server checkpoints this many tokens before a prompt's end (and ``4 + ubatch``)."""
+
+
+def checkpoint_positions(prompt: int, n_past: int, gap: int, user_start: int = -1) -> list[int]:
+    """Where llama-server takes context checkpoints processing a hybrid prompt of ``prompt`` tokens from
+    ``n_past`` (ascending): at ``max(n_past, prompt - gap)`` and ``max(n_past, prompt - 4)`` (it starts
+    a step there) and where the last user message starts (``user_start``) when it is processed; each
+    only with something in memory before it (position > 0)."""
+    near = (max(n_past, prompt - gap), max(n_past, prompt - CHECKPOINT_TAIL))
+    user = (user_start,) if n_past < user_start < prompt else ()
+    return sorted({p for p in (*user, *near) if 0 < p < prompt})
