@@ -195,8 +195,7 @@ class Exchange:
             await self._refuse(exc)
             return
         sent = in_flight(decision, core.fleet.clock.time(), routed.features)
-        # its first token is seen only through a streamed response body (a buffered one comes whole)
-        seen = sent.stream and self.response_mode != wire.BUFFERED_MODE
+        seen = sent.stream and self.response_mode != wire.BUFFERED_MODE  # a buffered body comes whole
         self.token = core.fleet.begin(replace(sent, stream=seen))
         core.lifecycle.warming.start(endpoint, body, routed)  # turnout's own: the next turn's slot
         url = urlsplit(upstream.url)
@@ -292,11 +291,10 @@ class Exchange:
                 record.error = f"backend {answered_by} answered {status}"
             await self.write(wire.response_headers(added))  # its body goes back untouched
             return
-        buffered = self.response_mode == wire.BUFFERED_MODE
         answer = self.answer = Answer(
             upstream, EnvoyResponse(status, headers), self.core.fleet, self.write,
-            buffered=buffered, api=stream_api(routed.features.endpoint), anthropic=self.anthropic,
-            answered_by=answered_by,
+            buffered=self.response_mode == wire.BUFFERED_MODE, api=stream_api(routed.features.endpoint),
+            anthropic=self.anthropic, answered_by=answered_by,
         )  # fmt: skip
         self.pump = asyncio.create_task(answer.run(self._answered, self._prefilled))
         await self.write(wire.response_headers(added, ("content-length",)))
