@@ -26,25 +26,36 @@ RESTORE_S = 0.12
 class Server:
     """Two slots in virtual time; each request pinned to its slot, answered with one token."""
 
-    def __init__(self, restore_s: float, architecture: Architecture = Architecture.HYBRID) -> None:
+    def __init__(
+        self,
+        restore_s: float,
+        architecture: Architecture = Architecture.HYBRID,
+        *,
+        take_s: float | None = None,
+    ) -> None:
+        """``take_s``: a context checkpoint taken, at compose's 2,048-token micro-batches (None: the
+        profile's own)."""
         profile = load_profile(PROFILE)
         cache = msgspec.structs.replace(profile.cache, checkpoint_restore_s=restore_s)
+        prefill = profile.prefill
+        if take_s is not None:
+            prefill = msgspec.structs.replace(prefill, checkpoint_s=take_s, ubatch=2048, batch=2048)
         config = SimConfig(
             kind="llamacpp",
             architecture=architecture,
             context_window=65536,
-            profile=msgspec.structs.replace(profile, cache=cache),
+            profile=msgspec.structs.replace(profile, cache=cache, prefill=prefill),
         )
         self.events = Events()
         self.engine = LlamaEngine(config, clock=self.events.clock)
         EventDriver(self.engine, self.events)
         self.fresh = 10_000_000
 
-    def task(self, prompt: list[int], slot: int, answer: int = 1) -> SimTask:
+    def task(self, prompt: list[int], slot: int, answer: int = 1, user_start: int = -1) -> SimTask:
         tokens = tuple(OutToken(self.fresh + i, "w", DeltaKind.TEXT) for i in range(answer))
         self.fresh += answer
         return SimTask(f"t{self.fresh}", prompt, Answer(tokens, "length", None), id_slot=slot,
-                       listener=lambda _: None)  # fmt: skip
+                       listener=lambda _: None, user_start=user_start)  # fmt: skip
 
     def ask(self, prompt: list[int], slot: int) -> SimTask:
         task = self.task(prompt, slot)

@@ -6,49 +6,20 @@ slot too. A dense model takes none."""
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
-from backends.clock import Events
-from backends.engine_profiles import load_profile
-from backends.sim.config import SimConfig
-from backends.sim.drive import EventDriver
-from backends.sim.generation import Answer, DeltaKind, OutToken
-from backends.sim.llama_engine import LlamaEngine
-from backends.sim.task import SimTask
 from backends.sim.whatif import whatif_llama
 from policies.types import Architecture
+from tests.backends.sim.test_checkpoint_restore import Server
 
 TAKE_S = 0.125
-
-
-class Server:
-    """Two slots in virtual time, each request pinned to its slot."""
-
-    def __init__(self, take_s: float, architecture: Architecture = Architecture.HYBRID) -> None:
-        profile = load_profile("h100-llamacpp-27b-shape-q8_0-dense")
-        prefill = msgspec.structs.replace(profile.prefill, checkpoint_s=take_s, ubatch=2048, batch=2048)
-        config = SimConfig(
-            kind="llamacpp",
-            architecture=architecture,
-            context_window=65536,
-            profile=msgspec.structs.replace(profile, prefill=prefill),
-        )
-        self.events = Events()
-        self.engine = LlamaEngine(config, clock=self.events.clock)
-        EventDriver(self.engine, self.events)
-
-    def task(self, prompt: list[int], slot: int, answer: int = 1, user_start: int = -1) -> SimTask:
-        tokens = tuple(OutToken(9_000_000 + i, "w", DeltaKind.TEXT) for i in range(answer))
-        return SimTask(f"t{len(prompt)}-{slot}", prompt, Answer(tokens, "length", None), id_slot=slot,
-                       listener=lambda _: None, user_start=user_start)  # fmt: skip
 
 
 def run(take_s: float, architecture: Architecture = Architecture.HYBRID) -> tuple[list[float], float]:
     """Slot 1 answers 300 tokens to a 4-token prompt (it takes no checkpoint) while slot 0 has a cold
     chat prompt (its user message at 10), then a turn of 400 tokens whose user message starts 80
     tokens in: each prompt's time, and when slot 1's answer ended."""
-    server = Server(take_s, architecture)
+    server = Server(0.0, architecture, take_s=take_s)
     long = server.task([7, 8, 9, 10], 1, answer=300)
     conversation = list(range(2000))
     cold = server.task(conversation, 0, user_start=10)
@@ -77,7 +48,7 @@ def test_a_dense_model_takes_none() -> None:
 def test_whatif_prices_the_checkpoints_the_turn_takes() -> None:
     """``/_sim/whatif`` on an idle slot predicts the turn's prompt time with its three checkpoints (its
     user message's among them) as the engine then takes it."""
-    server = Server(TAKE_S)
+    server = Server(0.0, take_s=TAKE_S)
     conversation = list(range(2000))
     server.engine.submit(server.task(conversation, 0, user_start=10))
     server.events.run()
