@@ -20,8 +20,10 @@
 #                     $OUT/gpu-memory-split.txt)
 #   calibrate:FLAGSET:WINDOW:BUDGET_S   turnout calibrate against it -> $OUT/CARD-llamacpp-MODEL-FLAGSET.toml
 #   turns:FLAGSET     agent sessions through turnout serve, the flag set's profile (this machine's
-#                     calibration, else the committed one): TURNS turns (3) of each GROW (250 words),
-#                     then each FRESH prompt, MAX_TOKENS (16) an answer (bench/gpu/turns.py)
+#                     calibration, else the committed one): one request of WARM_WORDS (64) first, not
+#                     measured (the server's first request sets things up), then TURNS turns (3) of
+#                     each GROW (250 words), then each FRESH prompt, MAX_TOKENS (16) an answer
+#                     (bench/gpu/turns.py)
 #                     -> $OUT/turns-TAG-FLAGSET.json
 #   probe             RAM-cache saves by the tokens and checkpoints a slot holds, a checkpoint restore
 #                     against a live append (bench/gpu/slot_costs.py) -> $OUT/slot-costs.json
@@ -186,7 +188,7 @@ stage_turns() {
   case "$TAG" in 27b-shape*) model=qwen3.8-27b ;; esac
   python3 bench/gpu/turns.py --engine "http://127.0.0.1:$PORT" --profile "$(profile_of "$1")" --model "$model" \
     --turns ${TURNS:-3} --first ${FIRST_WORDS:-1000} --grow ${GROW:-250} --fresh ${FRESH:-} \
-    --max-tokens "${MAX_TOKENS:-16}" --out "$OUT/turns-$TAG-$1.json" 2>&1 \
+    --max-tokens "${MAX_TOKENS:-16}" --warm "${WARM_WORDS:-64}" --out "$OUT/turns-$TAG-$1.json" 2>&1 \
     | grep -v '^\S* \S* \[info' | tee "$OUT/turns-$TAG-$1.log"
 }
 
