@@ -15,10 +15,14 @@ checkpoint_positions``): each is a copy of the recurrent state off the GPU that 
 its 0.56 s). A turn that extends its slot by 4 tokens takes one (where it starts), one that extends
 it by 16 takes two (and 4 before its end).
 
-``measure`` grows a conversation on slot 1 three ways a round: by 16 tokens, by 16 after dropping its
-last two tokens (the checkpoint 4 tokens before the end is restored), and by 4. The median
-difference of the first two is the restore; of the first and the third, less what 12 more tokens
-cost, a checkpoint taken. It runs before the saves are timed: whether a restore happened says whether
+``measure`` grows a fresh, short conversation on slot 1 three ways a round: by 16 tokens, by 16 after
+dropping its last two tokens (the checkpoint 4 tokens before the end is restored), and by 4. The
+median difference of the first two is the restore; of the first and the third, less what 12 more
+tokens cost, a checkpoint taken. A checkpoint that ends a step cannot be timed apart from that
+step (every checkpoint but the one where processing starts ends one), so the take carries a small
+step's cost; short, so that the step's attention over the context before it stays small (on the
+CPU build's tiny model, at 3,600 tokens of context, that step cost 7 ms where a whole 16-token
+prompt took 3 ms). It runs before the saves are timed: whether a restore happened says whether
 the model keeps checkpoints at all, which the saves' fit needs.
 """
 
@@ -62,9 +66,8 @@ async def measure(
     checkpoints, by the fit so far). None when no restore happened: the model is not hybrid (the
     diverging turn reused all it shared) or the server keeps no checkpoints (it re-processed
     everything), or the slot lost its conversation meanwhile (an extending turn did not reuse it)."""
-    conversation = list(book.held.get(slot, [])) or prompt(4 * PROBE_TOKENS)
-    if slot not in book.held:
-        await send(conversation, slot)
+    conversation = prompt(4 * PROBE_TOKENS)  # short: a small step's cost grows with the context before it
+    await send(conversation, slot)
     restores, takes = [], []
     for _ in range(repeat):
         before = len(conversation)
