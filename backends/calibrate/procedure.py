@@ -218,7 +218,7 @@ async def _restore(run: Run) -> None:
     draft = EngineProfile(
         name="draft",
         engine="llamacpp",
-        prefill=fit_prefill(run.shape, run.prefill, attention=False),
+        prefill=fit_prefill(run.shape, run.prefill, attention=any(p.b > 0 for p in run.prefill)),
         decode=DecodeModel(step_s=1.0),
     )  # only its price of a few more tokens is used
     measured = await restore.measure(

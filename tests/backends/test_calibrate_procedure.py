@@ -84,3 +84,14 @@ def test_the_profile_comes_back() -> None:
     assert got.prefill.request_s == pytest.approx(TRUTH.prefill.request_s, abs=0.005)
     for point in got.prefill_points:  # what each point measured, less its saves, the profile says
         assert got.prefill_seconds(point.a, point.b) == pytest.approx(point.seconds, rel=0.02)
+
+
+def test_the_take_comes_back_where_attention_prices_the_tokens() -> None:
+    """A checkpoint taken is timed against 12 more tokens, priced by the fit so far: with attention in
+    the engine, a fit without it puts its share into every token and prices those 12 too high (the
+    take came out 8% short). The probe's short conversation keeps the small step each take carries
+    cheap on the real engines (tests/real/test_profile_agreement.py: on the CPU build's tiny model, at
+    3,600 tokens of context, that step cost more than a whole 16-token prompt)."""
+    attention = replace(TRUTH, prefill=replace(TRUTH.prefill, context_s=2e-4))
+    got = calibrated(attention)
+    assert got.prefill.checkpoint_s == pytest.approx(TRUTH.prefill.checkpoint_s, rel=0.02)
