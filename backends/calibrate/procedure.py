@@ -222,7 +222,7 @@ async def _restore(run: Run) -> None:
         decode=DecodeModel(step_s=1.0),
     )  # only its price of a few more tokens is used
     measured = await restore.measure(
-        run.prefill_on, run.book, run.engine.prompt, run.saves.without, draft.prefill_seconds, slot=slot
+        run.prefill_on, run.engine.prompt, run.saves.without, draft.prefill_seconds, slot=slot
     )
     if measured is None:
         run.notes.append("no context checkpoint restored (not a hybrid model, or --ctx-checkpoints 0)")

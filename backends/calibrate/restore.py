@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from backends.calibrate.engines import Saved
-from backends.calibrate.saves import PROBE_TOKENS, Send, SlotBook
+from backends.calibrate.saves import PROBE_TOKENS, Send
 from policies.checkpoints import CHECKPOINT_TAIL
 
 DROP = 2
@@ -53,15 +53,14 @@ class Checkpoints:
 
 async def measure(
     send: Send,
-    book: SlotBook,
     prompt: Callable[[int], list[int]],
     without: Callable[[float, Sequence[Saved]], float],
     tokens_s: Callable[[int, int], float],
     repeat: int = 3,
     slot: int = 1,
 ) -> Checkpoints | None:
-    """A checkpoint's restore and take (the medians of ``repeat`` rounds), measured on ``slot`` as it
-    continues its conversation (the saves each request waited for taken out by ``without``;
+    """A checkpoint's restore and take (the medians of ``repeat`` rounds), measured on ``slot`` on a
+    fresh conversation it grows (the saves each request waited for taken out by ``without``;
     ``tokens_s(new, cached)``: what the prefill of ``new`` tokens after ``cached`` costs without
     checkpoints, by the fit so far). None when no restore happened: the model is not hybrid (the
     diverging turn reused all it shared) or the server keeps no checkpoints (it re-processed

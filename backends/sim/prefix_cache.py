@@ -87,17 +87,6 @@ def llama_reuse(
     return SlotReuse(min(n_past, len(prompt) - 1), kept, restored)
 
 
-def new_checkpoints(
-    prompt_len: int, n_past: int, gap: int = CHECKPOINT_OFFSETS[0], user_start: int = -1
-) -> list[int]:
-    """Where processing a prompt of ``prompt_len`` tokens from ``n_past`` takes context checkpoints
-    (ascending): llama-server takes one at the start of each step near the prompt's end and ends its
-    steps ``gap`` and 4 tokens before the end, so at ``max(n_past, N - gap)`` and ``max(n_past, N - 4)``,
-    and one where the last user message starts (``user_start``, when processed); each only with
-    something in memory before it (position > 0)."""
-    return checkpoint_positions(prompt_len, n_past, gap, user_start)
-
-
 def add_checkpoints(
     checkpoints: Sequence[int],
     prompt_len: int,
@@ -107,9 +96,10 @@ def add_checkpoints(
 ) -> tuple[int, ...]:
     """Checkpoints after processing a prompt of ``prompt_len`` tokens from position ``n_past``, the
     first near-end one ``gap`` tokens before its end (``PrefillModel.checkpoint_gap``): those kept,
-    then ``new_checkpoints`` (one at a position already held replaces it), the newest 32."""
+    then those it takes (``policies.checkpoints.checkpoint_positions``; one at a position already
+    held replaces it), the newest 32."""
     out = list(checkpoints)
-    for pos in new_checkpoints(prompt_len, n_past, gap, user_start):
+    for pos in checkpoint_positions(prompt_len, n_past, gap, user_start):
         if pos in out:
             out.remove(pos)
         out.append(pos)

@@ -33,7 +33,7 @@ def probe(
     send = sender(engine, book)
     asyncio.run(send(engine.prompt(3000), 0))  # slot 0 not saved yet: the probe's first launch saves it
     tokens_s = PROFILE.prefill_seconds  # what calibrate's fit so far prices tokens at (no checkpoints)
-    return asyncio.run(restore.measure(send, book, engine.prompt, TRUTH.without, tokens_s))
+    return asyncio.run(restore.measure(send, engine.prompt, TRUTH.without, tokens_s))
 
 
 def test_it_recovers_the_restore_with_the_saves_taken_out() -> None:
@@ -64,7 +64,7 @@ def test_a_one_slot_server_is_probed_on_its_only_slot() -> None:
     engine, book = Engine(profile=truth(RESTORE_S, TAKE_S)), SlotBook()
     send = sender(engine, book)
     tokens_s = PROFILE.prefill_seconds
-    paying = asyncio.run(restore.measure(send, book, engine.prompt, TRUTH.without, tokens_s, slot=0))
+    paying = asyncio.run(restore.measure(send, engine.prompt, TRUTH.without, tokens_s, slot=0))
     assert paying is not None
     assert paying.restore_s == pytest.approx(RESTORE_S, abs=0.002)
     assert paying.take_s == pytest.approx(TAKE_S, abs=0.002)
