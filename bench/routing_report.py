@@ -107,13 +107,14 @@ def warm_turn_best(
     was faster: what no routing can beat on this trace."""
     configs = StackOptions(model=MODEL).sim_configs()
     llama, vllm = configs["llama"], configs["vllm"]
+    gap = llama.engine_profile.prefill.checkpoint_gap
     best: list[float] = []
     previous: dict[str | None, tuple[list[int], tuple[int, ...]]] = {}
     for request in requests:
         prompt = prompt_tokens(request)
         tokens, checkpoints = previous.get(request.session, ([], ()))
         reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=True)
-        checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past)
+        checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past, gap)
         previous[request.session] = (prompt + [ANSWER_TOKEN.id] * (request.max_tokens - 1), checkpoints)
         warm = (len(prompt) - reuse.n_past) / llama.prefill_tok_s
         if len(prompt) >= min_tokens:

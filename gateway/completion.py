@@ -29,6 +29,7 @@ from gateway.routing import Router
 from gateway.state import SentPrompt
 from gateway.timeline import turn_record
 from policies.decision import Outcome, ScoredCandidate
+from policies.slot_rules import checkpoint_gap
 from policies.types import Awaited, Endpoint, EngineKind, SessionView, Usage
 
 
@@ -98,7 +99,8 @@ def next_session(router: Router, done: Completion) -> None:
         key = session.key if session is not None else None
         tokens, cached = usage.prompt_tokens, usage.cached_tokens
         user = routed.features.user_start_at(tokens)
-        done.sent = SentPrompt(outcome.backend_id, slot, chain, tokens, key, cached, user)
+        gap = checkpoint_gap(chosen.deployment)
+        done.sent = SentPrompt(outcome.backend_id, slot, chain, tokens, key, cached, user, gap)
     if session is None:
         return
     cached = usage.cached_tokens or 0

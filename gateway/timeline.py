@@ -17,12 +17,16 @@ from typing import Any
 
 from gateway.decisions import MOVES, moved
 from gateway.routed import Routed
+from policies.checkpoints import DEFAULT_GAP
 from policies.decision import Outcome
 from policies.shape import Break, where_it_breaks
+from policies.slot_rules import checkpoint_gap
 from policies.types import EngineKind, Reason
 
 BREAK_MIN_TOKENS = 600
-"""Below this a shortfall is a hybrid slot's checkpoint gap (516 tokens) or a vLLM block, not a break."""
+"""Below this a shortfall is a hybrid slot's checkpoint gap (516 tokens at llama-server's default
+micro-batch; a deployment whose profile has a longer one, ``slot_rules.checkpoint_gap``, adds the
+difference) or a vLLM block, not a break."""
 BREAK_SHARE = 0.1
 
 
@@ -69,8 +73,14 @@ def turn_record(
         # as turnout expected it: a turn that got that is not a break
         reusable = min(reusable, estimate.expected_cached_tokens)
     shortfall = reusable - cached
+    deployment = routed.decision.chosen
+    least = (
+        BREAK_MIN_TOKENS + max(checkpoint_gap(deployment) - DEFAULT_GAP, 0)
+        if deployment
+        else BREAK_MIN_TOKENS
+    )
     broke = None
-    if session is not None and previous and shortfall > max(BREAK_MIN_TOKENS, BREAK_SHARE * reusable):
+    if session is not None and previous and shortfall > max(least, BREAK_SHARE * reusable):
         cut = (
             where_it_breaks(session.shape, features.shape)
             if session.shape is not None and features.shape is not None

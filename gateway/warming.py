@@ -35,8 +35,10 @@ from gateway.routed import Routed
 from gateway.routing import Router
 from gateway.state import SentPrompt
 from policies import Endpoint
+from policies.checkpoints import DEFAULT_GAP
 from policies.decision import Outcome, WarmUp
 from policies.features import OUTPUT_LIMIT_FIELDS
+from policies.slot_rules import checkpoint_gap
 from policies.types import Deployment, EngineKind, Usage
 
 log = structlog.get_logger(__name__)
@@ -77,7 +79,11 @@ def warmed(warm: WarmUp, routed: Routed) -> SentPrompt | None:
         return None
     key = routed.session.key if routed.session is not None else None
     tokens, user = routed.features.prompt_tokens, routed.features.user_start
-    return SentPrompt(warm.backend_id, warm.slot, chain, tokens, key, user_start=user)
+    there = next(
+        (c.deployment for c in routed.decision.candidates if c.deployment.backend_id == warm.backend_id), None
+    )
+    gap = checkpoint_gap(there) if there is not None else DEFAULT_GAP
+    return SentPrompt(warm.backend_id, warm.slot, chain, tokens, key, user_start=user, gap=gap)
 
 
 def learn_from(router: Router, warm: WarmUp, routed: Routed, usage: Usage | None, *, shared: bool) -> None:

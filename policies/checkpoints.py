@@ -9,6 +9,10 @@ from __future__ import annotations
 
 CHECKPOINT_TAIL = 4
 """llama-server checkpoints this many tokens before a prompt's end (and ``4 + ubatch``)."""
+DEFAULT_GAP = CHECKPOINT_TAIL + 512
+"""The first near-end checkpoint's distance from a prompt's end, ``min(n_batch, 4 + n_ubatch)``, at
+llama-server's default ``--ubatch-size 512``: for an engine with no profile (a profile's is
+``PrefillModel.checkpoint_gap``; 2,048 at compose's ``--ubatch-size 2048``)."""
 
 
 def checkpoint_positions(prompt: int, n_past: int, gap: int, user_start: int = -1) -> list[int]:

@@ -329,16 +329,18 @@ def linear_profile(
     *,
     batch_slowdown: float = 0.06,
     batch: int = 2048,
+    ubatch: int | None = None,
     name: str = "",
 ) -> EngineProfile:
     """The two-constant model as a profile: prefill ``n / prefill_tok_s``, decode step
-    ``(1 / decode_tok_s) * (1 + batch_slowdown * (n - 1))``."""
+    ``(1 / decode_tok_s) * (1 + batch_slowdown * (n - 1))``; ``ubatch`` (default ``batch``) prices
+    nothing here, and places a llama.cpp slot's checkpoints (``PrefillModel.checkpoint_gap``)."""
     if prefill_tok_s <= 0 or decode_tok_s <= 0:
         raise ProfileSchemaError("prefill_tok_s and decode_tok_s must be > 0")
     return EngineProfile(
         name=name or f"{engine}-linear-{prefill_tok_s:g}-{decode_tok_s:g}",
         engine=engine,
-        prefill=PrefillModel(token_s=1.0 / prefill_tok_s, ubatch=batch, batch=batch),
+        prefill=PrefillModel(token_s=1.0 / prefill_tok_s, ubatch=ubatch or batch, batch=batch),
         decode=DecodeModel(step_s=1.0 / decode_tok_s, seq_s=batch_slowdown / decode_tok_s),
         source=f"two rates: prefill {prefill_tok_s:g} tok/s, decode {decode_tok_s:g} tok/s",
     )

@@ -15,7 +15,7 @@ import msgspec
 
 from policies.learning import DeploymentStats
 from policies.pricing import prefill_s, ram_restore_s
-from policies.slot_rules import consults_ram_by_counts, ram_span, reuse, usable
+from policies.slot_rules import checkpoint_gap, consults_ram_by_counts, ram_span, reuse, usable
 from policies.types import (
     Architecture,
     BackendSnapshot,
@@ -114,7 +114,7 @@ class Ram(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, situation: Situation, hybrid: bool) -> Ram:
-        tokens = usable(situation.match.best_recent, hybrid)
+        tokens = usable(situation.match.best_recent, hybrid, checkpoint_gap(situation.deployment))
         stats = situation.stats
         ratio = min(stats.ram_reuse.value, stats.reuse.value)
         there = _in_ram(situation) and not _still_in_slot(situation)
@@ -136,7 +136,8 @@ def _still_in_slot(situation: Situation) -> bool:
 def best_reuse(situation: Situation, slot_match: SlotMatch | None, ram: Ram | None, hybrid: bool) -> Reuse:
     """The slot's own state (``slot_match``) or, when llama-server consults it (``ram`` given), the
     RAM cache's best entry, whichever gives more."""
-    slot_tokens = usable(slot_match, hybrid) if slot_match is not None else 0
+    gap = checkpoint_gap(situation.deployment)
+    slot_tokens = usable(slot_match, hybrid, gap) if slot_match is not None else 0
     from_slot = reuse(slot_tokens, situation.stats, situation.stats.reuse.value, token_exact=True)
     if ram is not None and ram.there and ram.potential > from_slot:
         return Reuse(ram.potential, "ram", ram.usable, ram.potential)
@@ -191,4 +192,4 @@ def _left_for(deployment: Deployment, held: SlotMatch, prompt: int, cached: int)
     engine keeps them). Never ``whole``: this prompt's answer follows it in the slot."""
     own = held.checkpoint if held.checkpoint <= cached else 0
     after = SlotMatch(held.slot, held.tokens, held=prompt, checkpoint=own)
-    return usable(after, deployment.architecture is Architecture.HYBRID)
+    return usable(after, deployment.architecture is Architecture.HYBRID, checkpoint_gap(deployment))

@@ -12,16 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from policies.checkpoints import CHECKPOINT_TAIL, checkpoint_positions
+from policies.checkpoints import DEFAULT_GAP, checkpoint_positions
 from policies.learning import DeploymentStats, reusable
-from policies.types import PrefixMatch, SlotMatch
+from policies.types import Deployment, PrefixMatch, SlotMatch
 
 SIMILARITY_THRESHOLD = 0.1  # llama-server's --slot-prompt-similarity
-CHECKPOINT_GAP = CHECKPOINT_TAIL + 512
-"""llama-server checkpoints a hybrid prompt of N tokens at N - min(n_batch, 4 + n_ubatch) and N - 4
-(``server-context.cpp``: it ends a step there to take the checkpoint); this is the gap at the default
-``--ubatch-size`` 512, which the simulator and the router both use for every deployment (at compose's
-2,048 it is 2,048: not modelled yet, see docs/routing.md)."""
 MAX_CHECKPOINTS = 32
 """Context checkpoints llama-server keeps per slot (``--ctx-checkpoints``), the oldest out first."""
 
@@ -39,6 +34,15 @@ def reuse(
     return round(reusable(shared, block) * ratio / block) * block
 
 
+def checkpoint_gap(deployment: Deployment) -> int:
+    """How far before a prompt's end ``deployment``'s llama-server takes its first near-end context
+    checkpoint: its profile's ``min(batch, 4 + ubatch)`` (``DEFAULT_GAP`` without a profile). A prompt
+    that diverges from a slot between there and 4 tokens before the slot's end restores the one there
+    (a trace replayed from hashed blocks does every turn: the template's tail differs)."""
+    profile = deployment.profile
+    return profile.prefill.checkpoint_gap if profile is not None else DEFAULT_GAP
+
+
 def ram_span(match: PrefixMatch) -> int:
     """Tokens turnout sent to the backend since the matched prompt began: what must fit in the RAM
     cache for it to still be there (the cache drops its oldest entries first)."""
@@ -49,7 +53,7 @@ def checkpoints_after(
     previous: Sequence[int],
     tokens: int,
     cached: int | None,
-    gap: int = CHECKPOINT_GAP,
+    gap: int = DEFAULT_GAP,
     user_start: int = -1,
 ) -> tuple[int, ...]:
     """The context checkpoints (token offsets, oldest first) a hybrid llama.cpp slot holds after a
@@ -68,7 +72,7 @@ def checkpoints_after(
     return tuple(kept[-MAX_CHECKPOINTS:])
 
 
-def usable(match: SlotMatch, hybrid: bool, gap: int = CHECKPOINT_GAP) -> int:
+def usable(match: SlotMatch, hybrid: bool, gap: int = DEFAULT_GAP) -> int:
     """Tokens of a slot's (or RAM entry's) state the engine's rules let it reuse: all it shares with
     the prompt when the prompt extends it; for a hybrid model that diverges inside it, the later of
     the slot's newest checkpoint within the shared prefix (``match.checkpoint``: possibly one an

@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from backends.calibrate.engines import Prefill, Saved
-from backends.sim.prefix_cache import CHECKPOINT_OFFSETS, add_checkpoints, common_prefix, llama_reuse
+from backends.sim.prefix_cache import add_checkpoints, common_prefix, llama_reuse
 from backends.sim.ram_cache import RamCache, StateSizes
+from policies.checkpoints import DEFAULT_GAP
 
 SIMILARITY = 0.1
 """llama-server's ``--slot-prompt-similarity`` default: a named slot sharing no more than this share
@@ -48,7 +49,7 @@ class SlotBook:
     held: dict[int, list[int]] = field(default_factory=dict)
     checkpoints: dict[int, tuple[int, ...]] = field(default_factory=dict)
     cache: RamCache = field(default_factory=lambda: RamCache(0, 0, StateSizes()))
-    gap: int = CHECKPOINT_OFFSETS[0]
+    gap: int = DEFAULT_GAP
     """Where the server takes its first near-end checkpoint: ``min(batch, 4 + ubatch)``."""
     hybrid: bool = True
     """The model keeps context checkpoints (a recurrent state); calibrate's restore probe says."""

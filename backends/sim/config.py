@@ -14,6 +14,8 @@ SimKind = Literal["vllm", "llamacpp"]
 
 DEFAULT_PROFILES: dict[str, str] = {"vllm": "seed-5090-vllm-27b", "llamacpp": "seed-5090-llamacpp-27b"}
 """Each kind's engine profile when a config names none (``backends/profiles/``)."""
+LLAMA_UBATCH = 512
+"""llama-server's default ``--ubatch-size``: a llama.cpp simulator without a profile runs at it."""
 DEFAULT_PREFILL_CHUNK = 2048
 DENSE_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 256
@@ -136,7 +138,9 @@ class SimConfig:
 
     @functools.cached_property
     def engine_profile(self) -> EngineProfile:
-        """The profile every step is priced by: ``profile``, or the linear one of the rates."""
+        """The profile every step is priced by: ``profile``, or the linear one of the rates (llama.cpp
+        at llama-server's default ``--ubatch-size``, 512: its first near-end checkpoint 516 tokens
+        before a prompt's end, as the router assumes for a deployment without a profile)."""
         if self.profile is not None:
             return self.profile
         return linear_profile(
@@ -145,6 +149,7 @@ class SimConfig:
             self.decode_tok_s,
             batch_slowdown=self.batch_slowdown,
             batch=self.prefill_chunk,
+            ubatch=min(LLAMA_UBATCH, self.prefill_chunk) if self.kind == "llamacpp" else None,
             name=f"{self.kind}-linear",
         )
 

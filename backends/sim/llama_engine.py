@@ -55,6 +55,7 @@ class LlamaEngine(BatchEngine):
         self.slots = [Slot(i, config.context_window) for i in range(config.slots)]
         self.deferred: deque[SimTask] = deque()
         self.hybrid = config.architecture is Architecture.HYBRID
+        self.checkpoint_gap = self.perf.profile.prefill.checkpoint_gap  # where it ends a step near the end
         sizes = StateSizes(config.state_bytes_per_token, config.recurrent_state_bytes if self.hybrid else 0)
         self.ram_cache = RamCache.for_flag(config.cache_ram_mib, config.context_window * config.slots, sizes)
         self.started_at = clock.monotonic()
@@ -130,8 +131,8 @@ class LlamaEngine(BatchEngine):
         task.cached = reuse.n_past
         if reuse.restores:  # a checkpoint back on the GPU: every slot waits
             self.stall_s += self.perf.profile.cache.checkpoint_restore_s
-        kept, length, user = reuse.checkpoints, len(task.prompt), task.user_start
-        slot.checkpoints = add_checkpoints(kept, length, reuse.n_past, user_start=user) if self.hybrid else ()
+        kept, length, user, gap = reuse.checkpoints, len(task.prompt), task.user_start, self.checkpoint_gap
+        slot.checkpoints = add_checkpoints(kept, length, reuse.n_past, gap, user) if self.hybrid else ()
         if self.hybrid:  # the checkpoints it takes, copied off the GPU as it goes: every slot waits
             self.stall_s += self.perf.profile.checkpoints_seconds(length, reuse.n_past, user)
         slot.tokens = list(task.prompt[: reuse.n_past])

@@ -9,7 +9,8 @@ llama.cpp (per slot, ``tools/server/server-context.cpp``):
   checkpoint with ``n_tokens <= LCP`` is restored (``n_past = n_tokens``), else a full re-prefill.
   Checkpoints past ``n_past`` are erased. Each processed prompt of length ``N`` adds checkpoints at
   ``max(n_past, N - gap)`` and ``max(n_past, N - 4)``, ``gap = min(n_batch, 4 + n_ubatch)`` (516 at
-  the default micro-batch), and where its last user message starts when that is processed (the
+  the default micro-batch, 2,048 at compose's ``--ubatch-size 2048``: the engine profile's
+  ``PrefillModel.checkpoint_gap``), and where its last user message starts when that is processed (the
   pinned ``server-context.cpp`` checkpoints the start of each step near the prompt's end, and ends a
   step there), at most 32 per slot, oldest evicted first.
 * at least one prompt token is always evaluated: ``n_past <= len(prompt) - 1``.
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from policies.checkpoints import checkpoint_positions
 
 MAX_CHECKPOINTS = 32
-CHECKPOINT_OFFSETS = (4 + 512, 4)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -91,7 +91,7 @@ def add_checkpoints(
     checkpoints: Sequence[int],
     prompt_len: int,
     n_past: int,
-    gap: int = CHECKPOINT_OFFSETS[0],
+    gap: int,
     user_start: int = -1,
 ) -> tuple[int, ...]:
     """Checkpoints after processing a prompt of ``prompt_len`` tokens from position ``n_past``, the

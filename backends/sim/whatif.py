@@ -140,7 +140,9 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int], user_st
         kept, prompt_len, user = reuse.checkpoints, len(task.prompt), task.user_start
         wait += perf.prefill_seconds(prompt_len - reuse.n_past, reuse.n_past, user)
         wait += len(task.answer.tokens) * perf.decode_step_seconds(1)
-        checkpoints = add_checkpoints(kept, prompt_len, reuse.n_past, user_start=user) if hybrid else ()
+        checkpoints = (
+            add_checkpoints(kept, prompt_len, reuse.n_past, engine.checkpoint_gap, user) if hybrid else ()
+        )
         tokens = _end_tokens(task)
     if current is None and engine.ram_cache is not None:
         probe = Slot(slot.id, slot.n_ctx, tokens=tokens, checkpoints=checkpoints)

@@ -10,7 +10,8 @@ oracle it also knows the conversation's remaining turns ``j`` (prompt ``P_j``, g
 
     score(c) = now(c) + future(c) + evict(c)
     future(engine without slots) = sum_j P_j / rate_b                  (hybrid, no prefix cache: re-prefill)
-    future(llama slot)           = sum_j (g_j + WARM_OVERHEAD) / rate_b (warm slot: growth + checkpoint gap)
+    future(llama slot)           = sum_j (g_j + gap_b + TEMPLATE_TAIL) / rate_b (warm slot: growth
+                                   + the checkpoint gap of b's profile + the template's tail)
     evict(llama slot)            = elsewhere(o) - future_b(o) of the conversation ``o`` whose turn last
                                    ran on that slot, over ``o``'s turns still to come (0 when it has none,
                                    or when it is this request's own); elsewhere: cold on the fastest
@@ -41,14 +42,14 @@ from typing import Any
 import httpx
 
 from backends.sim import SimConfig
-from backends.sim.prefix_cache import CHECKPOINT_OFFSETS
 from gateway.replay.client import Measured, stream_chat
 from gateway.replay.traces import TraceRequest, conversations
 
 SETTLE_S = 0.02
 """Wall seconds a decision waits, at most, for the engine to take the request before the next one."""
-WARM_OVERHEAD = CHECKPOINT_OFFSETS[0] + 8
-"""Tokens a warm hybrid llama.cpp slot re-prefills beyond the growth (checkpoint gap + chat template)."""
+TEMPLATE_TAIL = 8
+"""Tokens a warm hybrid llama.cpp slot re-prefills beyond the growth and its checkpoint gap (a turn
+replayed from hashed blocks diverges where the previous prompt's chat template closed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +66,11 @@ class Candidate:
 class Horizon:
     """A request's conversation future in tokens: what its remaining turns prefill on an engine that
     kept nothing of them (``cold``: their whole prompts) and on a warm llama.cpp slot (``warm``: their
-    growth plus the checkpoint gap each)."""
+    growth and ``TEMPLATE_TAIL`` each, and the slot's checkpoint gap once for each of the ``turns``)."""
 
     cold: int = 0
     warm: int = 0
+    turns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +81,19 @@ class Engines:
     of the look-ahead (this turn's TTFT comes from the engine models' own what-if, which has them)."""
 
     rates: Mapping[str, float]
-    slotted: frozenset[str]
+    gaps: Mapping[str, int]
+    """The llama.cpp backends' checkpoint gaps (their profiles' ``checkpoint_gap``): these keep slots."""
 
     def future_s(self, backend: str, horizon: Horizon) -> float:
         """Seconds of prefill ``horizon`` costs if its conversation stays on ``backend``."""
-        tokens = horizon.warm if backend in self.slotted else horizon.cold
+        gap = self.gaps.get(backend)
+        tokens = horizon.cold if gap is None else horizon.warm + horizon.turns * gap
         return tokens / self.rates[backend]
 
     def elsewhere_s(self, horizon: Horizon) -> float:
         """Seconds of prefill ``horizon`` costs on the fastest engine that keeps no slot (on the
         fastest of all, cold, when every engine has slots)."""
-        cold = [r for b, r in self.rates.items() if b not in self.slotted] or list(self.rates.values())
+        cold = [r for b, r in self.rates.items() if b not in self.gaps] or list(self.rates.values())
         return horizon.cold / max(cold)
 
 
@@ -100,11 +104,11 @@ def horizons(requests: Sequence[TraceRequest]) -> list[Horizon]:
     for indices in conversations(requests):
         cold = warm = 0
         for position in range(len(indices) - 1, -1, -1):
-            out[indices[position]] = Horizon(cold, warm)
+            out[indices[position]] = Horizon(cold, warm, len(indices) - 1 - position)
             request = requests[indices[position]]
             previous = requests[indices[position - 1]].input_tokens if position else 0
             cold += request.input_tokens
-            warm += max(request.input_tokens - previous, 0) + WARM_OVERHEAD
+            warm += max(request.input_tokens - previous, 0) + TEMPLATE_TAIL
     return out
 
 
@@ -160,7 +164,10 @@ def candidates_from(backend: str, whatif: Mapping[str, Any]) -> list[Candidate]:
 def engines_of(configs: Mapping[str, SimConfig]) -> Engines:
     """The oracle's view of simulated engines by backend id."""
     rates = {name: config.prefill_tok_s for name, config in configs.items()}
-    return Engines(rates, frozenset(name for name, c in configs.items() if c.kind == "llamacpp"))
+    gaps = {
+        name: c.engine_profile.prefill.checkpoint_gap for name, c in configs.items() if c.kind == "llamacpp"
+    }
+    return Engines(rates, gaps)
 
 
 def owners(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from policies.checkpoints import DEFAULT_GAP
 from policies.prefix import CHUNK_BYTES, PromptChain, PromptMark
 from policies.slot_rules import checkpoints_after
 from policies.types import PrefixMatch, SlotMatch
@@ -54,6 +55,9 @@ class SentPrompt:
     cached: int | None = None
     user_start: int = -1
     """Where its last user message starts, in tokens (the engine checkpoints it; -1: none)."""
+    gap: int = DEFAULT_GAP
+    """How far before its end the engine took its first near-end checkpoint
+    (``policies.slot_rules.checkpoint_gap``)."""
 
 
 class Held(msgspec.Struct, frozen=True):
@@ -181,7 +185,7 @@ class PrefixIndex:
             slots = self._slots.setdefault(backend_id, {})
             previous = slots.get(slot)
             kept = previous.survivors(chain, cached) if previous is not None else ()
-            checkpoints = checkpoints_after(kept, tokens, cached, user_start=sent.user_start)
+            checkpoints = checkpoints_after(kept, tokens, cached, sent.gap, sent.user_start)
             slots[slot] = Held(chain.hashes, chain.mark, tokens, checkpoints)
         if session is not None:
             key = chain.hashes[-1] if chain.hashes else ROOT

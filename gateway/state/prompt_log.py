@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import msgspec
 
 from gateway.state.prefix_index import SentPrompt
+from policies.checkpoints import DEFAULT_GAP
 from policies.prefix import PromptChain
 
 LOG_ENTRIES = 20_000
@@ -56,6 +57,7 @@ class Packed(msgspec.Struct, array_like=True, frozen=True):
     session_key: str | None
     cached: int | None = None
     user_start: int = -1
+    gap: int = DEFAULT_GAP
 
 
 def pack(record: PromptRecord) -> bytes:
@@ -64,7 +66,7 @@ def pack(record: PromptRecord) -> bytes:
     hashes = _ordered(array("Q", chain.hashes)).tobytes()
     packed = Packed(
         record.replica, sent.backend_id, sent.slot, hashes, chain.length, chain.whole, sent.tokens,
-        sent.session_key, sent.cached, sent.user_start,
+        sent.session_key, sent.cached, sent.user_start, sent.gap,
     )  # fmt: skip
     return msgspec.msgpack.encode(packed)
 
@@ -72,7 +74,7 @@ def pack(record: PromptRecord) -> bytes:
 def unpack(raw: bytes) -> PromptRecord:
     p = msgspec.msgpack.decode(raw, type=Packed)
     chain = PromptChain(tuple(_ordered(array("Q", p.hashes))), p.length, p.whole)
-    sent = SentPrompt(p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached, p.user_start)
+    sent = SentPrompt(p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached, p.user_start, p.gap)
     return PromptRecord(p.replica, sent)
 
 

@@ -80,7 +80,8 @@ class Engine:
 
 
 def test_the_book_names_every_save_the_engine_stopped_for() -> None:
-    engine, book = Engine(), SlotBook()
+    engine = Engine()
+    book = SlotBook(gap=engine.sim.checkpoint_gap)  # as calibrate sets it, from the server's flags
     a, b = engine.prompt(3000), engine.prompt(800)
     script = [
         (a[:1000], 0), (a[:2000], 0),  # a conversation grows on slot 0: nothing to save
@@ -114,7 +115,8 @@ def test_with_a_unified_kv_cache_measure_says_it_cannot_time_a_save() -> None:
 
 
 def test_measure_recovers_the_engines_save_cost_and_takes_it_out() -> None:
-    engine, book = Engine(), SlotBook()
+    engine = Engine()
+    book = SlotBook(gap=engine.sim.checkpoint_gap)  # as calibrate sets it, from the server's flags
 
     got = asyncio.run(measure(sender(engine, book), book, engine.prompt, [1024, 8192]))
     assert got is not None

@@ -7,8 +7,11 @@ import gc
 import random
 import tracemalloc
 
+import pytest
+
 from backends.sim.prefix_cache import MAX_CHECKPOINTS, SlotReuse, add_checkpoints, llama_reuse
 from gateway.state.prefix_index import PrefixIndex, SentPrompt
+from policies.checkpoints import DEFAULT_GAP
 from policies.prefix import CHUNK_BYTES, chain_of
 from policies.types import SlotMatch
 
@@ -65,17 +68,19 @@ class Engine:
     """One hybrid llama.cpp slot by the simulator's own rules (``LlamaEngine._launch`` and the
     slot keeping the prompt plus its answer but the last token), beside turnout's index of it."""
 
-    def __init__(self) -> None:
+    def __init__(self, gap: int = DEFAULT_GAP) -> None:
         self.tokens: list[int] = []
         self.checkpoints: tuple[int, ...] = ()
         self.index = PrefixIndex()
+        self.gap = gap  # the engine's micro-batch's: min(batch, 4 + ubatch)
 
     def send(self, prompt: list[int], answer: list[int]) -> SlotReuse:
-        """The prompt runs on slot 0 and is recorded with the engine's cached count."""
+        """The prompt runs on slot 0 and is recorded with the engine's cached count (and its gap)."""
         reuse = llama_reuse(self.tokens, self.checkpoints, prompt, hybrid=True)
-        self.checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past)
+        self.checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past, self.gap)
         self.tokens = prompt + answer[:-1]
-        self.index.record(SentPrompt("llama", 0, chain_of(encode(prompt)), len(prompt), "s", reuse.n_past))
+        chain = chain_of(encode(prompt))
+        self.index.record(SentPrompt("llama", 0, chain, len(prompt), "s", reuse.n_past, gap=self.gap))
         return reuse
 
     def match(self, prompt: list[int]) -> SlotMatch:
@@ -92,12 +97,14 @@ def checkpoints(index: PrefixIndex) -> tuple[int, ...]:
 
 
 class TestCheckpoints:
-    def test_the_index_keeps_the_checkpoints_the_simulator_keeps(self) -> None:
+    @pytest.mark.parametrize("gap", [DEFAULT_GAP, 2048], ids=["ubatch-512", "ubatch-2048"])
+    def test_the_index_keeps_the_checkpoints_the_simulator_keeps(self, gap: int) -> None:
         """300 prompts on one slot (chats sharing a system prompt, follow-ups, edits inside the
         conversation, resends, unrelated prompts): after each, the index's checkpoints are the
         simulator's, and the one it offers a diverging prompt is never past what the engine restores;
-        it is that one when the index sees the prompts share that much (it matches whole chunks)."""
-        rng, fresh, engine = random.Random(3), Tokens(), Engine()
+        it is that one when the index sees the prompts share that much (it matches whole chunks). At
+        llama-server's default micro-batch and at compose's 2,048, whose gap the record carries."""
+        rng, fresh, engine = random.Random(3), Tokens(), Engine(gap)
         system = fresh.take(SYSTEM_TOKENS)
         prompt, answer = system + fresh.take(181), fresh.take(40)
         exact = longest = 0

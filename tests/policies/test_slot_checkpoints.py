@@ -7,12 +7,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
+from backends.engine_profiles import load_profile
 from backends.sim.prefix_cache import add_checkpoints
 from policies import Architecture, BackendSnapshot, Deployment, Endpoint, EngineKind, Health, RequestFeatures
 from policies.cost import estimate
 from policies.learning import LearnedState
-from policies.slot_rules import checkpoints_after, usable
+from policies.slot_rules import checkpoint_gap, checkpoints_after, usable
 from policies.types import PrefixMatch, SessionSource, SessionView, SlotMatch, SlotState
 
 LLAMA = Deployment("m", "llama", "up", 65536, Architecture.HYBRID)
@@ -58,7 +60,7 @@ class TestCheckpointsAfter:
     def test_it_is_the_simulators_rule(self, previous: tuple[int, ...], tokens: int, cached: int) -> None:
         """The engine keeps the checkpoints at or below what it reused, then adds the new prompt's."""
         kept = tuple(c for c in previous if c <= cached)
-        assert checkpoints_after(previous, tokens, cached) == add_checkpoints(kept, tokens, cached)
+        assert checkpoints_after(previous, tokens, cached) == add_checkpoints(kept, tokens, cached, 516)
 
     @given(
         previous=st.lists(st.integers(1, 9000), max_size=40, unique=True).map(lambda p: tuple(sorted(p))),
@@ -109,3 +111,27 @@ def test_a_hybrid_slot_with_an_old_checkpoint_predicts_its_reuse() -> None:
 
     assert predict(OLD) == (round((OLD - 1) * ratio), OLD, 0, "slot")
     assert predict(0)[:2] == (0, 0)  # without it, as before: nothing
+
+
+def test_the_near_end_checkpoint_sits_the_deployments_gap_before_the_end() -> None:
+    """A prompt diverging 5 tokens before the end of the 3,000 a slot holds (a replayed trace turn:
+    its chat template closed there) restores the checkpoint ``min(batch, 4 + ubatch)`` before that
+    end: 516 tokens for a deployment without a profile (llama-server's default micro-batch), 2,048
+    for one whose profile runs compose's ``--ubatch-size 2048``; the cost model predicts that much."""
+    compose = load_profile("workstation-llamacpp-flash-next-cpu-moe")
+    assert (compose.prefill.ubatch, compose.prefill.batch) == (2048, 2048)
+    wide = replace(LLAMA, profile=compose)
+    assert (checkpoint_gap(LLAMA), checkpoint_gap(wide)) == (516, 2048)
+    learned = LearnedState()
+
+    def predict(deployment: Deployment) -> int:
+        slots = (SlotMatch(0, 2995, held=3000), SlotMatch(1, 0))
+        match = PrefixMatch(slots, recent=2995, recent_held=3000)
+        result = estimate(
+            features(3400), deployment, snapshot(), session=SessionView("s"), leases=(),
+            learned=learned, match=match, now=10.0,
+        )  # fmt: skip
+        assert result.slot == 0
+        return result.shared_prefix_tokens
+
+    assert (predict(LLAMA), predict(wide)) == (3000 - 516, 3000 - 2048)

@@ -21,8 +21,10 @@ from types import TracebackType
 from typing import Any, Protocol
 
 import httpx
+from msgspec.structs import replace
 
 from backends.sim import SimConfig
+from backends.sim.config import default_profile
 from policies import Architecture
 
 DEFAULT_ALIAS = "tiny-qwen35"
@@ -225,9 +227,14 @@ class LlamaServerFactory(Protocol):
     ) -> LlamaServer: ...
 
 
-def twin_sim_config(slot_ctx: int, slots: int = 2, **overrides: Any) -> SimConfig:
+def twin_sim_config(
+    slot_ctx: int, slots: int = 2, ubatch: int = 512, batch: int = 2048, **overrides: Any
+) -> SimConfig:
     """The llama.cpp simulator configured like a test llama-server (tiny hybrid model, ``-np slots``,
-    ``slot_ctx`` tokens per slot), for contract tests."""
+    ``slot_ctx`` tokens per slot, ``--ubatch-size ubatch --batch-size batch``: the server's defaults,
+    which place its first near-end checkpoint ``min(batch, 4 + ubatch)`` before a prompt's end), for
+    contract tests."""
+    base = default_profile("llamacpp")
     config: dict[str, Any] = {
         "kind": "llamacpp",
         "model": DEFAULT_ALIAS,
@@ -235,6 +242,7 @@ def twin_sim_config(slot_ctx: int, slots: int = 2, **overrides: Any) -> SimConfi
         "slots": slots,
         "architecture": Architecture.HYBRID,
         "time_scale": 0.001,
+        "profile": replace(base, prefill=replace(base.prefill, ubatch=ubatch, batch=batch)),
     }
     return SimConfig(**(config | overrides))
 

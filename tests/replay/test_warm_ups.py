@@ -53,9 +53,12 @@ def test_the_first_turn_is_answered_on_vllm_and_the_next_finds_its_slot_warm() -
     assert warm is not None
     assert warm["backend"] == "llama"
     assert (second.backend, decisions[1]["slot"]) == ("llama", warm["slot"])
-    assert second.cached_tokens > 0.9 * first.prompt_tokens  # the warm-up's prompt, reused
+    # the warm-up's prompt, reused: all but its last checkpoint gap (a turn replayed from hashed
+    # blocks rewrites the previous prompt's last tokens, where its chat template closed)
+    gap = fleet()[1]["llama"].engine_profile.prefill.checkpoint_gap
+    assert second.cached_tokens >= first.prompt_tokens - gap
     assert third.backend == "llama"
-    assert third.cached_tokens > 0.9 * second.prompt_tokens
+    assert third.cached_tokens >= second.prompt_tokens - gap
 
 
 def test_warming_beats_the_cold_first_turn_it_replaces() -> None:

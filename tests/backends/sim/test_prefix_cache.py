@@ -52,13 +52,13 @@ class TestLlamaReuse:
         """A prompt of N tokens processed from n_past adds max(n_past, N - 516) and max(n_past, N - 4)
         (each step near the end is checkpointed as it starts; the real server's trace of a 300-token
         turn after 1,024 cached: 1,024 and 1,320); at most 32 are kept."""
-        assert add_checkpoints((), 1000, 0) == (484, 996)
-        assert add_checkpoints((), 1000, 990) == (990, 996)
-        assert add_checkpoints((), 1324, 1024) == (1024, 1320)
-        assert add_checkpoints((), 1000, 997) == (997,)
-        assert add_checkpoints((), 100, 0) == (96,)
+        assert add_checkpoints((), 1000, 0, 516) == (484, 996)
+        assert add_checkpoints((), 1000, 990, 516) == (990, 996)
+        assert add_checkpoints((), 1324, 1024, 516) == (1024, 1320)
+        assert add_checkpoints((), 1000, 997, 516) == (997,)
+        assert add_checkpoints((), 100, 0, 516) == (96,)
         many = tuple(range(1, 40))
-        assert len(add_checkpoints(many, 5000, 0)) == 32
+        assert len(add_checkpoints(many, 5000, 0, 516)) == 32
 
     def test_the_gap_follows_the_micro_batch_and_the_last_user_message_is_checkpointed(self) -> None:
         """At --ubatch-size 2048 (--batch-size 2048) the near-end step starts 2,048 tokens before the
