@@ -21,12 +21,12 @@ from policies.checkpoints import DEFAULT_GAP
 from policies.decision import Outcome
 from policies.shape import Break, where_it_breaks
 from policies.slot_rules import checkpoint_gap
-from policies.types import EngineKind, Reason
+from policies.types import Architecture, EngineKind, Reason
 
 BREAK_MIN_TOKENS = 600
 """Below this a shortfall is a hybrid slot's checkpoint gap (516 tokens at llama-server's default
-micro-batch; a deployment whose profile has a longer one, ``slot_rules.checkpoint_gap``, adds the
-difference) or a vLLM block, not a break."""
+micro-batch; a hybrid llama.cpp deployment whose profile has a longer one, ``slot_rules.checkpoint_gap``,
+adds the difference) or a vLLM block, not a break."""
 BREAK_SHARE = 0.1
 
 
@@ -74,11 +74,9 @@ def turn_record(
         reusable = min(reusable, estimate.expected_cached_tokens)
     shortfall = reusable - cached
     deployment = routed.decision.chosen
-    least = (
-        BREAK_MIN_TOKENS + max(checkpoint_gap(deployment) - DEFAULT_GAP, 0)
-        if deployment
-        else BREAK_MIN_TOKENS
-    )
+    least = BREAK_MIN_TOKENS
+    if outcome.kind is EngineKind.LLAMACPP and deployment and deployment.architecture is Architecture.HYBRID:
+        least += max(checkpoint_gap(deployment) - DEFAULT_GAP, 0)  # its profile's micro-batch's gap
     broke = None
     if session is not None and previous and shortfall > max(least, BREAK_SHARE * reusable):
         cut = (

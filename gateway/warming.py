@@ -79,9 +79,7 @@ def warmed(warm: WarmUp, routed: Routed) -> SentPrompt | None:
         return None
     key = routed.session.key if routed.session is not None else None
     tokens, user = routed.features.prompt_tokens, routed.features.user_start
-    there = next(
-        (c.deployment for c in routed.decision.candidates if c.deployment.backend_id == warm.backend_id), None
-    )
+    there = warm_deployment(routed, warm)
     gap = checkpoint_gap(there) if there is not None else DEFAULT_GAP
     return SentPrompt(warm.backend_id, warm.slot, chain, tokens, key, user_start=user, gap=gap)
 

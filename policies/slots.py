@@ -4,16 +4,16 @@ A prompt pinned to slot ``s`` reuses what ``s`` holds of it (the prefix index's 
 the learned ``reuse``: all of it when the prompt extends what the slot holds (a hybrid slot continues
 its live state); when the prompt diverges inside it, a hybrid slot restores its newest context
 checkpoint at or below the divergence (``usable``). The prefix index keeps each slot's checkpoints
-by llama-server's rules (``checkpoints_after``: each prompt adds two near its end, ``CHECKPOINT_GAP``
-and ``CHECKPOINT_TAIL`` tokens before it; a prompt that reuses less erases those past what it
-reused), so one that an earlier, shorter prompt left (a chat's first turn, just past a shared system
-prompt) serves every later prompt sharing that much; one near the end of what the slot holds
-(``CHECKPOINT_GAP``) counts too. When ``s`` shares little with the prompt (``consults_ram``: at most
-10% of the prompt, or less than half of what ``s`` holds), llama-server saves the slot to its RAM
-prompt cache and loads the best cached state: the longest prefix turnout sent to the backend lately,
-by the same rules, times the learned ``ram_reuse`` (at most ``reuse``: a restored state is matched as
-a slot's is), if that entry is young enough to be there still (``ram_span`` within the learned
-``ram_tokens``).
+by llama-server's rules (``checkpoints_after``: each prompt adds two near its end, the deployment's
+``slot_rules.checkpoint_gap`` and ``CHECKPOINT_TAIL`` tokens before it; a prompt that reuses less
+erases those past what it reused), so one that an earlier, shorter prompt left (a chat's first turn,
+just past a shared system prompt) serves every later prompt sharing that much; one near the end of
+what the slot holds (``checkpoint_gap``) counts too. When ``s`` shares little with the prompt
+(``consults_ram``: at most 10% of the prompt, or less than half of what ``s`` holds), llama-server
+saves the slot to its RAM prompt cache and loads the best cached state: the longest prefix turnout
+sent to the backend lately, by the same rules, times the learned ``ram_reuse`` (at most ``reuse``: a
+restored state is matched as a slot's is), if that entry is young enough to be there still
+(``ram_span`` within the learned ``ram_tokens``).
 
 Every slot is an option (``llama_options``); the cost model picks the best objective:
 

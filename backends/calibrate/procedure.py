@@ -79,7 +79,7 @@ async def calibrate(engine: Engine, options: Options, *, clock: Clock, progress:
         checkpoint_splits=llama and options.checkpoint_splits,
     )
     run = Run(engine, options, clock, progress, clock(), shape)
-    run.book.gap = shape.checkpoint_gap  # the server's, by its flags (the simulator's is 516)
+    run.book.gap = shape.checkpoint_gap  # the server's, by its flags
     try:
         await _prefill_grid(run, window)
         if llama:

@@ -55,7 +55,8 @@ class LlamaEngine(BatchEngine):
         self.slots = [Slot(i, config.context_window) for i in range(config.slots)]
         self.deferred: deque[SimTask] = deque()
         self.hybrid = config.architecture is Architecture.HYBRID
-        self.checkpoint_gap = self.perf.profile.prefill.checkpoint_gap  # where it ends a step near the end
+        # where it ends a step near a prompt's end: min(n_batch, 4 + n_ubatch), n_batch the steps' size
+        self.checkpoint_gap = min(config.prefill_chunk, self.perf.profile.prefill.checkpoint_gap)
         sizes = StateSizes(config.state_bytes_per_token, config.recurrent_state_bytes if self.hybrid else 0)
         self.ram_cache = RamCache.for_flag(config.cache_ram_mib, config.context_window * config.slots, sizes)
         self.started_at = clock.monotonic()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from backends.engine_profiles import load_profile
 from gateway.routed import Routed
 from gateway.timeline import turn_record
-from policies import Deployment, EngineKind, Reason, RequestFeatures
+from policies import Architecture, Deployment, EngineKind, Reason, RequestFeatures
 from policies.decision import Decision, Estimate, Outcome, ScoredCandidate
 from policies.shape import PIECE_CHARS, shape_of
 from policies.types import Endpoint, SessionView, Usage
@@ -16,8 +17,9 @@ PREVIOUS_TOKENS = 4000
 
 
 def routed(messages: list[dict[str, str]], *, backend: str = "llama", previous_backend: str = "llama",
-           source: str = "slot", note: str = "warm slot 0", expected: int = 3900) -> Routed:  # fmt: skip
-    deployment = Deployment("m", backend, "up")
+           source: str = "slot", note: str = "warm slot 0", expected: int = 3900,
+           deployment: Deployment | None = None) -> Routed:  # fmt: skip
+    deployment = deployment or Deployment("m", backend, "up")
     estimate = Estimate(expected_cached_tokens=expected, queue_s=0.0, ttft_s=0.3, total_s=2.0, slot=0,
                         source=source, note=note)  # fmt: skip
     decision = Decision(
@@ -83,3 +85,24 @@ def test_a_vllm_turn_that_kept_what_its_rules_keep_is_not_a_break() -> None:
     # a move to vLLM is still named: the routing chose to leave the slot behind
     moved = routed(SECOND, backend="vllm", previous_backend="llama", expected=0)
     assert turn_record(moved, outcome(0, "vllm"), "r", 6600.0, at=0.0)["break"]["cause"].startswith("moved")
+
+
+def test_a_hybrid_slot_whose_profile_checkpoints_further_back_is_not_a_break_that_far() -> None:
+    """At compose's --ubatch-size 2048 a hybrid llama.cpp slot restores a checkpoint 2,048 tokens
+    before the previous prompt's end where a turn diverges near that end: 2,000 tokens short is its
+    checkpoint gap there, not a break; at llama-server's default micro-batch (no profile) it is one.
+    A vLLM deployment's profile, whatever its micro-batch, moves nothing: vLLM keeps no checkpoints."""
+    compose = load_profile("workstation-llamacpp-flash-next-cpu-moe")
+    hybrid = Deployment("m", "llama", "up", architecture=Architecture.HYBRID, profile=compose)
+    wide = turn_record(routed(SECOND, deployment=hybrid), outcome(2000), "r", 3000.0, at=0.0)
+    assert wide["break"] is None
+    plain = turn_record(routed(SECOND), outcome(2000), "r", 3000.0, at=0.0)
+    assert plain["break"] is not None
+    vllm_profile = load_profile("seed-5090-vllm-27b")
+    assert vllm_profile.prefill.checkpoint_gap == 2048
+    vllm = Deployment("m", "vllm", "up", architecture=Architecture.HYBRID, profile=vllm_profile)
+    got = turn_record(
+        routed(SECOND, backend="vllm", previous_backend="vllm", expected=3136, deployment=vllm),
+        outcome(1568, "vllm"), "r", 6600.0, at=0.0,
+    )  # fmt: skip
+    assert got["break"] is not None
