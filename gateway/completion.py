@@ -98,9 +98,10 @@ def next_session(router: Router, done: Completion) -> None:
     if chain.length:
         key = session.key if session is not None else None
         tokens, cached = usage.prompt_tokens, usage.cached_tokens
-        user = routed.features.user_start_at(tokens)
+        features = routed.features
+        user, first = features.user_start_at(tokens), features.first_user_start_at(tokens)
         gap = checkpoint_gap(chosen.deployment)
-        done.sent = SentPrompt(outcome.backend_id, slot, chain, tokens, key, cached, user, gap)
+        done.sent = SentPrompt(outcome.backend_id, slot, chain, tokens, key, cached, user, gap, first)
     if session is None:
         return
     cached = usage.cached_tokens or 0
@@ -196,4 +197,5 @@ def measured(
         predicted=estimate,
         client=routed.features.client,
         user_start=routed.features.user_start,
+        first_user=routed.features.first_user_start,
     )

@@ -78,10 +78,13 @@ def warmed(warm: WarmUp, routed: Routed) -> SentPrompt | None:
     if not chain.length:
         return None
     key = routed.session.key if routed.session is not None else None
-    tokens, user = routed.features.prompt_tokens, routed.features.user_start
+    features = routed.features
+    tokens, user, first = features.prompt_tokens, features.user_start, features.first_user_start
     there = warm_deployment(routed, warm)
     gap = checkpoint_gap(there) if there is not None else DEFAULT_GAP
-    return SentPrompt(warm.backend_id, warm.slot, chain, tokens, key, user_start=user, gap=gap)
+    return SentPrompt(
+        warm.backend_id, warm.slot, chain, tokens, key, user_start=user, gap=gap, first_user=first
+    )
 
 
 def learn_from(router: Router, warm: WarmUp, routed: Routed, usage: Usage | None, *, shared: bool) -> None:

@@ -15,11 +15,18 @@ llama-server's default ``--ubatch-size 512``: for an engine with no profile (a p
 ``PrefillModel.checkpoint_gap``; 2,048 at compose's ``--ubatch-size 2048``)."""
 
 
-def checkpoint_positions(prompt: int, n_past: int, gap: int, user_start: int = -1) -> list[int]:
+def checkpoint_positions(
+    prompt: int, n_past: int, gap: int, user_start: int = -1, first_user: int = -1
+) -> list[int]:
     """Where llama-server takes context checkpoints processing a hybrid prompt of ``prompt`` tokens from
     ``n_past`` (ascending): at ``max(n_past, prompt - gap)`` and ``max(n_past, prompt - 4)`` (it starts
-    a step there) and where the last user message starts (``user_start``) when it is processed; each
-    only with something in memory before it (position > 0)."""
+    a step there), where the last user message starts (``user_start``) when it is processed, and,
+    on a cold prompt (``n_past`` 0: the slot keeps no checkpoint), where the first user message
+    starts (``first_user``: the server ends a step at a user message while the slot has no
+    checkpoint; the end of a system prompt, which the next session sharing it restores); each only
+    with something in memory before it (position > 0). Not followed: a checkpoint at each later user
+    message 8,192 tokens (``--checkpoint-min-step``) or more past the previous one."""
     near = (max(n_past, prompt - gap), max(n_past, prompt - CHECKPOINT_TAIL))
     user = (user_start,) if n_past < user_start < prompt else ()
-    return sorted({p for p in (*user, *near) if 0 < p < prompt})
+    first = (first_user,) if n_past == 0 and first_user < prompt else ()
+    return sorted({p for p in (*first, *user, *near) if 0 < p < prompt})

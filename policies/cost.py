@@ -213,9 +213,11 @@ class _Objective:
         seconds = self._prefill.get(cached)
         if seconds is None:
             new = self.features.prompt_tokens - cached
+            features = self.features
             seconds = self._prefill[cached] = prefill_s(
-                self.situation.deployment, self.situation.stats, new, cached, self.features.user_start
-            )
+                self.situation.deployment, self.situation.stats, new, cached, features.user_start,
+                first_user=features.first_user_start,
+            )  # fmt: skip
         return seconds
 
     def __call__(self, option: SlotOption) -> float:

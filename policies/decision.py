@@ -173,3 +173,4 @@ class Outcome(msgspec.Struct, frozen=True):
     predicted: Estimate | None = None  # what the cost model expected of it, for learning to compare
     client: str = ""  # the client program (``RequestFeatures.client``): answer lengths are learned per client
     user_start: int = -1  # where its last user message starts (``RequestFeatures.user_start``)
+    first_user: int = -1  # where its first user message starts (``RequestFeatures.first_user_start``)

@@ -17,14 +17,13 @@ formulas are the engines' own mechanics, with coefficients fitted to the measure
 batch of 32 tokens or more first copies the experts it uses to the GPU (seconds per batch on PCIe),
 smaller ones run the experts on the CPU. ``context_s`` is attention's share, which grows with the
 context. With ``checkpoint_splits`` (llama-server serving a hybrid or SWA model with context
-checkpoints) the last ``4 + ubatch`` and the last 4 tokens of a prompt go in steps of their own, so
-the server can checkpoint the recurrent state there (llama.cpp PR 20288), and a step ends where the
-last user message starts (``user_start``; the pinned server's prompt loop, "break at the last user
-message"): a warm chat turn re-processes the previous answer and then the new user message, two
-micro-batches where one would do (measured on Flash-Next's shape, docs/calibrate.md). Each checkpoint
-it takes there (``checkpoint_positions``) costs ``checkpoint_s``: a copy of the recurrent state off the
-GPU, which every slot waits for (on the H100's 27B, ~150 MiB in ~0.12 s: three of them are most of a
-short warm turn).
+checkpoints) the last ``min(batch, 4 + ubatch)`` and the last 4 tokens of a prompt go in steps of
+their own, so the server can checkpoint the recurrent state there (llama.cpp PR 20288), and a step
+ends where the last user message starts (``user_start``): a warm chat turn re-processes the previous
+answer and then the new user message, two micro-batches where one would do (docs/calibrate.md). Each
+checkpoint it takes (``checkpoint_positions``, a cold prompt's first user message too) costs
+``checkpoint_s``: a copy of the recurrent state off the GPU, which every slot waits for (on the H100's
+27B, ~150 MiB in ~0.12 s: three of them are most of a short warm turn).
 
 **Decode**: one step giving each of ``n`` sequences one token, with ``context`` tokens among them::
 
@@ -36,12 +35,10 @@ short warm turn).
 **vLLM's align mode**: a hybrid model on vLLM 0.25 with prefix caching (``prefix_caching = "on"`` and a
 ``prefix_block``) reuses prompts in whole blocks, and its scheduler cuts every prefill step to whole
 blocks and at the prompt's last block boundary (``_mamba_block_aligned_split``), so that the recurrent
-state is cached there: with 2,048 tokens a step and 1,568-token blocks a step takes 1,568, and a
-4,000-token prompt runs in steps of 1,568, 1,568 and 864. ``prefix_caching = "off"`` is vLLM 0.24 and
-older, which reuse nothing of a hybrid model.
+state is cached there: at 2,048 tokens a step and 1,568-token blocks a 4,000-token prompt runs in
+steps of 1,568, 1,568 and 864. ``prefix_caching = "off"``: vLLM 0.24 and older (no hybrid reuse).
 
-A profile built from two rates (:func:`linear_profile`) reproduces the two-constant model turnout
-used before profiles: prefill ``n / rate``, decode ``(1 / rate) * (1 + slowdown * (n - 1))``.
+A profile of two rates (:func:`linear_profile`) is the two-constant model turnout used before.
 """
 
 from __future__ import annotations
@@ -82,16 +79,15 @@ class PrefillModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     checkpoint_splits: bool = False
     """llama-server's own cuts near a prompt's end (module docstring)."""
     request_s: float = 0.0
-    """Fixed seconds per request with a prompt to process, before its first token: the engine's
-    parsing, slot selection, saving idle slots to the RAM cache, the first sampling."""
+    """Fixed seconds per request with a prompt to process, before its first token (parsing, slot
+    selection, saving idle slots to the RAM cache, the first sampling)."""
     checkpoint_s: float = 0.0
-    """With ``checkpoint_splits``: seconds per context checkpoint the server takes while it processes
-    a prompt (``checkpoint_positions``; 0: not measured)."""
+    """With ``checkpoint_splits``: seconds per context checkpoint taken processing a prompt (0: none)."""
 
     @property
     def checkpoint_gap(self) -> int:
-        """How far before a prompt's end llama-server ends a step to take a context checkpoint (the
-        first near-end one): ``min(batch, 4 + ubatch)`` (``server-context.cpp``)."""
+        """How far before a prompt's end llama-server takes its first near-end context checkpoint:
+        ``min(batch, 4 + ubatch)`` (``server-context.cpp``)."""
         return min(self.batch, CHECKPOINT_TAIL + self.ubatch)
 
     def __post_init__(self) -> None:
@@ -264,22 +260,33 @@ class EngineProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return fixed + sum(self._ubatch_s(u, p) for u, p in _ubatches(tokens, context, self.prefill.ubatch))
 
     def prefill_seconds(
-        self, new: int, cached: int = 0, user_start: int = -1, *, checkpoints: bool = True
+        self,
+        new: int,
+        cached: int = 0,
+        user_start: int = -1,
+        *,
+        first_user: int = -1,
+        checkpoints: bool = True,
     ) -> float:
         """Seconds to process ``new`` prompt tokens after ``cached`` reused ones (no other work), the
         request's fixed cost and (``checkpoints``: a prompt's, not a rest of one) its context
-        checkpoints included (``user_start``: ``step_tokens``)."""
+        checkpoints included (``user_start``: ``step_tokens``; ``first_user``: ``checkpoints_seconds``)."""
         steps = self.prefill_steps(new, cached, user_start)
         chunks = sum(self.chunk_seconds(n, p, first=p == cached) for n, p in steps)
-        return chunks + (self.checkpoints_seconds(new + cached, cached, user_start) if checkpoints else 0.0)
+        taken = self.checkpoints_seconds(new + cached, cached, user_start, first_user) if checkpoints else 0.0
+        return chunks + taken
 
-    def checkpoints_seconds(self, prompt: int, n_past: int, user_start: int = -1) -> float:
+    def checkpoints_seconds(
+        self, prompt: int, n_past: int, user_start: int = -1, first_user: int = -1
+    ) -> float:
         """Seconds the context checkpoints cost that the server takes processing a prompt of ``prompt``
-        tokens from ``n_past`` (``checkpoint_s`` each; 0 without ``checkpoint_splits``)."""
+        tokens from ``n_past`` (``checkpoint_positions``: ``user_start`` and ``first_user`` where the
+        last and the first user message start; ``checkpoint_s`` each; 0 without ``checkpoint_splits``)."""
         p = self.prefill
         if not p.checkpoint_splits or p.checkpoint_s <= 0:
             return 0.0
-        return p.checkpoint_s * len(checkpoint_positions(prompt, n_past, p.checkpoint_gap, user_start))
+        at = checkpoint_positions(prompt, n_past, p.checkpoint_gap, user_start, first_user)
+        return p.checkpoint_s * len(at)
 
     def prefill_steps(self, new: int, cached: int = 0, user_start: int = -1) -> Iterator[tuple[int, int]]:
         """The engine steps (tokens, context before them) a prompt's ``new`` tokens run in."""
@@ -332,9 +339,9 @@ def linear_profile(
     ubatch: int | None = None,
     name: str = "",
 ) -> EngineProfile:
-    """The two-constant model as a profile: prefill ``n / prefill_tok_s``, decode step
-    ``(1 / decode_tok_s) * (1 + batch_slowdown * (n - 1))``; ``ubatch`` (default ``batch``) prices
-    nothing here, and places a llama.cpp slot's checkpoints (``PrefillModel.checkpoint_gap``)."""
+    """The two-constant model as a profile: prefill ``n / prefill_tok_s``, decode step ``(1 /
+    decode_tok_s) * (1 + batch_slowdown * (n - 1))``; ``ubatch`` (default ``batch``) only places
+    a llama.cpp slot's checkpoints (``PrefillModel.checkpoint_gap``)."""
     if prefill_tok_s <= 0 or decode_tok_s <= 0:
         raise ProfileSchemaError("prefill_tok_s and decode_tok_s must be > 0")
     return EngineProfile(

@@ -60,20 +60,18 @@ def conversation(body: Mapping[str, Any], endpoint: Endpoint) -> list[Any]:
     return ([{"role": "system", "content": system}] if system is not None else []) + messages
 
 
-def user_share(messages: Sequence[Any], stream: bytes) -> float:
-    """Where the last user message starts in ``stream`` (``render(messages)``), as a share of it; -1
-    for none, or the first message. A user message of tool results alone (Anthropic's
-    ``tool_result`` blocks) is not one: the engines make tool messages of them, and llama-server
-    ends a prefill step only at a user message's start (``EngineProfile.step_tokens``)."""
+def user_share(messages: Sequence[Any], stream: bytes, *, first: bool = False) -> float:
+    """Where the last (``first``: the first) user message starts in ``stream`` (``render(messages)``),
+    as a share of it; -1 for none, or the first message. A user message of tool results alone
+    (Anthropic's ``tool_result`` blocks) is not one: the engines make tool messages of them, and
+    llama-server ends a prefill step only at a user message's start (``EngineProfile.step_tokens``)."""
     rendered = [m for m in messages if isinstance(m, Mapping)]
-    users = (
-        i
-        for i, m in enumerate(reversed(rendered))
-        if m.get("role") == "user" and not _tool_results(m.get("content"))
-    )
-    back = next(users, None)
-    if back is None:
+    users = [
+        i for i, m in enumerate(rendered) if m.get("role") == "user" and not _tool_results(m.get("content"))
+    ]
+    if not users:
         return -1.0
+    back = len(rendered) - 1 - (users[0] if first else users[-1])  # messages after it
     at = len(stream)
     for _ in range(back + 1):  # the (back + 1)-th message mark from the end
         at = stream.rfind(MESSAGE_MARK, 0, at)
@@ -203,6 +201,9 @@ def extract(
         session_source=source,
         chain=chain_of(stream),
         user_share=-1.0 if endpoint is Endpoint.COMPLETIONS else user_share(messages, stream),
+        first_user_share=-1.0
+        if endpoint is Endpoint.COMPLETIONS
+        else user_share(messages, stream, first=True),
         shape=shape_of(messages, body.get("tools")) if shape and endpoint in SHAPED else None,
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,

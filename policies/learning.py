@@ -239,7 +239,9 @@ def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> 
             sample = uncached / prefill_s
         else:
             hybrid = deployment.architecture is Architecture.HYBRID  # the checkpoints it took
-            expected = profile.prefill_seconds(uncached, cached, outcome.user_start, checkpoints=hybrid)
+            expected = profile.prefill_seconds(
+                uncached, cached, outcome.user_start, first_user=outcome.first_user, checkpoints=hybrid
+            )
             if restored(outcome):  # a checkpoint came back first, inside prompt_ms
                 expected += profile.cache.checkpoint_restore_s
             sample = stats.prefill_tok_s.prior * expected / prefill_s

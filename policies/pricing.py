@@ -33,10 +33,12 @@ def prefill_s(
     cached: int = 0,
     user_start: int = -1,
     *,
+    first_user: int = -1,
     prompt: bool = True,
 ) -> float:
     """Seconds to prefill ``new`` tokens after ``cached`` reused ones, as learned so far (``new``
-    may be an expectation: a fraction of a prompt; ``user_start``: ``EngineProfile.step_tokens``).
+    may be an expectation: a fraction of a prompt; ``user_start``, ``first_user``: where its last and
+    first user message start, ``EngineProfile.prefill_seconds``).
     ``prompt=False``: tokens a prompt would process besides what it does anyway, without the context
     checkpoints a prompt takes (an eviction's lost reuse: the holder's next turn takes them either way)."""
     if new <= 0:
@@ -45,7 +47,10 @@ def prefill_s(
     if deployment.profile is None:
         return new / rate.value
     checkpoints = prompt and deployment.architecture is Architecture.HYBRID  # as the engine takes them
-    seconds = deployment.profile.prefill_seconds(round(new), cached, user_start, checkpoints=checkpoints)
+    profile = deployment.profile
+    seconds = profile.prefill_seconds(
+        round(new), cached, user_start, first_user=first_user, checkpoints=checkpoints
+    )
     return seconds * rate.prior / rate.value
 
 

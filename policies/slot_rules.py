@@ -55,17 +55,19 @@ def checkpoints_after(
     cached: int | None,
     gap: int = DEFAULT_GAP,
     user_start: int = -1,
+    first_user: int = -1,
 ) -> tuple[int, ...]:
     """The context checkpoints (token offsets, oldest first) a hybrid llama.cpp slot holds after a
     prompt of ``tokens`` tokens that reused ``cached`` of the slot's state (the engine's count): those
     of ``previous`` at or below ``cached`` (the engine erases the ones past what it reused), then
     ``max(cached, tokens - gap)``, ``max(cached, tokens - 4)`` and the last user message's start
-    (``user_start``) when it was processed, each if positive (the engine checkpoints each step near
+    (``user_start``) when it was processed, and on a cold prompt where the first user message starts
+    (``first_user``; ``policies.checkpoints``), each if positive (the engine checkpoints each step near
     the prompt's end as it starts); the newest ``MAX_CHECKPOINTS``. With ``cached`` unknown (None)
     none of ``previous`` is kept."""
     start = cached or 0
     kept = [c for c in previous if c <= start] if cached is not None else []
-    for position in checkpoint_positions(tokens, start, gap, user_start):
+    for position in checkpoint_positions(tokens, start, gap, user_start, first_user):
         if position in kept:
             kept.remove(position)
         kept.append(position)

@@ -212,6 +212,8 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     user_share: float = -1.0
     """Where the prompt's last user message starts, as a share of the prompt (``policies.features.
     user_share``; -1: none, or a text completion)."""
+    first_user_share: float = -1.0
+    """Where its first user message starts, as a share of the prompt (-1: none, or a text completion)."""
 
     @property
     def user_start(self) -> int:
@@ -222,6 +224,16 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     def user_start_at(self, tokens: int) -> int:
         """``user_start`` of the prompt counted as ``tokens`` tokens (the engine's own count)."""
         return -1 if self.user_share <= 0 else round(tokens * self.user_share)
+
+    @property
+    def first_user_start(self) -> int:
+        """Where the prompt's first user message starts, in (estimated) tokens: llama-server
+        checkpoints it on a slot with none (``policies.checkpoints``); -1 for none."""
+        return self.first_user_start_at(self.prompt_tokens)
+
+    def first_user_start_at(self, tokens: int) -> int:
+        """``first_user_start`` of the prompt counted as ``tokens`` tokens (the engine's own count)."""
+        return -1 if self.first_user_share <= 0 else round(tokens * self.first_user_share)
 
 
 class SessionView(msgspec.Struct, frozen=True):

@@ -92,4 +92,5 @@ def new_task(engine: BatchEngine, req: GenRequest, number: int, cap: int) -> Sim
         id_slot=req.id_slot,
         cache_prompt=req.cache_prompt,
         user_start=req.user_start,
+        first_user=req.first_user,
     )

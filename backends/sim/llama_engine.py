@@ -132,10 +132,11 @@ class LlamaEngine(BatchEngine):
         task.cached = reuse.n_past
         if reuse.restores:  # a checkpoint back on the GPU: every slot waits
             self.stall_s += self.perf.profile.cache.checkpoint_restore_s
-        kept, length, user, gap = reuse.checkpoints, len(task.prompt), task.user_start, self.checkpoint_gap
-        slot.checkpoints = add_checkpoints(kept, length, reuse.n_past, gap, user) if self.hybrid else ()
+        kept, length, n_past = reuse.checkpoints, len(task.prompt), reuse.n_past
+        user, first, gap = task.user_start, task.first_user, self.checkpoint_gap
+        slot.checkpoints = add_checkpoints(kept, length, n_past, gap, user, first) if self.hybrid else ()
         if self.hybrid:  # the checkpoints it takes, copied off the GPU as it goes: every slot waits
-            self.stall_s += self.perf.profile.checkpoints_seconds(length, reuse.n_past, user)
+            self.stall_s += self.perf.profile.checkpoints_seconds(length, n_past, user, first)
         slot.tokens = list(task.prompt[: reuse.n_past])
         self.begin(task, slot.id)
         return True

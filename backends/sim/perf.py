@@ -28,12 +28,20 @@ class PerfModel:
         return cls(config.engine_profile, config.time_scale)
 
     def prefill_seconds(
-        self, new: int, cached: int = 0, user_start: int = -1, *, checkpoints: bool = True
+        self,
+        new: int,
+        cached: int = 0,
+        user_start: int = -1,
+        *,
+        first_user: int = -1,
+        checkpoints: bool = True,
     ) -> float:
         """Simulated seconds to prefill ``new`` tokens after ``cached`` reused ones, alone (llama.cpp,
         hybrid: with the context checkpoints it takes, ``user_start`` one of them; ``checkpoints=False``
         for the rest of a prompt already launched: the engine charged them then)."""
-        return self.profile.prefill_seconds(new, cached, user_start, checkpoints=checkpoints)
+        return self.profile.prefill_seconds(
+            new, cached, user_start, first_user=first_user, checkpoints=checkpoints
+        )
 
     def decode_step_seconds(self, n_running: int, context: int = 0) -> float:
         """Simulated seconds of one decode step for ``n_running`` sequences of ``context`` tokens in all."""

@@ -93,13 +93,14 @@ def add_checkpoints(
     n_past: int,
     gap: int,
     user_start: int = -1,
+    first_user: int = -1,
 ) -> tuple[int, ...]:
     """Checkpoints after processing a prompt of ``prompt_len`` tokens from position ``n_past``, the
     first near-end one ``gap`` tokens before its end (``PrefillModel.checkpoint_gap``): those kept,
     then those it takes (``policies.checkpoints.checkpoint_positions``; one at a position already
     held replaces it), the newest 32."""
     out = list(checkpoints)
-    for pos in checkpoint_positions(prompt_len, n_past, gap, user_start):
+    for pos in checkpoint_positions(prompt_len, n_past, gap, user_start, first_user):
         if pos in out:
             out.remove(pos)
         out.append(pos)

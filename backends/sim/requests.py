@@ -36,6 +36,8 @@ class GenRequest:
     user_start: int = -1
     """Where the chat prompt's last user message starts (a token index; -1: none): llama-server ends
     a prefill step there (``EngineProfile.step_tokens``)."""
+    first_user: int = -1
+    """Where its first user message starts (-1: none): llama-server checkpoints it on a cold prompt."""
 
     @property
     def include_usage(self) -> bool:
@@ -68,7 +70,8 @@ def _max_tokens(body: Mapping[str, Any], llama: bool) -> int | None:
 
 def _prompt_tokens(
     body: Mapping[str, Any], endpoint: Endpoint
-) -> tuple[list[int], Mapping[str, Any] | None, int]:
+) -> tuple[list[int], Mapping[str, Any] | None, int, int]:
+    """The prompt's tokens, the tool a chat names, and where its last and first user messages start."""
     if endpoint is Endpoint.CHAT:
         messages = body.get("messages")
         tools = body.get("tools")
@@ -78,22 +81,18 @@ def _prompt_tokens(
             raise InvalidChat("'messages' must be a non-empty list", "messages")
         text = render_chat(messages, tools)
         users = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"]
-        before = (
-            render_chat(messages[: users[-1]], tools, add_generation_prompt=False)
-            if users and users[-1]
-            else ""
-        )
-        user_start = len(tokenizer.encode(before)) if before else -1  # a tool message is no user message
-        return (
+        last, first = (_start(messages, users[k], tools) for k in (-1, 0)) if users else (-1, -1)
+        return (  # a tool message is no user message
             tokenizer.encode(text),
             chosen_tool(messages, tools, body.get("tool_choice", "auto")),
-            user_start,
+            last,
+            first,
         )
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt), None, -1
+        return tokenizer.encode(prompt), None, -1, -1
     if (
         isinstance(prompt, list)
         and prompt
@@ -101,8 +100,14 @@ def _prompt_tokens(
     ):
         if not all(0 <= t < tokenizer.N_VOCAB for t in prompt):  # both engines refuse these with a 400
             raise InvalidChat(f"'prompt' token ids must be in [0, {tokenizer.N_VOCAB})", "prompt")
-        return [int(t) for t in prompt], None, -1
+        return [int(t) for t in prompt], None, -1, -1
     raise InvalidChat("'prompt' must be a string or a list of token ids", "prompt")
+
+
+def _start(messages: list[Any], index: int, tools: Any) -> int:
+    """Where message ``index`` starts in the rendered chat, in tokens (-1: the first message)."""
+    before = render_chat(messages[:index], tools, add_generation_prompt=False) if index else ""
+    return len(tokenizer.encode(before)) if before else -1
 
 
 def parse_request(body: Mapping[str, Any], endpoint: Endpoint, *, llama: bool) -> GenRequest:
@@ -118,7 +123,7 @@ def parse_request(body: Mapping[str, Any], endpoint: Endpoint, *, llama: bool) -
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidChat("'model' must be a string", "model")
-    prompt, tool, user_start = _prompt_tokens(body, endpoint)
+    prompt, tool, user_start, first_user = _prompt_tokens(body, endpoint)
     id_slot = _int_field(body, "id_slot") if llama else None
     cache_prompt = body.get("cache_prompt", True)
     return GenRequest(
@@ -134,4 +139,5 @@ def parse_request(body: Mapping[str, Any], endpoint: Endpoint, *, llama: bool) -
         cache_prompt=cache_prompt is not False,
         ignore_eos=body.get("ignore_eos") is True,
         user_start=user_start,
+        first_user=first_user,
     )

@@ -56,6 +56,7 @@ class SimTask:
     id_slot: int = -1
     cache_prompt: bool = True
     user_start: int = -1  # where the last user message starts (``GenRequest.user_start``)
+    first_user: int = -1  # where the first user message starts (``GenRequest.first_user``)
     listener: Callable[[Update], None] | None = None
     outbox: asyncio.Queue[Update] = field(init=False, repr=False)
     cached: int = 0

@@ -123,7 +123,9 @@ def _end_tokens(task: SimTask) -> list[int]:
     return list(task.prompt) + [t.id for t in task.answer.tokens][:-1]
 
 
-def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int], user_start: int = -1) -> WhatIf:
+def _slot_whatif(
+    engine: LlamaEngine, slot: Slot, prompt: Sequence[int], user_start: int = -1, first_user: int = -1
+) -> WhatIf:
     perf, hybrid = engine.perf, engine.hybrid
     tokens, checkpoints = list(slot.tokens), slot.checkpoints
     wait = 0.0
@@ -137,12 +139,11 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int], user_st
         if task.id_slot == -1 or task.id_slot % len(engine.slots) != slot.id:
             continue
         reuse = llama_reuse(tokens, checkpoints, task.prompt, hybrid=hybrid, cache_prompt=task.cache_prompt)
-        kept, prompt_len, user = reuse.checkpoints, len(task.prompt), task.user_start
-        wait += perf.prefill_seconds(prompt_len - reuse.n_past, reuse.n_past, user)
+        kept, prompt_len, user, first = reuse.checkpoints, len(task.prompt), task.user_start, task.first_user
+        wait += perf.prefill_seconds(prompt_len - reuse.n_past, reuse.n_past, user, first_user=first)
         wait += len(task.answer.tokens) * perf.decode_step_seconds(1)
-        checkpoints = (
-            add_checkpoints(kept, prompt_len, reuse.n_past, engine.checkpoint_gap, user) if hybrid else ()
-        )
+        gap = engine.checkpoint_gap
+        checkpoints = add_checkpoints(kept, prompt_len, reuse.n_past, gap, user, first) if hybrid else ()
         tokens = _end_tokens(task)
     if current is None and engine.ram_cache is not None:
         probe = Slot(slot.id, slot.n_ctx, tokens=tokens, checkpoints=checkpoints)
@@ -152,7 +153,7 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int], user_st
                 tokens, checkpoints = entry.tokens, entry.checkpoints
     reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=hybrid)
     own = len(prompt) - reuse.n_past
-    prefill_s = perf.prefill_seconds(own, reuse.n_past, user_start)
+    prefill_s = perf.prefill_seconds(own, reuse.n_past, user_start, first_user=first_user)
     if reuse.restores:  # a checkpoint back on the GPU, in prompt_ms
         prefill_s += perf.profile.cache.checkpoint_restore_s
     decode_s = 0.0
@@ -166,19 +167,21 @@ def _slot_whatif(engine: LlamaEngine, slot: Slot, prompt: Sequence[int], user_st
     return WhatIf(fits, len(prompt), reuse.n_past, slot.id, wait, prefill_s, ttft)
 
 
-def whatif_slots(engine: LlamaEngine, prompt: Sequence[int], user_start: int = -1) -> list[WhatIf]:
+def whatif_slots(
+    engine: LlamaEngine, prompt: Sequence[int], user_start: int = -1, first_user: int = -1
+) -> list[WhatIf]:
     """The llama.cpp prediction for every slot, by slot id (``user_start``: where the prompt's last
     user message starts, a checkpoint the engine takes)."""
-    return [_slot_whatif(engine, slot, prompt, user_start) for slot in engine.slots]
+    return [_slot_whatif(engine, slot, prompt, user_start, first_user) for slot in engine.slots]
 
 
 def whatif_llama(
-    engine: LlamaEngine, prompt: Sequence[int], id_slot: int = -1, user_start: int = -1
+    engine: LlamaEngine, prompt: Sequence[int], id_slot: int = -1, user_start: int = -1, first_user: int = -1
 ) -> WhatIf:
     """The llama.cpp prediction for slot ``id_slot``, or for the best slot when it is -1."""
     if id_slot != -1:
-        return _slot_whatif(engine, engine.slots[id_slot % len(engine.slots)], prompt, user_start)
-    return min(whatif_slots(engine, prompt, user_start), key=lambda w: (w.ttft_s, w.slot or 0))
+        return _slot_whatif(engine, engine.slots[id_slot % len(engine.slots)], prompt, user_start, first_user)
+    return min(whatif_slots(engine, prompt, user_start, first_user), key=lambda w: (w.ttft_s, w.slot or 0))
 
 
 @post("/_sim/whatif", status_code=200)
@@ -195,10 +198,10 @@ async def sim_whatif(request: Request[Any, Any, Any]) -> Response[bytes]:
         return json_response({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
     if isinstance(engine, LlamaEngine):
         if req.id_slot == -1:
-            options = whatif_slots(engine, req.prompt, req.user_start)
+            options = whatif_slots(engine, req.prompt, req.user_start, req.first_user)
             best = min(options, key=lambda w: (w.ttft_s, w.slot or 0))
             return json_response({**best.to_json(), "options": [o.to_json() for o in options]})
-        result = whatif_llama(engine, req.prompt, req.id_slot, req.user_start)
+        result = whatif_llama(engine, req.prompt, req.id_slot, req.user_start, req.first_user)
     else:
         assert isinstance(engine, VllmEngine)
         result = whatif_vllm(engine, req.prompt, req.max_tokens)

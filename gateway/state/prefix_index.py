@@ -58,6 +58,8 @@ class SentPrompt:
     gap: int = DEFAULT_GAP
     """How far before its end the engine took its first near-end checkpoint
     (``policies.slot_rules.checkpoint_gap``)."""
+    first_user: int = -1
+    """Where its first user message starts (the engine checkpoints it on a cold prompt; -1: none)."""
 
 
 class Held(msgspec.Struct, frozen=True):
@@ -185,7 +187,7 @@ class PrefixIndex:
             slots = self._slots.setdefault(backend_id, {})
             previous = slots.get(slot)
             kept = previous.survivors(chain, cached) if previous is not None else ()
-            checkpoints = checkpoints_after(kept, tokens, cached, sent.gap, sent.user_start)
+            checkpoints = checkpoints_after(kept, tokens, cached, sent.gap, sent.user_start, sent.first_user)
             slots[slot] = Held(chain.hashes, chain.mark, tokens, checkpoints)
         if session is not None:
             key = chain.hashes[-1] if chain.hashes else ROOT

@@ -58,6 +58,7 @@ class Packed(msgspec.Struct, array_like=True, frozen=True):
     cached: int | None = None
     user_start: int = -1
     gap: int = DEFAULT_GAP
+    first_user: int = -1
 
 
 def pack(record: PromptRecord) -> bytes:
@@ -66,7 +67,7 @@ def pack(record: PromptRecord) -> bytes:
     hashes = _ordered(array("Q", chain.hashes)).tobytes()
     packed = Packed(
         record.replica, sent.backend_id, sent.slot, hashes, chain.length, chain.whole, sent.tokens,
-        sent.session_key, sent.cached, sent.user_start, sent.gap,
+        sent.session_key, sent.cached, sent.user_start, sent.gap, sent.first_user,
     )  # fmt: skip
     return msgspec.msgpack.encode(packed)
 
@@ -74,7 +75,9 @@ def pack(record: PromptRecord) -> bytes:
 def unpack(raw: bytes) -> PromptRecord:
     p = msgspec.msgpack.decode(raw, type=Packed)
     chain = PromptChain(tuple(_ordered(array("Q", p.hashes))), p.length, p.whole)
-    sent = SentPrompt(p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached, p.user_start, p.gap)
+    sent = SentPrompt(
+        p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached, p.user_start, p.gap, p.first_user
+    )
     return PromptRecord(p.replica, sent)
 
 

@@ -143,6 +143,21 @@ class TestCheckpoints:
             assert engine.send(prompt, fresh.take(40)).n_past == 1713
             assert engine.held() == (1713, length + 2048 - 516, length + 2048 - 4)
 
+    def test_a_cold_conversation_leaves_its_system_prompt_for_the_next_session(self) -> None:
+        """A cold prompt of several turns checkpoints where its first user message starts (the system
+        prompt's end: tests/real/test_llama_first_user_checkpoint_contract.py); a new session sharing
+        the system prompt is offered it, and the record's first user start is what places it."""
+        fresh, index = Tokens(), PrefixIndex()
+        system = fresh.take(SYSTEM_TOKENS)
+        conversation = system + fresh.take(6000)
+        sent = SentPrompt("llama", 0, chain_of(encode(conversation)), 8048, "a", 0, 7900, first_user=2048)
+        index.record(sent)
+        assert checkpoints(index) == (2048, 8048 - 516, 7900, 8048 - 4)
+        chat = system + fresh.take(700)
+        assert index.match(chain_of(encode(chat)), "llama").slot(0).checkpoint == 2048
+        index.record(SentPrompt("llama", 0, chain_of(encode(chat)), 2748, "b", 2048, first_user=2048))
+        assert checkpoints(index) == (2048, 2748 - 516, 2748 - 4)  # a warm prompt: none taken again
+
     def test_a_prompt_that_shares_nothing_erases_them(self) -> None:
         fresh, engine = Tokens(), Engine()
         system = fresh.take(SYSTEM_TOKENS)

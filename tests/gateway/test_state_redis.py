@@ -150,17 +150,20 @@ def test_a_session_written_before_shapes_said_how_they_were_digested_reads_back(
 
 def test_a_prompt_record_carries_the_cached_count_and_older_ones_read_back() -> None:
     """Records of a turnout from before ``cached`` have eight fields: they read back with None; ones
-    from before ``gap`` (the engine's checkpoint gap) read back with llama-server's default."""
-    record = PromptRecord("r1", SentPrompt("llama", 0, chain_of(CHAT_A), 2229, "a", 1713, 300, gap=2048))
+    from before ``gap`` (the engine's checkpoint gap) read back with llama-server's default, and
+    without a first user message."""
+    sent = SentPrompt("llama", 0, chain_of(CHAT_A), 2229, "a", 1713, 300, gap=2048, first_user=120)
+    record = PromptRecord("r1", sent)
     packed = prompt_log.pack(record)
     assert prompt_log.unpack(packed) == record
     older = msgspec.msgpack.encode(msgspec.msgpack.decode(packed)[:8])
     assert prompt_log.unpack(older) == dataclasses.replace(
-        record, sent=dataclasses.replace(record.sent, cached=None, user_start=-1, gap=DEFAULT_GAP)
+        record,
+        sent=dataclasses.replace(record.sent, cached=None, user_start=-1, gap=DEFAULT_GAP, first_user=-1),
     )
     before_gap = msgspec.msgpack.encode(msgspec.msgpack.decode(packed)[:10])
     assert prompt_log.unpack(before_gap) == dataclasses.replace(
-        record, sent=dataclasses.replace(record.sent, gap=DEFAULT_GAP)
+        record, sent=dataclasses.replace(record.sent, gap=DEFAULT_GAP, first_user=-1)
     )
 
 

@@ -38,6 +38,18 @@ def test_the_positions_are_the_servers() -> None:
     assert checkpoint_positions(1000 + 4, 1000, GAP) == [1000]  # 4 tokens on: one, where it starts
 
 
+def test_a_cold_prompt_also_checkpoints_its_first_user_message() -> None:
+    """The CPU build's trace of a cold 2,003-token chat (system, user, assistant, user; --ubatch-size
+    512): checkpoints at 973 (the first user message), 1,487, 1,604 (the last user message) and
+    1,999. A warm prompt keeps the slot's checkpoints, and the server ends no step at its first user
+    message then (tests/real/test_llama_first_user_checkpoint_contract.py)."""
+    assert checkpoint_positions(2003, 0, 516, user_start=1604, first_user=973) == [973, 1487, 1604, 1999]
+    assert checkpoint_positions(2003, 0, 516, user_start=973, first_user=973) == [973, 1487, 1999]
+    assert checkpoint_positions(2003, 900, 516, user_start=1604, first_user=973) == [1487, 1604, 1999]
+    fresh, taking = profile(), profile().prefill_seconds(2003, 0, 1604, first_user=973)
+    assert taking - fresh.prefill_seconds(2003, 0, 1604) == pytest.approx(TAKE_S)
+
+
 def test_a_prompt_pays_each_checkpoint_it_takes() -> None:
     paying, free = profile(), profile(0.0)
     warm = paying.prefill_seconds(399, 1479, user_start=1561) - free.prefill_seconds(

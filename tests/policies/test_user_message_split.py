@@ -70,3 +70,33 @@ def test_the_router_and_the_simulator_find_the_last_user_message() -> None:
     assert 0.8 < request.user_start / len(request.prompt) < 1.0
     one = parse_request({"messages": messages[1:2]}, Endpoint.CHAT, llama=True)
     assert one.user_start == -1  # the only user message starts the prompt: nothing to end there
+
+
+def test_the_router_and_the_simulator_find_the_first_user_message() -> None:
+    """Where a cold prompt's first user message starts (llama-server checkpoints it: the end of the
+    system prompt, which the next session sharing it restores): after the system prompt, in both."""
+    system = {"role": "system", "content": "you are a careful coding agent " * 60}
+    messages = [
+        system,
+        {"role": "user", "content": "explain the layout " * 40},
+        {"role": "assistant", "content": "it has three packages"},
+        {"role": "user", "content": "and the tests?"},
+    ]
+    features = request_features({"model": "m", "messages": messages}, Api.CHAT, {}, ModelFacts("m"))
+    first, last = features.first_user_start, features.user_start
+    assert 0.5 < first / features.prompt_tokens < 0.9 < last / features.prompt_tokens
+    request = parse_request({"messages": messages}, Endpoint.CHAT, llama=True)
+    assert 0.5 < request.first_user / len(request.prompt) < 0.9
+    assert request.first_user < request.user_start
+    claude = [  # Claude Code: the system prompt apart, the tools' output in user messages is no user message
+        {"role": "user", "content": "fix the failing test " * 40},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x " * 300}]},
+    ]
+    body = {"model": "m", "system": system["content"], "messages": claude, "max_tokens": 8}
+    agent = request_features(body, Api.MESSAGES, {}, ModelFacts("m"))
+    assert agent.first_user_start == agent.user_start > 0  # one real user message, after the system prompt
+    no_system = request_features(
+        {"model": "m", "messages": claude, "max_tokens": 8}, Api.MESSAGES, {}, ModelFacts("m")
+    )
+    assert no_system.first_user_start == -1  # it starts the prompt: nothing before it to keep
