@@ -81,8 +81,15 @@ stage_build() {
   say "build: $((SECONDS - started)) s on $(nproc) cores"
 }
 
+source_tree() {  # the writers import the pinned tree's gguf-py: a warm call without the build has none
+  [ -f "$SRC/gguf-py/gguf/gguf_writer.py" ] && return
+  [ -f "$GPU/llama-src.tar.xz" ] || { echo "no $SRC and no $GPU/llama-src.tar.xz: carry [\".gpu\"]"; exit 1; }
+  mkdir -p "$GPU/src" && tar -xJf "$GPU/llama-src.tar.xz" -C "$GPU/src"
+}
+
 stage_gguf() {
   if [ -s "$MODEL" ]; then say "gguf: already there ($(du -h "$MODEL" | cut -f1))"; return; fi
+  source_tree
   python3 bench/gpu/gguf_moe.py "$MODEL" --shape full --llama-tree "$SRC" --threads 16 | tee "$OUT/gguf.log"
 }
 
@@ -201,6 +208,7 @@ stage_gguf27() {
   MODEL_TEXT="random-weight dense qwen35, 27B shape (bench/gpu/gguf_dense.py --shape 27b --format $fmt)"
   df -h /dev/shm | tail -1
   if [ -s "$MODEL" ]; then say "gguf27: already there ($(du -h "$MODEL" | cut -f1))"; return; fi
+  source_tree
   python3 bench/gpu/gguf_dense.py "$MODEL" --shape "${SHAPE27:-27b}" --format "$fmt" --llama-tree "$SRC" --threads 16 \
     | tee -a "$OUT/gguf27.log"
 }
