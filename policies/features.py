@@ -62,20 +62,26 @@ def conversation(body: Mapping[str, Any], endpoint: Endpoint) -> list[Any]:
 
 def user_share(messages: Sequence[Any], stream: bytes, *, first: bool = False) -> float:
     """Where the last (``first``: the first) user message starts in ``stream`` (``render(messages)``),
-    as a share of it; -1 for none, or the first message. A user message of tool results alone
+    as a share of it, not counting one that starts the prompt (llama-server looks for a user
+    message's start only after a token is in); -1 for none. A user message of tool results alone
     (Anthropic's ``tool_result`` blocks) is not one: the engines make tool messages of them, and
     llama-server ends a prefill step only at a user message's start (``EngineProfile.step_tokens``)."""
     rendered = [m for m in messages if isinstance(m, Mapping)]
-    users = [
-        i for i, m in enumerate(rendered) if m.get("role") == "user" and not _tool_results(m.get("content"))
-    ]
-    if not users:
-        return -1.0
-    back = len(rendered) - 1 - (users[0] if first else users[-1])  # messages after it
-    at = len(stream)
-    for _ in range(back + 1):  # the (back + 1)-th message mark from the end
+    users = {
+        len(rendered) - 1 - i  # messages after it
+        for i, m in enumerate(rendered)
+        if m.get("role") == "user" and not _tool_results(m.get("content"))
+    }
+    marks, at = [], len(stream)
+    for back in range(max(users, default=-1) + 1):  # message marks from the end, newest first
         at = stream.rfind(MESSAGE_MARK, 0, at)
-    return at / len(stream) if at > 0 else -1.0
+        if at <= 0:  # the prompt's first message, or no mark left
+            break
+        if back in users:
+            marks.append(at)
+    if not marks:
+        return -1.0
+    return (marks[-1] if first else marks[0]) / len(stream)
 
 
 def _tool_results(content: Any) -> bool:

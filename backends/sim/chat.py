@@ -91,24 +91,34 @@ def render_chat(
     messages: Sequence[Any], tools: Sequence[Any] | None = None, add_generation_prompt: bool = True
 ) -> str:
     """Render ``messages`` (and ``tools``) as the ChatML prompt string described in the module docstring."""
+    head, parts = render_parts(messages, tools)
+    return (
+        head
+        + "".join(part for _, part in parts)
+        + (f"{IM_START}assistant\n" if add_generation_prompt else "")
+    )
+
+
+def render_parts(
+    messages: Sequence[Any], tools: Sequence[Any] | None = None
+) -> tuple[str, list[tuple[int, str]]]:
+    """``render_chat`` in parts: what comes before the messages (a leading system message and the tools
+    block; "" for none), then each other message's index and text. Each part starts with a special
+    token, so the prompt's tokens are the parts' tokens end to end."""
     if isinstance(messages, str | bytes) or not messages:
         raise InvalidChat("'messages' must be a non-empty list", "messages")
-    out: list[str] = []
     first = 0
     system_text: str | None = None
     head = messages[0]
     if isinstance(head, Mapping) and head.get("role") in ("system", "developer"):
         system_text = content_text(head.get("content"), "messages[0]")
         first = 1
+    prefix = ""
     if tools:
-        out.append(f"{IM_START}system\n{system_text or DEFAULT_SYSTEM}{_tools_block(tools)}{IM_END}\n")
+        prefix = f"{IM_START}system\n{system_text or DEFAULT_SYSTEM}{_tools_block(tools)}{IM_END}\n"
     elif system_text is not None:
-        out.append(f"{IM_START}system\n{system_text}{IM_END}\n")
-    for index in range(first, len(messages)):
-        out.append(_render_message(messages[index], f"messages[{index}]"))
-    if add_generation_prompt:
-        out.append(f"{IM_START}assistant\n")
-    return "".join(out)
+        prefix = f"{IM_START}system\n{system_text}{IM_END}\n"
+    return prefix, [(i, _render_message(messages[i], f"messages[{i}]")) for i in range(first, len(messages))]
 
 
 def _render_message(message: object, where: str) -> str:

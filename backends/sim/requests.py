@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from backends.sim import tokenizer
-from backends.sim.chat import InvalidChat, chosen_tool, render_chat
+from backends.sim.chat import InvalidChat, chosen_tool, render_chat, render_parts
 
 
 class Endpoint(StrEnum):
@@ -80,13 +80,12 @@ def _prompt_tokens(
         if not isinstance(messages, list):
             raise InvalidChat("'messages' must be a non-empty list", "messages")
         text = render_chat(messages, tools)
-        users = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"]
-        last, first = (_start(messages, users[k], tools) for k in (-1, 0)) if users else (-1, -1)
-        return (  # a tool message is no user message
+        starts = _user_starts(messages, tools)  # a tool message is no user message
+        return (
             tokenizer.encode(text),
             chosen_tool(messages, tools, body.get("tool_choice", "auto")),
-            last,
-            first,
+            starts[-1] if starts else -1,
+            starts[0] if starts else -1,
         )
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -104,10 +103,18 @@ def _prompt_tokens(
     raise InvalidChat("'prompt' must be a string or a list of token ids", "prompt")
 
 
-def _start(messages: list[Any], index: int, tools: Any) -> int:
-    """Where message ``index`` starts in the rendered chat, in tokens (-1: the first message)."""
-    before = render_chat(messages[:index], tools, add_generation_prompt=False) if index else ""
-    return len(tokenizer.encode(before)) if before else -1
+def _user_starts(messages: list[Any], tools: Any) -> list[int]:
+    """Where each user message starts in the rendered chat, in tokens, but one that starts it (position
+    0: llama-server looks for a user message's start only after a token is in, so the first it can
+    break at on a cold prompt is the next one, ``policies.checkpoints``)."""
+    head, parts = render_parts(messages, tools)
+    at, out = len(tokenizer.encode(head)), []
+    for index, part in parts:
+        message = messages[index]
+        if at > 0 and isinstance(message, Mapping) and message.get("role") == "user":
+            out.append(at)
+        at += len(tokenizer.encode(part))
+    return out
 
 
 def parse_request(body: Mapping[str, Any], endpoint: Endpoint, *, llama: bool) -> GenRequest:

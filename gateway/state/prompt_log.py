@@ -2,13 +2,15 @@
 
 Every replica appends what it sent where, with the batch of writes that ends each request
 (``PromptRecord``: the backend, the llama.cpp slot, the prompt's chain of chunk hashes, the engine's
-token count, the session, the tokens the engine reused, where its last user message starts; never
-text) and folds the others' records into its own in-memory ``PrefixIndex``. So every replica knows
-what each backend, slot and RAM cache holds, and which checkpoints each slot can restore (rebuilt
-from the reused counts in stream order), whichever replica sent it; a replica that starts reads the
-whole stream first, so a restart keeps that knowledge. A record is a msgpack array (``Packed``);
+token count, the session, the tokens the engine reused, where its last user message starts, the
+engine's checkpoint gap, where its first user message starts; never text) and folds the others'
+records into its own in-memory ``PrefixIndex``. So every replica knows what each backend, slot and
+RAM cache holds, and which checkpoints each slot can restore (rebuilt from the reused counts in
+stream order), whichever replica sent it; a replica that starts reads the whole stream first, so a
+restart keeps that knowledge. A record is a msgpack array (``Packed``);
 fields are only ever appended: a record with fewer takes the defaults (one written before ``cached``
-was: None, so the slot keeps no older checkpoints; one before ``user_start``: no user message). A
+was: None, so the slot keeps no older checkpoints; one before ``user_start`` or ``first_user``: no
+user message; one before ``gap``: llama-server's default, 516). A
 turnout from before a field reads exactly the fields it knows and its follower stops at the first
 record with more: upgrade the replicas that share a Redis together. The stream is capped at
 ``LOG_ENTRIES`` (the oldest go: by then the engines' caches have moved on too); an entry costs

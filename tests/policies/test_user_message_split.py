@@ -100,3 +100,25 @@ def test_the_router_and_the_simulator_find_the_first_user_message() -> None:
         {"model": "m", "messages": claude, "max_tokens": 8}, Api.MESSAGES, {}, ModelFacts("m")
     )
     assert no_system.first_user_start == -1  # it starts the prompt: nothing before it to keep
+
+
+def test_a_user_message_that_starts_the_prompt_is_not_one_the_server_breaks_at() -> None:
+    """llama-server looks for a user message's start after each token it adds, so one at position 0 is
+    never seen: without a system prompt the first it checkpoints on a cold prompt is the next user
+    message, in the router and the simulator alike; with tools, the tools block comes first, so the
+    only user message starts past it in both."""
+    messages = [
+        {"role": "user", "content": "explain the layout " * 40},
+        {"role": "assistant", "content": "it has three packages"},
+        {"role": "user", "content": "and the tests? " * 10},
+    ]
+    features = request_features({"model": "m", "messages": messages}, Api.CHAT, {}, ModelFacts("m"))
+    assert features.first_user_start == features.user_start > 0.6 * features.prompt_tokens
+    request = parse_request({"messages": messages}, Endpoint.CHAT, llama=True)
+    assert request.first_user == request.user_start > 0.6 * len(request.prompt)
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+    body = {"model": "m", "messages": messages[:1], "tools": tools}
+    routed = request_features(body, Api.CHAT, {}, ModelFacts("m"))
+    simulated = parse_request(body, Endpoint.CHAT, llama=True)
+    assert routed.first_user_start == routed.user_start > 0
+    assert simulated.first_user == simulated.user_start > 0

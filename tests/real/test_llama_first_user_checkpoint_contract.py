@@ -49,11 +49,19 @@ def cache_n(client: httpx.Client, messages: list[dict[str, Any]]) -> int:
     return int(response.json()["timings"]["cache_n"])
 
 
-def real_user_start(client: httpx.Client, messages: list[dict[str, Any]]) -> int:
-    """Tokens before the first user message in the real server's own rendering of ``messages``."""
+def real_user_start(client: httpx.Client, messages: list[dict[str, Any]], nth: int = 1) -> int:
+    """Tokens before the ``nth`` user message in the real server's own rendering of ``messages``."""
     prompt = client.post("/apply-template", json={"messages": messages}).json()["prompt"]
-    before = prompt[: prompt.index("<|im_start|>user")]
-    return len(client.post("/tokenize", json={"content": before}).json()["tokens"])
+    at = -1
+    for _ in range(nth):
+        at = prompt.index("<|im_start|>user", at + 1)
+    return len(client.post("/tokenize", json={"content": prompt[:at]}).json()["tokens"])
+
+
+def sim_start(messages: list[dict[str, Any]], upto: int) -> int:
+    """Tokens before message ``upto`` in the simulator's rendering (the parts add up: each starts with
+    a special token)."""
+    return len(tokenizer.encode(render_chat(messages[:upto], None, add_generation_prompt=False)))
 
 
 def test_a_new_chat_restores_the_system_prompt_a_cold_multi_turn_chat_left(
@@ -61,16 +69,46 @@ def test_a_new_chat_restores_the_system_prompt_a_cold_multi_turn_chat_left(
 ) -> None:
     real = llama_server(n_parallel=1, ctx_total=SLOT_CTX, extra_args=["--cache-ram", "0"])
     config = twin_sim_config(SLOT_CTX, slots=1, time_scale=0.0, cache_ram_mib=0)
-    sim_start = len(tokenizer.encode(render_chat([SYSTEM], None, add_generation_prompt=False)))
     with (
         serve(create_sim_app(config)) as sim,
         httpx.Client(base_url=real.base_url, timeout=120, limits=CLIENT_LIMITS) as real_client,
         httpx.Client(base_url=sim.url, timeout=30) as sim_client,
     ):
-        expected = {"real": real_user_start(real_client, SECOND), "sim": sim_start}
+        expected = {"real": real_user_start(real_client, SECOND), "sim": sim_start(SECOND, 1)}
         got = {
             name: [cache_n(client, FIRST), cache_n(client, SECOND)]
             for name, client in (("real", real_client), ("sim", sim_client))
         }
     assert min(expected.values()) > 200, expected  # the system prompt's tokens
+    assert got == {name: [0, start] for name, start in expected.items()}, (got, expected)
+
+
+def test_a_chat_that_starts_with_its_user_message_checkpoints_the_next_one(
+    llama_server: LlamaServerFactory,
+) -> None:
+    """Without a system prompt the first user message starts the prompt, where the server never looks
+    (it checks for a user message's start after each token it adds): the next user message is the first
+    it breaks at, on the CPU build a cold 5-message chat took its checkpoint there (631 tokens in), and
+    a chat that shares the first exchange restores it."""
+    first = [
+        {"role": "user", "content": words(6, 150)},
+        {"role": "assistant", "content": words(7, 60)},
+        {"role": "user", "content": words(8, 100)},
+        {"role": "assistant", "content": words(9, 40)},
+        {"role": "user", "content": words(10, 60)},
+    ]
+    second = [*first[:2], {"role": "user", "content": words(11, 100)}]
+    real = llama_server(n_parallel=1, ctx_total=SLOT_CTX, extra_args=["--cache-ram", "0"])
+    config = twin_sim_config(SLOT_CTX, slots=1, time_scale=0.0, cache_ram_mib=0)
+    with (
+        serve(create_sim_app(config)) as sim,
+        httpx.Client(base_url=real.base_url, timeout=120, limits=CLIENT_LIMITS) as real_client,
+        httpx.Client(base_url=sim.url, timeout=30) as sim_client,
+    ):
+        expected = {"real": real_user_start(real_client, second, nth=2), "sim": sim_start(second, 2)}
+        got = {
+            name: [cache_n(client, first), cache_n(client, second)]
+            for name, client in (("real", real_client), ("sim", sim_client))
+        }
+    assert min(expected.values()) > 200, expected  # past the first exchange
     assert got == {name: [0, start] for name, start in expected.items()}, (got, expected)
