@@ -64,23 +64,32 @@ def sim_start(messages: list[dict[str, Any]], upto: int) -> int:
     return len(tokenizer.encode(render_chat(messages[:upto], None, add_generation_prompt=False)))
 
 
-def test_a_new_chat_restores_the_system_prompt_a_cold_multi_turn_chat_left(
-    llama_server: LlamaServerFactory,
+def cold_then_shared(
+    llama_server: LlamaServerFactory, first: list[dict[str, Any]], second: list[dict[str, Any]], nth: int
 ) -> None:
+    """``first`` on a fresh slot of both engines, then ``second``, which shares ``first`` up to its
+    ``nth`` user message: each reuses nothing, then exactly what comes before that message."""
     real = llama_server(n_parallel=1, ctx_total=SLOT_CTX, extra_args=["--cache-ram", "0"])
     config = twin_sim_config(SLOT_CTX, slots=1, time_scale=0.0, cache_ram_mib=0)
+    upto = [i for i, m in enumerate(second) if m["role"] == "user"][nth - 1]
     with (
         serve(create_sim_app(config)) as sim,
         httpx.Client(base_url=real.base_url, timeout=120, limits=CLIENT_LIMITS) as real_client,
         httpx.Client(base_url=sim.url, timeout=30) as sim_client,
     ):
-        expected = {"real": real_user_start(real_client, SECOND), "sim": sim_start(SECOND, 1)}
+        expected = {"real": real_user_start(real_client, second, nth), "sim": sim_start(second, upto)}
         got = {
-            name: [cache_n(client, FIRST), cache_n(client, SECOND)]
+            name: [cache_n(client, first), cache_n(client, second)]
             for name, client in (("real", real_client), ("sim", sim_client))
         }
-    assert min(expected.values()) > 200, expected  # the system prompt's tokens
+    assert min(expected.values()) > 200, expected  # the system prompt's tokens, or the first exchange's
     assert got == {name: [0, start] for name, start in expected.items()}, (got, expected)
+
+
+def test_a_new_chat_restores_the_system_prompt_a_cold_multi_turn_chat_left(
+    llama_server: LlamaServerFactory,
+) -> None:
+    cold_then_shared(llama_server, FIRST, SECOND, nth=1)
 
 
 def test_a_chat_that_starts_with_its_user_message_checkpoints_the_next_one(
@@ -97,18 +106,4 @@ def test_a_chat_that_starts_with_its_user_message_checkpoints_the_next_one(
         {"role": "assistant", "content": words(9, 40)},
         {"role": "user", "content": words(10, 60)},
     ]
-    second = [*first[:2], {"role": "user", "content": words(11, 100)}]
-    real = llama_server(n_parallel=1, ctx_total=SLOT_CTX, extra_args=["--cache-ram", "0"])
-    config = twin_sim_config(SLOT_CTX, slots=1, time_scale=0.0, cache_ram_mib=0)
-    with (
-        serve(create_sim_app(config)) as sim,
-        httpx.Client(base_url=real.base_url, timeout=120, limits=CLIENT_LIMITS) as real_client,
-        httpx.Client(base_url=sim.url, timeout=30) as sim_client,
-    ):
-        expected = {"real": real_user_start(real_client, second, nth=2), "sim": sim_start(second, 2)}
-        got = {
-            name: [cache_n(client, first), cache_n(client, second)]
-            for name, client in (("real", real_client), ("sim", sim_client))
-        }
-    assert min(expected.values()) > 200, expected  # past the first exchange
-    assert got == {name: [0, start] for name, start in expected.items()}, (got, expected)
+    cold_then_shared(llama_server, first, [*first[:2], {"role": "user", "content": words(11, 100)}], nth=2)
