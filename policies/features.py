@@ -66,14 +66,6 @@ def user_share(messages: Sequence[Any], stream: bytes, *, first: bool = False) -
     message's start only after a token is in); -1 for none. A user message of tool results alone
     (Anthropic's ``tool_result`` blocks) is not one: the engines make tool messages of them, and
     llama-server ends a prefill step only at a user message's start (``EngineProfile.step_tokens``)."""
-    marks = user_marks(messages, stream)
-    if not marks:
-        return -1.0
-    return (marks[0] if first else marks[-1]) / len(stream)
-
-
-def user_marks(messages: Sequence[Any], stream: bytes) -> list[int]:
-    """Where each user message that ``user_share`` counts starts in ``stream``, in bytes, oldest first."""
     rendered = [m for m in messages if isinstance(m, Mapping)]
     users = {
         len(rendered) - 1 - i  # messages after it
@@ -87,7 +79,9 @@ def user_marks(messages: Sequence[Any], stream: bytes) -> list[int]:
             break
         if back in users:
             marks.append(at)
-    return marks[::-1]
+    if not marks:
+        return -1.0
+    return (marks[-1] if first else marks[0]) / len(stream)
 
 
 def _tool_results(content: Any) -> bool:
@@ -201,8 +195,6 @@ def extract(
         if endpoint is Endpoint.COMPLETIONS
         else render(messages, body.get("tools"))
     )
-    chain = chain_of(stream)
-    marks = [] if endpoint is Endpoint.COMPLETIONS else user_marks(messages, stream)
     return RequestFeatures(
         model=model,
         endpoint=endpoint,
@@ -213,10 +205,11 @@ def extract(
         stream=bool(body.get("stream", False)),
         session_key=key,
         session_source=source,
-        chain=chain,
-        user_share=marks[-1] / len(stream) if marks else -1.0,
-        first_user_share=marks[0] / len(stream) if marks else -1.0,
-        head=chain.mark_at(marks[0]) if marks else None,
+        chain=chain_of(stream),
+        user_share=-1.0 if endpoint is Endpoint.COMPLETIONS else user_share(messages, stream),
+        first_user_share=-1.0
+        if endpoint is Endpoint.COMPLETIONS
+        else user_share(messages, stream, first=True),
         shape=shape_of(messages, body.get("tools")) if shape and endpoint in SHAPED else None,
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,
