@@ -60,28 +60,33 @@ def conversation(body: Mapping[str, Any], endpoint: Endpoint) -> list[Any]:
     return ([{"role": "system", "content": system}] if system is not None else []) + messages
 
 
-def user_share(messages: Sequence[Any], stream: bytes, *, first: bool = False) -> float:
-    """Where the last (``first``: the first) user message starts in ``stream`` (``render(messages)``),
-    as a share of it, not counting one that starts the prompt (llama-server looks for a user
+def user_shares(messages: Sequence[Any], stream: bytes) -> tuple[float, float]:
+    """Where the first and the last user message start in ``stream`` (``render(messages)``), as
+    shares of it; a user message that starts the prompt is not counted (llama-server looks for a user
     message's start only after a token is in); -1 for none. A user message of tool results alone
     (Anthropic's ``tool_result`` blocks) is not one: the engines make tool messages of them, and
-    llama-server ends a prefill step only at a user message's start (``EngineProfile.step_tokens``)."""
+    llama-server ends a prefill step only at a user message's start (``EngineProfile.step_tokens``).
+    The first is found walking forward from the prompt's start, the last walking back from its end:
+    both walks are short however long the conversation."""
     rendered = [m for m in messages if isinstance(m, Mapping)]
-    users = {
-        len(rendered) - 1 - i  # messages after it
-        for i, m in enumerate(rendered)
-        if m.get("role") == "user" and not _tool_results(m.get("content"))
-    }
-    marks, at = [], len(stream)
-    for back in range(max(users, default=-1) + 1):  # message marks from the end, newest first
+    users = [
+        i for i, m in enumerate(rendered) if m.get("role") == "user" and not _tool_results(m.get("content"))
+    ]
+    if not users:
+        return -1.0, -1.0
+    at = len(stream)
+    for _ in range(len(rendered) - users[-1]):  # the last user message's mark, from the end
         at = stream.rfind(MESSAGE_MARK, 0, at)
-        if at <= 0:  # the prompt's first message, or no mark left
-            break
-        if back in users:
-            marks.append(at)
-    if not marks:
-        return -1.0
-    return (marks[-1] if first else marks[0]) / len(stream)
+    if at <= 0:  # it starts the prompt: so did every other one
+        return -1.0, -1.0
+    last = at / len(stream)
+    at, seen = -1, 0
+    for index in users:  # the first user message's mark past the prompt's start, from the start
+        while seen <= index:
+            at, seen = stream.find(MESSAGE_MARK, at + 1), seen + 1
+        if at > 0:
+            return at / len(stream), last
+    return last, last
 
 
 def _tool_results(content: Any) -> bool:
@@ -195,6 +200,9 @@ def extract(
         if endpoint is Endpoint.COMPLETIONS
         else render(messages, body.get("tools"))
     )
+    first_user, last_user = (
+        (-1.0, -1.0) if endpoint is Endpoint.COMPLETIONS else user_shares(messages, stream)
+    )
     return RequestFeatures(
         model=model,
         endpoint=endpoint,
@@ -206,10 +214,8 @@ def extract(
         session_key=key,
         session_source=source,
         chain=chain_of(stream),
-        user_share=-1.0 if endpoint is Endpoint.COMPLETIONS else user_share(messages, stream),
-        first_user_share=-1.0
-        if endpoint is Endpoint.COMPLETIONS
-        else user_share(messages, stream, first=True),
+        user_share=last_user,
+        first_user_share=first_user,
         shape=shape_of(messages, body.get("tools")) if shape and endpoint in SHAPED else None,
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,
