@@ -166,13 +166,14 @@ def _decisions(workloads: list[str]) -> None:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from routing_workloads import MODEL, WORKLOADS
 
+    from backends.sim.task import SimTask
     from gateway.epp.exchange import Exchange
     from gateway.logging import configure_logging
     from gateway.replay.fleets import default_fleet, fleet_from_file, sim_configs
     from gateway.replay.results import request_body, request_headers
     from gateway.replay.traces import TraceRequest, with_model
-    from gateway.replay.virtual import GatewayReplay, SimTask, run_now
-    from gateway.replay.virtual_world import Flight, answer_of
+    from gateway.replay.virtual import GatewayReplay, run_now
+    from gateway.replay.virtual_world import Flight
 
     configure_logging("json", "warning")
 
@@ -181,11 +182,9 @@ def _decisions(workloads: list[str]) -> None:
         messages, as Envoy sends them, instead of by the relay's call into the lifecycle; the rest
         (the engines, the answers, learning) is the replay's own."""
 
-        def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
+        def send(self, index: int, request: TraceRequest, task: SimTask) -> None:
             body = request_body(request, self.options.block_tokens)
-            content = body["messages"][0]["content"] if request.messages is None else None
-            if content is not None:
-                self._counts[content] = len(tokens)
+            self._in_hand = (body["messages"], len(task.prompt)) if request.messages is None else None
             answers: list[Any] = []
 
             async def write(message: Any) -> None:
@@ -204,8 +203,7 @@ def _decisions(workloads: list[str]) -> None:
                 whole = pb.HttpBody(body=json.dumps(body).encode(), end_of_stream=True)
                 run_now(exchange.handle(pb.ProcessingRequest(request_body=whole)))
             finally:
-                if content is not None:
-                    self._counts.pop(content, None)
+                self._in_hand = None
             routed = exchange.routed
             if routed is None or routed.decision.chosen is None or exchange.token is None:
                 error = answers[0].immediate_response.body.decode() if answers else "no answer"
@@ -213,7 +211,6 @@ def _decisions(workloads: list[str]) -> None:
                 return
             self.fleet.end(exchange.token)  # the replay sends it (and notes it in flight) itself
             exchange.token, exchange.settled = None, True
-            task = SimTask(f"r{index}", tokens, answer_of(request))
             self._route(Flight(index, self.clock.now, "", task, routed=routed))
 
     for name in workloads:

@@ -38,6 +38,7 @@ from routing_validation import VALIDATION
 from routing_workloads import MODEL, WORKLOADS
 
 from backends.sim.llama_engine import LlamaEngine
+from backends.sim.task import SimTask
 from backends.sim.vllm_engine import VllmEngine
 from backends.sim.whatif import whatif_slots, whatif_vllm
 from gateway.logging import configure_logging
@@ -54,17 +55,17 @@ class Observed(GatewayReplay):
 
     truth: dict[str, dict[tuple[str, int | None], tuple[float, int]]]
 
-    def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
+    def send(self, index: int, request: TraceRequest, task: SimTask) -> None:
         here: dict[tuple[str, int | None], tuple[float, int]] = {}
         for name, engine in self.engines.items():
             if isinstance(engine, LlamaEngine):
-                for option in whatif_slots(engine, tokens):
+                for option in whatif_slots(engine, task.prompt, task.user_start, task.first_user):
                     here[name, option.slot] = (option.ttft_s, option.cached_tokens)
             elif isinstance(engine, VllmEngine):
-                option = whatif_vllm(engine, tokens, request.max_tokens)
+                option = whatif_vllm(engine, task.prompt, request.max_tokens)
                 here[name, None] = (option.ttft_s, option.cached_tokens)
         self.truth[f"r{index}"] = here
-        super().send(index, request, tokens)
+        super().send(index, request, task)
 
 
 def _stats(errors: Sequence[float]) -> str:

@@ -19,7 +19,7 @@ from routing_workloads import MODEL, SEEDS, WORKLOADS
 
 from backends.sim.prefix_cache import add_checkpoints, llama_reuse
 from gateway.replay.report import LONG_PROMPT_TOKENS, LOWER_BOUND, table
-from gateway.replay.synth import prompt_tokens
+from gateway.replay.synth import prompt_tokens, threaded, user_starts
 from gateway.replay.traces import TraceRequest, with_model
 from gateway.replay.virtual_world import ANSWER_TOKEN, OVERHEAD_S
 from gateway.replay.workstation import StackOptions
@@ -110,11 +110,12 @@ def warm_turn_best(
     gap = llama.engine_profile.prefill.checkpoint_gap
     best: list[float] = []
     previous: dict[str | None, tuple[list[int], tuple[int, ...]]] = {}
-    for request in requests:
+    for request in threaded(requests):
         prompt = prompt_tokens(request)
         tokens, checkpoints = previous.get(request.session, ([], ()))
         reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=True)
-        checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past, gap)
+        user, first = user_starts(request)
+        checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past, gap, user, first)
         previous[request.session] = (prompt + [ANSWER_TOKEN.id] * (request.max_tokens - 1), checkpoints)
         warm = (len(prompt) - reuse.n_past) / llama.prefill_tok_s
         if len(prompt) >= min_tokens:
@@ -162,10 +163,9 @@ def agent_target(results: dict[str, dict[str, Any]], quick: bool) -> str:
         return line
     return line + (
         f"; impossible by the engines' rules: every turn warm on its own slot with nothing else running"
-        f" gets {best:.3f} s ({long_v / best:.1f}x): the trace's turns are one growing user message, so"
-        " the next prompt leaves the slot 7 tokens before the previous prompt's end (the chat template's"
-        " closing tokens) and a hybrid slot restores its checkpoint at N - 4 - 512: every turn"
-        " re-prefills its growth + ~520 tokens (note below)"
+        f" gets {best:.3f} s ({long_v / best:.1f}x): each turn resumes its slot 4 tokens before the"
+        " previous prompt's end and re-prefills the previous answer and the new message: no routing"
+        " beats that (note below)"
     )
 
 
@@ -312,14 +312,12 @@ NOTES = """\
   turns and pays a cold prefill there now (a 30k-token prompt: 10 s instead of vLLM's 4.8 s),
   expecting 1.5 more turns (3 times the chance a pin lasts with 4 sessions on 2 slots); the oracle
   knows the session's real remaining turns.
-- **The 10x agent target.** The trace's turns are one user message that grows by blocks (the
-  Mooncake way): the next prompt leaves the slot 7 tokens before the previous prompt's end (the chat
-  template's closing tokens, and the previous answer is not in it), so a hybrid slot restores its
-  checkpoint at N - 4 - 512 and every turn re-prefills its growth plus ~520 tokens. The line above
-  computes the best any routing can do by those rules (each turn warm on its own slot, nothing else
-  running): `cost` is within 3% of it. A chat-shaped conversation (the previous prompt and answer
-  as earlier messages) would leave the slot after N - 4: the lower bound on those prompts, 0.660 s,
-  is 11.2x below prefer-vllm.
+- **The 10x agent target.** Each turn is sent as a chat client sends it (the previous turn's
+  messages, its answer, the new text: docs/replay.md, "Prompt synthesis"), so a hybrid slot resumes
+  4 tokens before the previous prompt's end and re-prefills the answer and the new message. The line
+  above computes the best any routing can do by the engines' rules (each turn warm on its own slot,
+  nothing else running). Until 2026-12-07 the turns were one growing user message and every one
+  re-prefilled ~520 tokens more (the checkpoint a micro-batch back).
 - **Mooncake at full length.** 93 of its 12,031 prompts are longer than every window (94k vLLM,
   64k llama.cpp) and fail in every row. At 70% of the fleet's capacity vLLM alone would be at 101%
   of its own: `prefer-vllm`'s queue grows for the whole trace. `prefer-llamacpp` is not run (2.2x

@@ -80,7 +80,7 @@ def _prompt_tokens(
         if not isinstance(messages, list):
             raise InvalidChat("'messages' must be a non-empty list", "messages")
         text = render_chat(messages, tools)
-        starts = _user_starts(messages, tools)  # a tool message is no user message
+        starts = user_starts(messages, tools)  # a tool message is no user message
         return (
             tokenizer.encode(text),
             chosen_tool(messages, tools, body.get("tool_choice", "auto")),
@@ -103,7 +103,7 @@ def _prompt_tokens(
     raise InvalidChat("'prompt' must be a string or a list of token ids", "prompt")
 
 
-def _user_starts(messages: list[Any], tools: Any) -> list[int]:
+def user_starts(messages: list[Any], tools: Any) -> list[int]:
     """Where each user message starts in the rendered chat, in tokens, but one that starts it (position
     0: llama-server looks for a user message's start only after a token is in, so the first it can
     break at on a cold prompt is the next one, ``policies.checkpoints``)."""

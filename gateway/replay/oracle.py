@@ -10,8 +10,11 @@ oracle it also knows the conversation's remaining turns ``j`` (prompt ``P_j``, g
 
     score(c) = now(c) + future(c) + evict(c)
     future(engine without slots) = sum_j P_j / rate_b                  (hybrid, no prefix cache: re-prefill)
-    future(llama slot)           = sum_j (g_j + gap_b + TEMPLATE_TAIL) / rate_b (warm slot: growth
-                                   + the checkpoint gap of b's profile + the template's tail)
+    future(llama slot)           = sum_j (g_j + THREAD_TAIL) / rate_b (warm slot, a turn that goes on
+                                   from the previous prompt, ``synth.threaded``: growth, the 4 tokens
+                                   before the previous prompt's end, the new messages' template), or
+                                   (g_j + gap_b + TEMPLATE_TAIL) / rate_b for a turn that rewrites the
+                                   previous one's last message (the checkpoint gap of b's profile)
     evict(llama slot)            = elsewhere(o) - future_b(o) of the conversation ``o`` whose turn last
                                    ran on that slot, over ``o``'s turns still to come (0 when it has none,
                                    or when it is this request's own); elsewhere: cold on the fastest
@@ -43,13 +46,19 @@ import httpx
 
 from backends.sim import SimConfig
 from gateway.replay.client import Measured, stream_chat
+from gateway.replay.synth import CLOSE, HEADS
 from gateway.replay.traces import TraceRequest, conversations
+from policies.checkpoints import CHECKPOINT_TAIL
 
 SETTLE_S = 0.02
 """Wall seconds a decision waits, at most, for the engine to take the request before the next one."""
 TEMPLATE_TAIL = 8
-"""Tokens a warm hybrid llama.cpp slot re-prefills beyond the growth and its checkpoint gap (a turn
-replayed from hashed blocks diverges where the previous prompt's chat template closed)."""
+"""Tokens a warm hybrid llama.cpp slot re-prefills beyond the growth and its checkpoint gap when a turn
+rewrites the previous one's last user message (it diverges where the previous prompt's template closed)."""
+THREAD_TAIL = CHECKPOINT_TAIL + 2 * len(CLOSE) + len(HEADS["user"]) + len(HEADS["assistant"])
+"""Tokens a warm hybrid llama.cpp slot re-prefills beyond the growth for a turn that goes on from the
+previous prompt: from its checkpoint 4 tokens before that prompt's end, and the template of the
+answer and the new user message (``synth.threaded``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +75,8 @@ class Candidate:
 class Horizon:
     """A request's conversation future in tokens: what its remaining turns prefill on an engine that
     kept nothing of them (``cold``: their whole prompts) and on a warm llama.cpp slot (``warm``: their
-    growth and ``TEMPLATE_TAIL`` each, and the slot's checkpoint gap once for each of the ``turns``)."""
+    growth and a template tail each, and the slot's checkpoint gap once for each of the ``turns`` that
+    do not go on from the previous prompt)."""
 
     cold: int = 0
     warm: int = 0
@@ -99,16 +109,22 @@ class Engines:
 
 def horizons(requests: Sequence[TraceRequest]) -> list[Horizon]:
     """Per request, the :class:`Horizon` of the turns its conversation has after it (formulas: module
-    doc); conversations as the replay paces them (``traces.conversations``: by session, else by content)."""
+    doc); conversations as the replay paces them (``traces.conversations``: by session, else by
+    content), turns as it sends them (``synth.threaded``: pass its requests)."""
     out = [Horizon() for _ in requests]
     for indices in conversations(requests):
-        cold = warm = 0
+        cold = warm = turns = 0
         for position in range(len(indices) - 1, -1, -1):
-            out[indices[position]] = Horizon(cold, warm, len(indices) - 1 - position)
+            out[indices[position]] = Horizon(cold, warm, turns)
             request = requests[indices[position]]
-            previous = requests[indices[position - 1]].input_tokens if position else 0
+            previous = requests[indices[position - 1]] if position else None
             cold += request.input_tokens
-            warm += max(request.input_tokens - previous, 0) + TEMPLATE_TAIL
+            warm += max(request.input_tokens - (previous.input_tokens if previous else 0), 0)
+            if previous is not None and len(request.splits) > len(previous.splits):
+                warm += THREAD_TAIL
+            else:
+                warm += TEMPLATE_TAIL
+                turns += 1
     return out
 
 

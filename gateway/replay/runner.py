@@ -23,6 +23,7 @@ from gateway.replay.client import Measured, stream_chat
 from gateway.replay.oracle import Oracle
 from gateway.replay.results import ORACLE, Result, request_body, request_headers
 from gateway.replay.stack import start_stack
+from gateway.replay.synth import threaded
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
 from gateway.replay.workstation import StackOptions
 
@@ -46,6 +47,7 @@ async def replay(
     requests: Sequence[TraceRequest], dispatch: Dispatch, options: ReplayOptions
 ) -> list[Result]:
     """Replay ``requests`` through ``dispatch`` (module docstring); results in trace order."""
+    requests = threaded(requests, options.block_tokens)
     scale = options.time_scale
     results: dict[int, Result] = {}
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
@@ -111,7 +113,7 @@ def run_profile(
             dispatch = gateway_dispatch(running.gateway.url)
         else:
             urls = {name: server.url for name, server in running.sims.items()}
-            dispatch = Oracle(requests, urls, stack.sim_configs()).dispatch
+            dispatch = Oracle(threaded(requests, options.block_tokens), urls, stack.sim_configs()).dispatch
         return asyncio.run(replay(requests, dispatch, options))
     finally:
         running.stop()

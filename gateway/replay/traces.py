@@ -50,6 +50,11 @@ class TraceRequest:
     agent: bool = False
     """An agent's call: its client acts on the whole answer (sent with ``x-turnout-wait-for:
     last-token``, ``policies.awaited``)."""
+    splits: tuple[int, ...] = ()
+    """Where the prompt's chat messages end, in tokens of its text: a user message, an assistant
+    message, a user message and so on, the last user message running to the end (a conversation's
+    earlier turns and their answers, as a chat client resends them: ``synth.threaded`` derives it
+    from the conversation; never read from or written to a trace). Empty: one user message."""
 
     def to_json(self) -> dict[str, Any]:
         """The turnout JSONL object of this request (``messages`` only when given)."""

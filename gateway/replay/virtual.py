@@ -48,7 +48,6 @@ from gateway.replay.virtual_world import (
     Flight,
     VirtualOptions,
     World,
-    answer_of,
 )
 from gateway.retry import after_failure, gave_up
 from gateway.routed import Routed
@@ -91,7 +90,7 @@ class GatewayReplay(World):
         options: VirtualOptions = DEFAULT_OPTIONS,
     ) -> None:
         super().__init__(requests, {b.id: configs[b.id] for b in settings.backends}, options)
-        self._counts: dict[str, int] = {}  # prompt text -> the engine's tokens, for the request in hand
+        self._in_hand: tuple[list[Any], int] | None = None  # its messages, the engine's count of them
         documents: dict[str, Documents] = {
             name: EngineDocuments(engine, self._count) for name, engine in self.engines.items()
         }
@@ -115,25 +114,20 @@ class GatewayReplay(World):
     def _count(self, body: Any) -> int | None:
         """The engine's count of the prompt of the request in hand (None for any other body)."""
         messages = body.get("messages") if isinstance(body, dict) else None
-        if isinstance(messages, list) and len(messages) == 1 and isinstance(messages[0], dict):
-            content = messages[0].get("content")
-            return self._counts.get(content) if isinstance(content, str) else None
+        if self._in_hand is not None and messages == self._in_hand[0]:
+            return self._in_hand[1]
         return None
 
-    def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
+    def send(self, index: int, request: TraceRequest, task: SimTask) -> None:
         body = request_body(request, self.options.block_tokens)
-        content = body["messages"][0]["content"] if request.messages is None else None
-        if content is not None:
-            self._counts[content] = len(tokens)
+        self._in_hand = (body["messages"], len(task.prompt)) if request.messages is None else None
         try:
             routed = run_now(self.lifecycle.route(body, Endpoint.CHAT, request_headers(request)))
         except GatewayError as exc:
             self.fail(index, self.clock.now, exc.message)
             return
         finally:
-            if content is not None:
-                self._counts.pop(content, None)
-        task = SimTask(f"r{index}", tokens, answer_of(request))
+            self._in_hand = None
         self._route(Flight(index, self.clock.now, "", task, routed=routed))
 
     def _route(self, flight: Flight, last: UpstreamStatusError | None = None) -> None:
@@ -157,7 +151,14 @@ class GatewayReplay(World):
         llama.cpp slot it names; in flight on the fleet, and in the prefix index once done."""
         assert flight.routed is not None
         routed, engine = flight.routed, self.engines[warm.backend_id]
-        task = SimTask(f"{flight.task.id}.warm", flight.task.prompt, Answer((ANSWER_TOKEN,), "length", None))
+        prompt = flight.task
+        task = SimTask(
+            f"{prompt.id}.warm",
+            prompt.prompt,
+            Answer((ANSWER_TOKEN,), "length", None),
+            user_start=prompt.user_start,
+            first_user=prompt.first_user,
+        )
         task.id_slot = warm.slot
         token = self.fleet.begin(warm_sent(warm, routed, self.clock.time()))
 

@@ -20,7 +20,7 @@ from backends.sim.vllm_engine import VllmEngine
 from backends.sim.whatif import whatif_slots, whatif_vllm
 from gateway.replay.oracle import Candidate, choose, engines_of, horizons, owners, scores
 from gateway.replay.traces import TraceRequest, conversations
-from gateway.replay.virtual_world import DEFAULT_OPTIONS, Flight, VirtualOptions, World, answer_of
+from gateway.replay.virtual_world import DEFAULT_OPTIONS, Flight, VirtualOptions, World
 
 
 class OracleReplay(World):
@@ -33,20 +33,20 @@ class OracleReplay(World):
         options: VirtualOptions = DEFAULT_OPTIONS,
     ) -> None:
         super().__init__(requests, configs, options)
-        self.horizons = horizons(requests)
+        self.horizons = horizons(self.requests)
         self.pricing = engines_of(configs)
-        self.conversation = {i: n for n, group in enumerate(conversations(requests)) for i in group}
+        self.conversation = {i: n for n, group in enumerate(conversations(self.requests)) for i in group}
         self.slot_owner: dict[tuple[str, int], int] = {}
 
-    def candidates(self, prompt: list[int], max_tokens: int) -> list[Candidate]:
-        """Every place the request could go now, with its predicted TTFT (``backends.sim.whatif``)."""
+    def candidates(self, task: SimTask) -> list[Candidate]:
+        """Every place ``task`` could go now, with its predicted TTFT (``backends.sim.whatif``)."""
         found: list[Candidate] = []
         for name, engine in self.engines.items():
             if isinstance(engine, LlamaEngine):
-                options = whatif_slots(engine, prompt)
+                options = whatif_slots(engine, task.prompt, task.user_start, task.first_user)
             else:
                 assert isinstance(engine, VllmEngine)
-                options = [whatif_vllm(engine, prompt, max_tokens)]
+                options = [whatif_vllm(engine, task.prompt, len(task.answer.tokens))]
             found += [Candidate(name, o.slot, o.ttft_s, o.cached_tokens) for o in options if o.fits]
         return found
 
@@ -55,15 +55,14 @@ class OracleReplay(World):
         places = owners(self.slot_owner, self.conversation, self.horizons, index)
         return choose(found, self.horizons[index], places, self.pricing)
 
-    def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
-        found = self.candidates(tokens, request.max_tokens)
+    def send(self, index: int, request: TraceRequest, task: SimTask) -> None:
+        found = self.candidates(task)
         pick = self.pick(index, found)
         if pick is None:
             self.fail(index, self.clock.now, "fits on no engine")
             return
         if pick.slot is not None:
             self.slot_owner[pick.backend, pick.slot] = index
-        task = SimTask(f"r{index}", tokens, answer_of(request))
         self.dispatch(Flight(index, self.clock.now, pick.backend, task), pick.slot)
 
 

@@ -27,11 +27,12 @@ from backends.sim.engine_base import BatchEngine
 from backends.sim.engines import create_engine
 from backends.sim.generation import Answer, DeltaKind, OutToken
 from backends.sim.inprocess import final_usage
+from backends.sim.requests import user_starts as message_user_starts
 from backends.sim.task import SimTask, Update, UpdateKind
 from backends.sim.vllm_engine import VllmEngine
 from backends.sim.vllm_errors import context_error
 from gateway.replay.results import Result
-from gateway.replay.synth import prompt_tokens
+from gateway.replay.synth import prompt_tokens, threaded, user_starts
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest, conversations
 from gateway.routed import Routed
 from policies.types import Usage
@@ -83,7 +84,7 @@ class World:
     def __init__(
         self, requests: Sequence[TraceRequest], configs: Mapping[str, SimConfig], options: VirtualOptions
     ) -> None:
-        self.requests = requests
+        self.requests = threaded(requests, options.block_tokens)
         self.options = options
         self.events = Events()
         self.clock = self.events.clock
@@ -116,20 +117,30 @@ class World:
         return len(self.results) < len(self.requests)
 
     def _send(self, index: int) -> None:
+        self.send(index, self.requests[index], self.task_of(index))
+
+    def task_of(self, index: int) -> SimTask:
+        """Request ``index`` as an engine gets it: the prompt's tokens, where its last and first user
+        messages start (llama.cpp checkpoints there), and the answer."""
         request = self.requests[index]
         if request.messages is None:
             tokens = prompt_tokens(request, self.options.block_tokens)
+            last, first = user_starts(request)
         else:  # literal messages: what the simulators make of them (the toy tokenizer: slower)
-            tokens = tokenizer.encode(render_chat(list(request.messages)))
-        self.send(index, request, tokens)
+            messages = list(request.messages)
+            tokens = tokenizer.encode(render_chat(messages))
+            starts = message_user_starts(messages, None)
+            last, first = (starts[-1], starts[0]) if starts else (-1, -1)
+        return SimTask(f"r{index}", tokens, answer_of(request), user_start=last, first_user=first)
 
     # --- the subclass's part -------------------------------------------------------------------------
 
     def begin(self) -> None:
         """Before the first request (the gateway probes its engines)."""
 
-    def send(self, index: int, request: TraceRequest, tokens: list[int]) -> None:
-        """Route request ``index`` (its engine tokens given) and :meth:`dispatch` it, or :meth:`fail`."""
+    def send(self, index: int, request: TraceRequest, task: SimTask) -> None:
+        """Route request ``index`` (``task``: as its engine gets it, :meth:`task_of`) and :meth:`dispatch`
+        it, or :meth:`fail`."""
         raise NotImplementedError
 
     def first_token(self, flight: Flight) -> None:
@@ -150,7 +161,13 @@ class World:
         engine, task = self.engines[flight.backend], flight.task
         room = max(engine.config.context_window - len(task.prompt), 0)
         answer = Answer(task.answer.tokens[:room], task.answer.finish_reason, None)
-        attempt = SimTask(f"{task.id}.{next(self._attempts)}", task.prompt, answer)
+        attempt = SimTask(
+            f"{task.id}.{next(self._attempts)}",
+            task.prompt,
+            answer,
+            user_start=task.user_start,
+            first_user=task.first_user,
+        )
         attempt.id_slot = slot if slot is not None else -1
         attempt.listener = partial(self._update, flight, attempt)
         engine.n_tasks += 1

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from backends.sim import SimConfig
 from backends.sim.config import DENSE_BLOCK_SIZE
-from gateway.replay.synth import CHAT_HEAD, CHAT_TAIL
+from gateway.replay.synth import CHAT_HEAD, CHAT_TAIL, template_tokens, threaded
 from gateway.replay.traces import BLOCK_TOKENS, TraceRequest
 from policies.types import Architecture
 
@@ -85,12 +85,15 @@ def lower_bounds(
 ) -> list[float | None]:
     """Per request, the TTFT lower bound of the module docstring (None: it fits no engine)."""
     out: list[float | None] = []
-    for request, shared in zip(requests, shared_prefixes(requests, block), strict=True):
-        prompt = request.input_tokens + TEMPLATE_TOKENS
+    for request, shared in zip(threaded(requests, block), shared_prefixes(requests, block), strict=True):
+        template = template_tokens(request)
+        prompt = request.input_tokens + template
         best = math.inf
         # the whole prompt, template and all, when an earlier one was all of it (an exact repeat, or
-        # one that went on: counting the template's tail as shared keeps this a lower bound)
-        known = prompt if shared == request.input_tokens else len(CHAT_HEAD) + shared
+        # one that went on: counting the template's tail as shared keeps this a lower bound); else
+        # the shared text and the template before the last message's text (of a conversation's
+        # later turn, the template after the shared text too: still a lower bound)
+        known = prompt if shared == request.input_tokens else shared + template - len(CHAT_TAIL)
         for config in configs.values():
             if prompt > config.context_window or (config.kind == "vllm" and prompt >= config.context_window):
                 continue

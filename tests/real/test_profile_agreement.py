@@ -34,7 +34,7 @@ from backends.engine_profiles import save_profile
 from gateway.app import create_app
 from gateway.replay.fleets import sim_configs
 from gateway.replay.results import Result
-from gateway.replay.synth import prompt_tokens
+from gateway.replay.synth import prompt_tokens, threaded
 from gateway.replay.traces import TraceRequest
 from gateway.replay.virtual import GatewayReplay
 from gateway.replay.virtual_world import VirtualOptions
@@ -116,7 +116,7 @@ def real_run(settings: Settings, requests: list[TraceRequest]) -> list[tuple[flo
     try:
         with httpx.Client(base_url=gateway.url, timeout=120) as client:
             start = time.monotonic()
-            for request in requests:
+            for request in threaded(requests, BLOCK):  # as the virtual replay sends them
                 time.sleep(max(0.0, start + request.t - time.monotonic()))
                 tokens = [ids.setdefault(t, 1000 + len(ids)) for t in prompt_tokens(request, BLOCK)]
                 body = {"model": MODEL, "prompt": tokens, "max_tokens": request.max_tokens, "stream": True,

@@ -13,6 +13,7 @@ from msgspec.structs import replace
 
 from backends.engine_profiles import load_profile, save_profile
 from gateway.replay.fleets import sim_configs
+from gateway.replay.synth import template_tokens
 from gateway.replay.traces import TraceRequest
 from gateway.replay.virtual import GatewayReplay, run_now
 from gateway.settings import load_settings
@@ -55,7 +56,8 @@ def test_the_predicted_ttft_has_the_save_the_engine_stops_for(tmp_path: Path) ->
         chosen[index] = next(c for c in entry["candidates"] if c.get("slot") == entry["slot"])
     saves = [chosen[i]["ram_saves_s"] for i in range(5)]
     assert saves[:3] + saves[4:] == [0.0, 0.0, 0.0, 0.0]
-    assert saves[3] == pytest.approx(0.5425 + 4096 * 3.126e-05, abs=1e-3)  # a's last prompt: 8 blocks
+    held = 4096 + template_tokens(world.requests[2])  # a's last prompt: 8 blocks in 5 messages
+    assert saves[3] == pytest.approx(0.5425 + held * 3.126e-05, abs=1e-3)
     assert {chosen[i]["slot"] for i in (0, 1, 2)} != {chosen[3]["slot"]}  # b has a slot of its own
     first_b = results[3]
     assert first_b.ttft_s == pytest.approx(chosen[3]["predicted_ttft_s"], rel=0.10)

@@ -7,12 +7,24 @@ from hypothesis import strategies as st
 
 from backends.sim import tokenizer
 from backends.sim.chat import render_chat
-from gateway.replay.synth import block_text, block_tokens, prompt_text, prompt_tokens, request_messages
+from backends.sim.requests import user_starts as rendered_user_starts
+from gateway.replay.synth import (
+    CHAT_TAIL,
+    block_text,
+    block_tokens,
+    prompt_text,
+    prompt_tokens,
+    request_messages,
+    template_tokens,
+    text_tokens,
+    threaded,
+    user_starts,
+)
 from gateway.replay.traces import TraceRequest
 
 
-def request(tokens: int, ids: tuple[int, ...]) -> TraceRequest:
-    return TraceRequest(0.0, None, "m", tokens, ids, 8)
+def request(tokens: int, ids: tuple[int, ...], session: str | None = None) -> TraceRequest:
+    return TraceRequest(0.0, session, "m", tokens, ids, 8)
 
 
 class TestSynth:
@@ -58,3 +70,90 @@ def test_the_engine_tokens_are_the_tokenized_chat(ids: list[int], cut: int, bloc
     r = TraceRequest(0.0, None, "m", block * (len(ids) - 1) + min(cut, block), tuple(ids), 8)
     assert prompt_tokens(r, block) == tokenizer.encode(render_chat(request_messages(r, block)))
     assert list(block_tokens(ids[0], block)) == tokenizer.encode(block_text(ids[0], block))
+
+
+class TestThreaded:
+    """A conversation's turns as a chat client sends them: each turn that goes on from the previous
+    one resends its messages, the previous answer and the new text as a user message."""
+
+    TURNS = (
+        request(1300, (1, 2, 3), "s"),
+        request(2100, (1, 2, 3, 9, 10), "s"),
+        request(2500, (1, 2, 3, 9, 10), "s"),
+    )
+
+    def test_each_turn_extends_the_previous_prompt_generation_prompt_included(self) -> None:
+        """Sent as one growing user message, turn 2 diverged where turn 1's template tail began (the
+        simulators' tail is 7 tokens, a real Qwen tokenizer's 5); threaded, it starts with every
+        token of turn 1's prompt."""
+        first, second, third = (prompt_tokens(r) for r in threaded(self.TURNS))
+        assert second[: len(first)] == first
+        assert third[: len(second)] == second
+        one, two = prompt_tokens(self.TURNS[0]), prompt_tokens(self.TURNS[1])
+        diverged = next(i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b)
+        assert len(one) - diverged == len(CHAT_TAIL) == 7  # the old way: the tail is rewritten
+
+    def test_messages_alternate_and_the_answer_takes_the_previous_turns_max_tokens(self) -> None:
+        turns = threaded(self.TURNS)
+        assert turns[0].splits == ()
+        assert turns[1].splits == (1300, 1308)  # the answer: max_tokens (8) of turn 1
+        assert turns[2].splits == (1300, 1308, 2100, 2108)
+        messages = request_messages(turns[2])
+        assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
+        assert [tokenizer.count(m["content"]) for m in messages] == [1300, 8, 792, 8, 392]
+        assert "".join(m["content"] for m in messages) == prompt_text(turns[2])
+
+    def test_the_answer_leaves_the_new_user_message_a_token(self) -> None:
+        short = threaded((request(1300, (1, 2, 3), "s"), request(1305, (1, 2, 3), "s")))
+        assert short[1].splits == (1300, 1304)
+        same = threaded((request(1300, (1, 2, 3), "s"), request(1300, (1, 2, 3), "s")))
+        assert same[1].splits == ()  # nothing new: one user message, as it was
+
+    def test_a_turn_that_does_not_go_on_is_one_user_message(self) -> None:
+        other = threaded((request(1300, (1, 2, 3), "s"), request(2100, (1, 7, 3, 9, 10), "s")))
+        assert other[1].splits == ()
+        shorter = threaded((request(2100, (1, 2, 3, 9, 10), "s"), request(1300, (1, 2, 3), "s")))
+        assert shorter[1].splits == ()
+        literal = TraceRequest(0.0, "s", "m", 0, (), 8, ({"role": "user", "content": "hi"},))
+        assert threaded((self.TURNS[0], literal))[1] == literal
+
+    def test_session_less_turns_are_threaded_by_content(self) -> None:
+        """``traces.conversations`` links a turn whose ids start with all of an earlier one's."""
+        turns = threaded(tuple(request(r.input_tokens, r.hash_ids) for r in self.TURNS))
+        assert turns[2].splits == (1300, 1308, 2100, 2108)
+
+    def test_threading_twice_changes_nothing(self) -> None:
+        once = threaded(self.TURNS)
+        assert threaded(once) == once
+
+
+@given(
+    ids=st.lists(st.integers(0, 10**6), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    answers=st.lists(st.integers(1, 30), min_size=4, max_size=4),
+    block=st.sampled_from([16, 64]),
+)
+def test_threaded_turns_are_the_tokenized_chat(
+    ids: list[int], cuts: list[int], answers: list[int], block: int
+) -> None:
+    """For every threaded turn: the engine tokens are the tokenized chat, the user messages start
+    where the simulators find them, the template is what the tokens add to the text, and the turn
+    extends the previous one's prompt."""
+    total = block * len(ids)
+    ends = sorted({min(c * len(ids), total) for c in cuts} | {total})
+    turns = [
+        TraceRequest(0.0, "s", "m", end, tuple(ids[: -(-end // block)]), answers[k % 4])
+        for k, end in enumerate(ends)
+    ]
+    previous: list[int] = []
+    messages_before = 1
+    for r in threaded(turns, block):
+        messages = request_messages(r, block)
+        tokens = prompt_tokens(r, block)
+        assert tokens == tokenizer.encode(render_chat(messages))
+        starts = rendered_user_starts(messages, None)
+        assert user_starts(r) == ((starts[-1], starts[0]) if starts else (-1, -1))
+        assert len(tokens) == text_tokens(r, block) + template_tokens(r)
+        if len(r.splits) + 1 > messages_before:  # it went on from the previous turn
+            assert tokens[: len(previous)] == previous
+        previous, messages_before = tokens, len(r.splits) + 1

@@ -17,6 +17,7 @@ from gateway.replay.report import LOWER_BOUND, Draw, percentile, pooled_report, 
 from gateway.replay.results import ORACLE
 from gateway.replay.runner import ReplayOptions, run_replay
 from gateway.replay.simulate import simulate
+from gateway.replay.synth import prompt_tokens
 from gateway.replay.traces import TraceRequest, write_trace
 from gateway.replay.virtual import GatewayReplay, run_now
 from gateway.replay.virtual_oracle import OracleReplay
@@ -61,6 +62,23 @@ def test_the_oracle_and_a_profile_run_on_the_same_engines() -> None:
     assert gateway.ttft_s is not None
     assert oracle.ttft_s is not None
     assert gateway.ttft_s >= oracle.ttft_s - 1e-9
+
+
+def test_a_later_turn_resumes_its_slot_4_tokens_before_the_previous_prompts_end() -> None:
+    """A conversation's turns go as a chat client sends them (``synth.threaded``): the second turn
+    extends the first prompt, so the hybrid llama.cpp slot restores the checkpoint 4 tokens before its
+    end. Sent as one growing user message it went back to the checkpoint a micro-batch (516) before."""
+    requests = [
+        TraceRequest(0.0, "s", MODEL, 3000, tuple(range(6)), 16),
+        TraceRequest(30.0, "s", MODEL, 5000, tuple(range(10)), 16),
+    ]
+    world = GatewayReplay(
+        requests, default_fleet(MODEL, "prefer-llamacpp"), StackOptions(model=MODEL).sim_configs()
+    )
+    first, second = world.run()
+    assert (first.backend, second.backend) == ("llama", "llama")
+    assert second.cached_tokens == first.prompt_tokens - 4
+    assert second.prompt_tokens == len(prompt_tokens(world.requests[1]))
 
 
 def test_the_same_trace_and_options_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from backends.sim import SimConfig
 from gateway.replay.generate import agent_trace
 from gateway.replay.report import LOWER_BOUND, REPORT_KEYS, report
 from gateway.replay.results import Result
-from gateway.replay.synth import CHAT_HEAD, CHAT_TAIL, prompt_tokens
+from gateway.replay.synth import CHAT_HEAD, CHAT_TAIL, prompt_tokens, template_tokens, threaded
 from gateway.replay.traces import TraceRequest
 from gateway.replay.yardsticks import TEMPLATE_TOKENS, lower_bounds, new_tokens, shared_prefixes
 from policies.types import Architecture
@@ -26,6 +26,12 @@ LLAMA = SimConfig(kind="llamacpp", context_window=65536, architecture=Architectu
 
 def req(tokens: int, ids: tuple[int, ...], t: float = 0.0, session: str | None = None) -> TraceRequest:
     return TraceRequest(t, session, "m", tokens, ids, 16)
+
+
+TURNS = [req(1300, (1, 2, 3)), req(2000, (1, 2, 3, 4))]
+"""A conversation of two turns (session-less: the second's ids start with all of the first's)."""
+TURN_2 = 2022
+"""The second turn's prompt as the engine sees it: 2,000 tokens of text, 22 of template."""
 
 
 def engine_tokens(request: TraceRequest, block: int) -> list[tuple[int, int]]:
@@ -105,20 +111,25 @@ class TestLowerBounds:
         assert (len(CHAT_HEAD), len(CHAT_TAIL), TEMPLATE_TOKENS) == (3, 7, 10)
         assert len(prompt_tokens(req(1300, (1, 2, 3)))) == 1300 + TEMPLATE_TOKENS
 
+    def test_a_later_turn_is_three_messages(self) -> None:
+        """Turn 2 goes on from turn 1 (``synth.threaded``): user, assistant (turn 1's 16-token answer),
+        user: heads of 3 + 5 + 3 tokens, three closes of 2 and the generation prompt's 5."""
+        assert template_tokens(threaded(TURNS)[1]) == TURN_2 - 2000 == 22
+
     def test_first_turn_on_vllm_second_from_llama_reuse(self) -> None:
-        """Turn 1 (nothing shared) is fastest on vLLM; turn 2 reuses turn 1 + the head on llama.cpp."""
-        trace = [req(1300, (1, 2, 3)), req(2000, (1, 2, 3, 4))]
-        bounds = lower_bounds(trace, {"vllm": VLLM, "llama": LLAMA}, OVERHEAD)
+        """Turn 1 (nothing shared) is fastest on vLLM; turn 2 reuses turn 1 and the template before
+        its last message on llama.cpp."""
+        bounds = lower_bounds(TURNS, {"vllm": VLLM, "llama": LLAMA}, OVERHEAD)
         # turn 1: vLLM 1310 / 6600 = 0.198 s beats llama (1310 - 3) / 3000 = 0.436 s
-        # turn 2: vLLM 2010 / 6600 = 0.305 s; llama (2010 - 3 - 1300) / 3000 = 0.236 s
+        # turn 2: vLLM 2022 / 6600 = 0.306 s; llama (2022 - 1300 - 15) / 3000 = 0.236 s
         assert bounds == [pytest.approx(1310 / 6600 + OVERHEAD), pytest.approx(707 / 3000 + OVERHEAD)]
 
     def test_each_engine_alone(self) -> None:
         """Without the other engine, each engine's own formula gives the bound."""
-        trace = [req(1300, (1, 2, 3)), req(2000, (1, 2, 3, 4))]
+        trace = TURNS
         assert lower_bounds(trace, {"vllm": VLLM}, 0.0) == [
             pytest.approx(1310 / 6600),
-            pytest.approx(2010 / 6600),
+            pytest.approx(TURN_2 / 6600),
         ]
         assert lower_bounds(trace, {"llama": LLAMA}, 0.0) == [
             pytest.approx(1307 / 3000),
@@ -126,19 +137,19 @@ class TestLowerBounds:
         ]
 
     def test_vllm_prefix_caching_floors_reuse_to_whole_blocks(self) -> None:
-        """Hybrid: (3 + 1300) // 256 * 256 = 1280 reused; dense: 16-token blocks, 1296 reused."""
-        trace = [req(1300, (1, 2, 3)), req(2000, (1, 2, 3, 4))]
+        """Hybrid: (1300 + 15) // 256 * 256 = 1280 reused; dense: 16-token blocks, 1312 reused."""
+        trace = TURNS
         hybrid = SimConfig(
             kind="vllm", context_window=94000, architecture=Architecture.HYBRID, block_size=256
         )
         dense = SimConfig(kind="vllm", context_window=94000, architecture=Architecture.DENSE)
         assert lower_bounds(trace, {"v": hybrid}, 0.0) == [
             pytest.approx(1310 / 6600),
-            pytest.approx((2010 - 1280) / 6600),
+            pytest.approx((TURN_2 - 1280) / 6600),
         ]
         assert lower_bounds(trace, {"v": dense}, 0.0) == [
             pytest.approx(1310 / 6600),
-            pytest.approx((2010 - 1296) / 6600),
+            pytest.approx((TURN_2 - 1312) / 6600),
         ]
 
     def test_an_exact_repeat_may_reuse_all_but_one_token(self) -> None:
