@@ -141,8 +141,9 @@ def agent_peer_bound(profiles: dict[str, Any], quick: bool) -> list[str]:
     reach = "no router reaches" if bound > VS_PEER * best["ttft_mean_s"] else "a router could reach"
     return [
         f"  - {reach} {VS_PEER:.1f}x here: every turn warm on its own slot with nothing else running "
-        f"averages {bound:.3f} s = {ratio(bound, best['ttft_mean_s'])} the best peer's (each re-prefills "
-        "its growth + ~520 tokens by the hybrid checkpoint rule, note below); cost is "
+        f"averages {bound:.3f} s = {ratio(bound, best['ttft_mean_s'])} the best peer's (each resumes 4 "
+        "tokens before the previous prompt's end and re-prefills the answer and the new message, note "
+        "below); cost is "
         f"{ratio(profiles['cost']['ttft_mean_s'], bound)} that"
     ]
 

@@ -167,30 +167,36 @@ def request_messages(request: TraceRequest, block: int = BLOCK_TOKENS) -> list[d
 
 def threaded(requests: Sequence[TraceRequest], block: int = BLOCK_TOKENS) -> list[TraceRequest]:
     """``requests`` with each conversation's turns as a chat client sends them (module docstring;
-    conversations as the replay paces them, ``traces.conversations``). A turn goes on from the
-    previous one when its ids start with all of the previous turn's and its text is longer: it gets
-    the previous turn's ``splits``, then the previous text's end and the end of the previous answer
-    (the next ``max_tokens`` tokens of its text, leaving the new user message one token at least).
-    Any other turn is one user message. Requests with literal ``messages`` are left as they are."""
+    conversations as the replay paces them, ``traces.conversations``). A turn whose text starts with
+    all of the previous turn's and is at least two tokens longer goes on from it: it gets the
+    previous turn's ``splits``, then the previous text's end and the end of the previous answer (the
+    next ``max_tokens`` tokens of its text, leaving the new user message one token at least). A turn
+    that shares the previous one's text up to its last user message, and has some of its own after
+    that (a repeat, a rewritten or barely grown last message), resends the previous turn's messages
+    (its ``splits``). Any other turn is one user message. Requests with literal ``messages`` are left
+    as they are."""
     out = list(requests)
     for chain in conversations(requests):
         for before, after in itertools.pairwise(chain):
             previous, turn = out[before], out[after]
-            end = text_tokens(previous, block)
-            if not _goes_on(previous, turn, end, block):
+            if previous.messages is not None or turn.messages is not None:
                 continue
-            answer = min(previous.max_tokens, text_tokens(turn, block) - end - 1)
-            splits = (*previous.splits, end, end + answer) if answer > 0 else previous.splits
-            out[after] = replace(turn, splits=splits)
+            end, length = text_tokens(previous, block), text_tokens(turn, block)
+            shared = _shared_text(previous, turn, block)
+            if shared == end and length - end >= 2:
+                answer = min(previous.max_tokens, length - end - 1)
+                out[after] = replace(turn, splits=(*previous.splits, end, end + answer))
+            elif previous.splits and shared >= previous.splits[-1] and length > previous.splits[-1]:
+                out[after] = replace(turn, splits=previous.splits)
     return out
 
 
-def _goes_on(previous: TraceRequest, turn: TraceRequest, end: int, block: int) -> bool:
-    ids = previous.hash_ids
-    return (
-        previous.messages is None
-        and turn.messages is None
-        and bool(ids)
-        and turn.hash_ids[: len(ids)] == ids
-        and text_tokens(turn, block) > end
-    )
+def _shared_text(a: TraceRequest, b: TraceRequest, block: int) -> int:
+    """The tokens both texts start with: their equal leading blocks, the last of them as far as both
+    reach (a cut block is a token prefix of the whole one)."""
+    equal = 0
+    for x, y in zip(a.hash_ids, b.hash_ids, strict=False):
+        if x != y:
+            break
+        equal += 1
+    return min(text_tokens(a, block), text_tokens(b, block), equal * block)

@@ -31,6 +31,7 @@ from backends.calibrate.procedure import calibrate
 from backends.calibrate.run import Options
 from backends.clock import WALL
 from backends.engine_profiles import save_profile
+from backends.sim.task import SimTask
 from gateway.app import create_app
 from gateway.replay.fleets import sim_configs
 from gateway.replay.results import Result
@@ -107,6 +108,16 @@ def merged(profiles: list[EngineProfile]) -> EngineProfile:
     return msgspec.structs.replace(profiles[0], prefill=prefill, prefill_points=points)
 
 
+class TokenIds(GatewayReplay):
+    """The virtual replay of what the real run sends: token ids, no chat, so llama-server finds no user
+    message to checkpoint at (the virtual replay's chats would take one each warm turn)."""
+
+    def task_of(self, index: int) -> SimTask:
+        task = super().task_of(index)
+        task.user_start = task.first_user = -1
+        return task
+
+
 def real_run(settings: Settings, requests: list[TraceRequest]) -> list[tuple[float, int]]:
     """Each request at its time (one after the other), as token ids through turnout: (the TTFT turnout
     measured, cached tokens)."""
@@ -116,7 +127,7 @@ def real_run(settings: Settings, requests: list[TraceRequest]) -> list[tuple[flo
     try:
         with httpx.Client(base_url=gateway.url, timeout=120) as client:
             start = time.monotonic()
-            for request in threaded(requests, BLOCK):  # as the virtual replay sends them
+            for request in threaded(requests, BLOCK):  # each turn extends the previous prompt
                 time.sleep(max(0.0, start + request.t - time.monotonic()))
                 tokens = [ids.setdefault(t, 1000 + len(ids)) for t in prompt_tokens(request, BLOCK)]
                 body = {"model": MODEL, "prompt": tokens, "max_tokens": request.max_tokens, "stream": True,
@@ -162,7 +173,7 @@ def test_the_profile_predicts_each_turn_of_the_real_engine(
     requests = agent_trace()
     real = [(min(run[i][0] for run in runs), runs[0][i][1]) for i in range(len(requests))]
     settings = settings_for(server, save_profile(merged(calibrations), tmp_path / "tiny.toml"))
-    simulated: list[Result] = GatewayReplay(
+    simulated: list[Result] = TokenIds(
         requests, settings, sim_configs(settings, MODEL), VirtualOptions(block_tokens=BLOCK)
     ).run()
     rows = [(r.ttft_s, r.cached_tokens, t, c) for r, (t, c) in zip(simulated, real, strict=True)]

@@ -122,6 +122,23 @@ class TestThreaded:
         turns = threaded(tuple(request(r.input_tokens, r.hash_ids) for r in self.TURNS))
         assert turns[2].splits == (1300, 1308, 2100, 2108)
 
+    def test_a_repeat_or_a_rewritten_last_message_resends_the_earlier_messages(self) -> None:
+        """A turn that shares the previous one's text up to its last user message keeps the previous
+        turn's messages: a repeat sends the same prompt again; a rewrite of the last message diverges
+        only there."""
+        first, second = self.TURNS[:2]
+        again = threaded((first, second, second))
+        assert again[2].splits == again[1].splits
+        assert prompt_tokens(again[2]) == prompt_tokens(again[1])
+        rewritten = request(2100, (1, 2, 3, 9, 77), "s")  # the last user message's second block differs
+        edited = threaded((first, second, rewritten))
+        assert edited[2].splits == edited[1].splits == (1300, 1308)
+        one, two = prompt_tokens(edited[1]), prompt_tokens(edited[2])
+        diverged = next(i for i, (a, b) in enumerate(zip(one, two, strict=True)) if a != b)
+        assert diverged > 1308 + 3 + 3 + 5 + 2  # inside the last user message
+        earlier = threaded((first, second, request(1300, (1, 2, 3), "s")))
+        assert earlier[2].splits == ()  # back before the answer: one user message
+
     def test_threading_twice_changes_nothing(self) -> None:
         once = threaded(self.TURNS)
         assert threaded(once) == once
