@@ -80,12 +80,12 @@ def _prompt_tokens(
         if not isinstance(messages, list):
             raise InvalidChat("'messages' must be a non-empty list", "messages")
         text = render_chat(messages, tools)
-        starts = user_starts(messages, tools)  # a tool message is no user message
+        last, first = user_starts(messages, tools)  # a tool message is no user message
         return (
             tokenizer.encode(text),
             chosen_tool(messages, tools, body.get("tool_choice", "auto")),
-            starts[-1] if starts else -1,
-            starts[0] if starts else -1,
+            last,
+            first,
         )
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -103,18 +103,18 @@ def _prompt_tokens(
     raise InvalidChat("'prompt' must be a string or a list of token ids", "prompt")
 
 
-def user_starts(messages: list[Any], tools: Any) -> list[int]:
-    """Where each user message starts in the rendered chat, in tokens, but one that starts it (position
-    0: llama-server looks for a user message's start only after a token is in, so the first it can
-    break at on a cold prompt is the next one, ``policies.checkpoints``)."""
+def user_starts(messages: list[Any], tools: Any) -> tuple[int, int]:
+    """Where the last and the first user message start in the rendered chat, in tokens (-1: none); one
+    that starts it is none (position 0: llama-server looks for a user message's start only after a
+    token is in, so the first it can break at on a cold prompt is the next one, ``policies.checkpoints``)."""
     head, parts = render_parts(messages, tools)
-    at, out = len(tokenizer.encode(head)), []
+    at, starts = tokenizer.count(head), []
     for index, part in parts:
         message = messages[index]
         if at > 0 and isinstance(message, Mapping) and message.get("role") == "user":
-            out.append(at)
-        at += len(tokenizer.encode(part))
-    return out
+            starts.append(at)
+        at += tokenizer.count(part)
+    return (starts[-1], starts[0]) if starts else (-1, -1)
 
 
 def parse_request(body: Mapping[str, Any], endpoint: Endpoint, *, llama: bool) -> GenRequest:

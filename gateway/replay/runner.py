@@ -46,8 +46,8 @@ class ReplayOptions:
 async def replay(
     requests: Sequence[TraceRequest], dispatch: Dispatch, options: ReplayOptions
 ) -> list[Result]:
-    """Replay ``requests`` through ``dispatch`` (module docstring); results in trace order."""
-    requests = threaded(requests, options.block_tokens)
+    """Replay ``requests`` (their conversations threaded: ``synth.threaded``) through ``dispatch``
+    (module docstring); results in trace order."""
     scale = options.time_scale
     results: dict[int, Result] = {}
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
@@ -106,14 +106,16 @@ def gateway_dispatch(url: str) -> Dispatch:
 def run_profile(
     requests: Sequence[TraceRequest], profile: str, stack: StackOptions, options: ReplayOptions
 ) -> list[Result]:
-    """Replay on a fresh stack: a gateway with ``profile``, or the oracle when ``profile`` is ``oracle``."""
+    """Replay on a fresh stack: a gateway with ``profile``, or the oracle when ``profile`` is ``oracle``;
+    a conversation's turns as a chat client sends them (``synth.threaded``)."""
+    requests = threaded(requests, options.block_tokens)
     running = start_stack(stack, None if profile == ORACLE else profile)
     try:
         if running.gateway is not None:
             dispatch = gateway_dispatch(running.gateway.url)
         else:
             urls = {name: server.url for name, server in running.sims.items()}
-            dispatch = Oracle(threaded(requests, options.block_tokens), urls, stack.sim_configs()).dispatch
+            dispatch = Oracle(requests, urls, stack.sim_configs()).dispatch
         return asyncio.run(replay(requests, dispatch, options))
     finally:
         running.stop()

@@ -50,13 +50,14 @@ NEWLINE_ID = tokenizer.piece_id("\n")
 BYTE_PIECES = tuple(PIECES[b % len(PIECES)] for b in range(256))
 BYTE_IDS = tuple(PIECE_IDS[b % len(PIECE_IDS)] for b in range(256))
 """A random byte's word and token (64 words: every word as likely)."""
-CHAT_HEAD = tokenizer.encode(f"{tokenizer.IM_START}user\n")
-CHAT_TAIL = tokenizer.encode(f"{tokenizer.IM_END}\n{tokenizer.IM_START}assistant\n")
-"""The simulators' chat template around one user message (``backends.sim.chat.render_chat``)."""
 ROLES = ("user", "assistant")
 """The roles of a threaded prompt's messages, in turn (``TraceRequest.splits``)."""
 HEADS = {role: tokenizer.encode(f"{tokenizer.IM_START}{role}\n") for role in ROLES}
 CLOSE = tokenizer.encode(f"{tokenizer.IM_END}\n")
+"""The simulators' chat template (``backends.sim.chat.render_chat``): each message's head and close."""
+CHAT_HEAD = HEADS["user"]
+CHAT_TAIL = CLOSE + HEADS["assistant"]
+"""The template around one user message: its head, then its close and the generation prompt."""
 
 
 @lru_cache(maxsize=8192)

@@ -151,13 +151,13 @@ class GatewayReplay(World):
         llama.cpp slot it names; in flight on the fleet, and in the prefix index once done."""
         assert flight.routed is not None
         routed, engine = flight.routed, self.engines[warm.backend_id]
-        prompt = flight.task
+        turn = flight.task
         task = SimTask(
-            f"{prompt.id}.warm",
-            prompt.prompt,
+            f"{turn.id}.warm",
+            turn.prompt,
             Answer((ANSWER_TOKEN,), "length", None),
-            user_start=prompt.user_start,
-            first_user=prompt.first_user,
+            user_start=turn.user_start,
+            first_user=turn.first_user,
         )
         task.id_slot = warm.slot
         token = self.fleet.begin(warm_sent(warm, routed, self.clock.time()))

@@ -129,8 +129,7 @@ class World:
         else:  # literal messages: what the simulators make of them (the toy tokenizer: slower)
             messages = list(request.messages)
             tokens = tokenizer.encode(render_chat(messages))
-            starts = message_user_starts(messages, None)
-            last, first = (starts[-1], starts[0]) if starts else (-1, -1)
+            last, first = message_user_starts(messages, None)
         return SimTask(f"r{index}", tokens, answer_of(request), user_start=last, first_user=first)
 
     # --- the subclass's part -------------------------------------------------------------------------

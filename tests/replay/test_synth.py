@@ -168,8 +168,7 @@ def test_threaded_turns_are_the_tokenized_chat(
         messages = request_messages(r, block)
         tokens = prompt_tokens(r, block)
         assert tokens == tokenizer.encode(render_chat(messages))
-        starts = rendered_user_starts(messages, None)
-        assert user_starts(r) == ((starts[-1], starts[0]) if starts else (-1, -1))
+        assert user_starts(r) == rendered_user_starts(messages, None)
         assert len(tokens) == text_tokens(r, block) + template_tokens(r)
         if len(r.splits) + 1 > messages_before:  # it went on from the previous turn
             assert tokens[: len(previous)] == previous
