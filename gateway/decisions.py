@@ -170,6 +170,7 @@ def decision_entry(
                             "evicts_name": session_name(c.estimate.evicts, redact=redact),
                             "evict_cost_s": round(c.estimate.evict_cost_s, 4),
                             "others_s": round(c.estimate.others_s, 4),
+                            "stall_s": round(c.estimate.stall_s, 4),
                             "warm_up": _warm_up(c.estimate.warm_up),
                             "note": _shown_in(c.estimate.note, c.estimate.evicts, redact),
                         }

@@ -6,13 +6,18 @@ silence; the count is this process's (replicas on one Redis each count what they
 
 A llama-server with more active sessions than slots is crowded (``policies.homes``): ``Homes`` counts,
 per backend, the sessions with a turn in flight there or one that ended there less than ``ACTIVE_S``
-ago, incrementally (routing reads the counts on every decision).
+ago, incrementally (routing reads the counts on every decision). It also tells what each of them
+will send next (``Homes.coming``: when its turn ends, its think time, its growth a turn), the prompts
+an answer decoding there is expected to wait for (``policies.coming``).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter, deque
+from collections.abc import Mapping, Set
+
+from policies.coming import NextTurn
 
 MAX_TRACKED = 100_000
 """A bound on the bookkeeping (a dict entry per session): beyond it the longest silent go first."""
@@ -51,13 +56,29 @@ class LiveSessions:
 
 
 class _Home:
-    """Where a session is at home, when its latest turn was placed and its number, and how many of
-    its turns run."""
+    """Where a session is at home, when its latest turn was placed and its number, how many of its
+    turns run, and what its next turn is expected to be: when the one in flight ends (predicted) or
+    ended, its think time and its growth a turn (moving averages; None before a sample)."""
 
-    __slots__ = ("at", "backend", "running", "turn")
+    __slots__ = ("at", "backend", "ended_at", "ends_at", "growth", "prompt", "running", "think", "turn")
 
     def __init__(self, backend: str, at: float, turn: int, running: int) -> None:
         self.backend, self.at, self.turn, self.running = backend, at, turn, running
+        self.prompt = 0
+        self.ends_at = at
+        self.ended_at: float | None = None
+        self.growth: float | None = None
+        self.think: float | None = None
+
+
+TURN_WEIGHT = 0.3
+"""How much a session's newest think time or growth moves its moving average."""
+FLEET_WEIGHT = 0.05
+"""How much any session's sample moves the fleet's, which stands for a session's own until it has one."""
+
+
+def _mean(average: float | None, sample: float, weight: float) -> float:
+    return sample if average is None else average + weight * (sample - average)
 
 
 class Homes:
@@ -74,19 +95,40 @@ class Homes:
         self.max_tracked = max_tracked
         self._homes: dict[str, _Home] = {}  # oldest placed first
         self._counts: Counter[str] = Counter()
+        self._members: dict[str, set[str]] = {}  # backend -> the sessions counted there
         self._ends: deque[tuple[float, str, int]] = deque()  # (ended at, session, its latest turn then)
         self._turns = itertools.count()
+        self._think: float | None = None  # the fleet's think time and growth a turn (``_learn``)
+        self._growth: float | None = None
 
-    def placed(self, key: str, backend: str, now: float, *, again: bool = False) -> None:
+    def placed(
+        self,
+        key: str,
+        backend: str,
+        now: float,
+        *,
+        again: bool = False,
+        prompt_tokens: int = 0,
+        ends_at: float | None = None,
+    ) -> None:
         """A turn of ``key`` was sent to ``backend`` at ``now``: the session is at home there, the turn
-        running. ``again``: the same request re-routed (after a refusal), not one more turn."""
+        running. ``again``: the same request re-routed (after a refusal), not one more turn;
+        ``prompt_tokens``: its prompt; ``ends_at``: when its answer is predicted to end."""
         home = self._homes.pop(key, None)
         running = 0 if again else 1
+        new = _Home(backend, now, next(self._turns), 1)
         if home is not None:
-            self._uncount(home.backend)
+            self._uncount(home.backend, key)
             running += home.running
-        self._homes[key] = _Home(backend, now, next(self._turns), max(running, 1))
+            new.growth, new.think = home.growth, home.think
+            if not again:
+                self._learn(new, home, now, prompt_tokens)
+        new.running = max(running, 1)
+        new.prompt = prompt_tokens
+        new.ends_at = now if ends_at is None else ends_at
+        self._homes[key] = new
         self._counts[backend] += 1
+        self._members.setdefault(backend, set()).add(key)
         if len(self._homes) > self.max_tracked:
             self._leave(next(iter(self._homes)))
 
@@ -97,6 +139,7 @@ class Homes:
             return
         home.running = max(home.running - 1, 0)
         if home.running == 0:
+            home.ended_at = now
             self._ends.append((now, key, home.turn))
 
     def counts(self, now: float, excluding: str | None = None) -> dict[str, int]:
@@ -115,15 +158,105 @@ class Homes:
             counts[home.backend] -= 1
         return {backend: n for backend, n in counts.items() if n > 0}
 
+    def coming(self, now: float, excluding: str | None = None) -> dict[str, tuple[NextTurn, ...]]:
+        """The next turns of the sessions at home on each backend (``counts`` first: it drops the
+        ones gone quiet), ``excluding`` one; a session's own think time and growth, else the fleet's;
+        none before any sample of either."""
+        turns: dict[str, list[NextTurn]] = {}
+        for key, home in self._homes.items():
+            think = home.think if home.think is not None else self._think
+            growth = home.growth if home.growth is not None else self._growth
+            if key == excluding or think is None or growth is None:
+                continue
+            ready = home.ends_at if home.running or home.ended_at is None else home.ended_at
+            turn = NextTurn(ready_at=ready, think_s=think, tokens=round(growth), cached=home.prompt)
+            turns.setdefault(home.backend, []).append(turn)
+        return {backend: tuple(found) for backend, found in turns.items()}
+
+    def residents(self) -> Mapping[str, Set[str]]:
+        """Backend -> the sessions at home there (``counts`` first: it drops the ones gone quiet)."""
+        return self._members
+
+    def _learn(self, new: _Home, old: _Home, now: float, prompt_tokens: int) -> None:
+        """``new``'s think time and growth after its previous turn ``old``: the time since that one
+        ended (none while one still runs) and the tokens the prompt added."""
+        if old.running == 0 and old.ended_at is not None:
+            think = max(now - old.ended_at, 0.0)
+            new.think = _mean(new.think, think, TURN_WEIGHT)
+            self._think = _mean(self._think, think, FLEET_WEIGHT)
+        if old.prompt > 0 and prompt_tokens > old.prompt:
+            growth = float(prompt_tokens - old.prompt)
+            new.growth = _mean(new.growth, growth, TURN_WEIGHT)
+            self._growth = _mean(self._growth, growth, FLEET_WEIGHT)
+
     def _leave(self, key: str) -> None:
         home = self._homes.pop(key, None)
         if home is not None:
-            self._uncount(home.backend)
+            self._uncount(home.backend, key)
 
-    def _uncount(self, backend: str) -> None:
+    def _uncount(self, backend: str, key: str) -> None:
         self._counts[backend] -= 1
         if self._counts[backend] <= 0:
             del self._counts[backend]
+        members = self._members.get(backend)
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._members[backend]
+
+
+PROMPTS_WINDOW_S = 30.0
+
+
+class Prompts:
+    """The prompts begun on each backend over the last ``window`` seconds, in predicted prefill
+    seconds, by session (None: a request of no proven session): the other work whose prompts stall
+    an answer there (``policies.coming``). Sums are kept as requests begin and age out, so a decision
+    pays for the sessions at home on a backend, not for its traffic."""
+
+    def __init__(self, window: float = PROMPTS_WINDOW_S) -> None:
+        self.window = window
+        self._begun: deque[tuple[float, str, str | None, float]] = deque()  # (at, backend, session, s)
+        self._total: dict[str, float] = {}
+        self._by_session: dict[tuple[str, str], float] = {}
+
+    def begun(self, backend: str, now: float, prefill_s: float, key: str | None) -> None:
+        """A request of session ``key`` (None: of none) began on ``backend``, its prompt predicted to
+        take ``prefill_s`` there."""
+        self._begun.append((now, backend, key, prefill_s))
+        self._total[backend] = self._total.get(backend, 0.0) + prefill_s
+        if key is not None:
+            self._by_session[backend, key] = self._by_session.get((backend, key), 0.0) + prefill_s
+
+    def load(self, now: float, at_home: Mapping[str, Set[str]], own: str | None) -> dict[str, float]:
+        """Backend -> prefill seconds a second begun there lately by requests other than the turns
+        of the sessions at home there (``Homes.coming`` tells their next ones) and of ``own``."""
+        self._expire(now - self.window)
+        out: dict[str, float] = {}
+        for backend, total in self._total.items():
+            home = at_home.get(backend, ())
+            theirs = sum(self._by_session.get((backend, key), 0.0) for key in home)
+            if own is not None and own not in home:
+                theirs += self._by_session.get((backend, own), 0.0)
+            seconds = total - theirs
+            if seconds > 1e-9:
+                out[backend] = seconds / self.window
+        return out
+
+    def _expire(self, horizon: float) -> None:
+        while self._begun and self._begun[0][0] < horizon:
+            _, backend, key, seconds = self._begun.popleft()
+            left = self._total[backend] - seconds
+            if left > 1e-9:
+                self._total[backend] = left
+            else:
+                del self._total[backend]
+            if key is not None:
+                mine = self._by_session[backend, key] - seconds
+                if mine > 1e-9:
+                    self._by_session[backend, key] = mine
+                else:
+                    del self._by_session[backend, key]
 
 
 FOLLOW_WINDOW = 100

@@ -20,7 +20,7 @@ from msgspec.structs import replace
 from backends.clock import Clock
 from backends.fleet import Fleet
 from gateway.decisions import moved
-from gateway.live import FollowUps, Homes, LiveSessions
+from gateway.live import FollowUps, Homes, LiveSessions, Prompts
 from gateway.refusals import too_long_everywhere
 from gateway.routed import Routed
 from gateway.router_views import RouterHistory
@@ -126,6 +126,7 @@ class Router:
         self.live = LiveSessions(lease_idle_s)
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
         self.homes = Homes(stale_s=lease_idle_s)
+        self.prompts = Prompts()
         """Where the active sessions are at home: a crowded llama-server's turns share its slots."""
         self.follow_ups = FollowUps()
         """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
@@ -262,6 +263,7 @@ class Router:
             await self.store.match_prefix(chain, [s.backend_id for s in snapshots]) if chain.length else {}
         )
         matches = remembered_slot(indexed, session, leases, chain)
+        own = session.key if session is not None else None
         context = RoutingContext(
             session=session,
             leases=leases,
@@ -273,7 +275,9 @@ class Router:
             asleep=self.asleep(),
             pins=MappingProxyType(dict(self.pins)),
             live_sessions=self.live.count(self.clock.time()),
-            homes=self.homes.counts(now, excluding=session.key if session is not None else None),
+            homes=self.homes.counts(now, excluding=own),
+            coming=self.homes.coming(now, excluding=own),
+            background=self.prompts.load(now, self.homes.residents(), own),
             follow_rate=self.follow_ups.rate_for(chain.family),
             routers={s.backend_id: self.history.view(self.fleet, s.backend_id, now) for s in snapshots}
             if history
@@ -293,10 +297,26 @@ class Router:
         routed = await self._warm(routed)
         if routed.decision.chosen is not None and features.endpoint is not Endpoint.COUNT_TOKENS:
             self.history.sent(routed.decision.chosen.backend_id, self.clock.time())
+            picked = routed.decision.chosen_candidate
+            if picked is not None and picked.estimate is not None:
+                self.prompts.begun(
+                    routed.decision.chosen.backend_id,
+                    self.clock.time(),
+                    picked.estimate.prefill_s,
+                    session.key if session is not None and proven(features, session) else None,
+                )
             if session is not None and proven(features, session):
                 again = bool(excluded or overflowed)  # a re-route: the same turn
+                now = self.clock.time()
+                chosen = routed.decision.chosen_candidate
+                total = chosen.estimate.total_s if chosen is not None and chosen.estimate is not None else 0.0
                 self.homes.placed(
-                    session.key, routed.decision.chosen.backend_id, self.clock.time(), again=again
+                    session.key,
+                    routed.decision.chosen.backend_id,
+                    now,
+                    again=again,
+                    prompt_tokens=routed.features.prompt_tokens,
+                    ends_at=now + total,
                 )
         move = moved(routed)
         if move is not None and session is not None:

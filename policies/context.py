@@ -9,6 +9,7 @@ from types import MappingProxyType
 
 import msgspec
 
+from policies.coming import NextTurn
 from policies.learning import LearnedState
 from policies.ledger import RouterView
 from policies.slots import DEFAULT_LEASE_IDLE_S
@@ -34,6 +35,11 @@ class RoutingContext(msgspec.Struct, frozen=True):
     """Backend -> the other active sessions at home there: a turn in flight there, or one that ended
     there seconds ago (``gateway.live.Homes``; this request's session not counted). ``policies.homes``
     reads it: a llama-server with more of them than slots is crowded."""
+    coming: Mapping[str, tuple[NextTurn, ...]] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    """Backend -> the next turns of the other sessions at home there (``gateway.live.Homes``): the
+    prompts an answer decoding there is expected to wait for (``policies.coming``)."""
+    background: Mapping[str, float] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    """Backend -> prefill seconds a second begun there lately by other work than ``coming``'s."""
     follow_rate: float = 0.0
     """The chance a conversation known only by its content comes back after its first turn (learned
     by the gateway per prompt family: ``gateway.live.FollowUps``); weighs a first turn's look-ahead

@@ -14,7 +14,14 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
     interleaved = vLLM: ceil((backlog tokens + prompt - cached) / step tokens) * the decode step of the
                requests running there (each step that takes a chunk of those prompts decodes them
                once; ``pricing.interleaved_decode_s``); other engines: 0
-    total    = ttft + (expected_output - 1) * decode_step
+    total    = ttft + (expected_output - 1) * decode_step + stall
+    stall    = the prompts it is expected to wait for while it decodes (``policies.coming``): the other
+               sessions' next turns (each by the chance it arrives while this one decodes, times its
+               prefill), and the other work's prompts begun there lately (``background``: prefill
+               seconds a second) over the decode, both pooled over the candidates of the engine kind
+               (``policies.route.pooled_load``); on a llama-server at most its other slots' worth.
+               Issue #61: with two agents on the llama-server's slots, each one's answer was predicted
+               0.335 s short on average, the other's next prompt stalling it
     decode_step = decode_step_s(requests already running on the engine, the prompt's tokens): the
                profile's step for that batch at that context over its step for one at none, divided
                by the learned decode_tok_s (which learning scales to no context the same way: priced
@@ -28,35 +35,9 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                prediction was 3x its first token), it is kept in the objective as a margin that grows
                with the batch running there: without it, the routing benchmark's chat rows lost 0.8%
                and mixed 2.2% of mean TTFT (docs/benchmarks.md, 2026-12-04)
-    others   = what the request costs the ones that come next (``others_s``), ``held_s``:
-               OTHERS_SHARE * rate * hold * (queue + hold): each request arriving while this one
-               waits and holds the engine waits for its hold (prompts are processed in order);
-               vLLM: hold = its prefill;
-               llama.cpp, a one-off (no proven session): rate / slots, hold = its whole run (each
-               arriving for its slot waits for it; run = total - queue);
-               a session's turn on llama.cpp: 0 (the slot is the session's: later one-offs would not
-               have had it), but a session leaving the llama.cpp backend that holds its state (its
-               last turn's slot there) pays its prefill as on vLLM: it re-prefills its conversation
-               in the steps every slot there shares. Issue #45: without it, with two agents a slot
-               on 8 llama-servers, a session whose slot the other agent was using moved to a shorter
-               queue elsewhere 85 times in 388 requests (dynamo-kv's sessions: 12), re-prefilling
-               20-30k tokens each time, and the fleet prefilled 3.6M tokens to dynamo-kv's 2.6M
-               (mean TTFT 1.14x its); charged on every session's llama.cpp turn, agents' turns on
-               the workstation rows left llama.cpp's warm slots for vLLM (contention-4 1.84 ->
-               2.12 s);
-               rate = turnout's requests begun per second lately on the candidate's engine kind,
-               the mean over the candidates of that kind (``arrivals_per_s``, ``backends.inflight``;
-               ``policies.route.pooled_arrivals``: the requests to come are the router's to place).
-               Issue #45: without it, an agent's turn re-prefilling 30k tokens on vLLM (5 s) held
-               every one-shot behind it, and a one-off took a llama.cpp slot for a slow answer while
-               later ones queued; with it, contention-4's mean TTFT fell 10% over 32 draws, 2.027 ->
-               1.818 s. Each replica's own rate (a few requests in 30 s on a large fleet) was noise
-               that sent long prompts behind an 18 s queue where an 8 s one was free, for a replica
-               that had seen fewer requests lately. Counting half the hold for those arriving during
-               it (their mean wait) was tried: contention-4 to -8 2-4% slower and mixed's seed 7 1.11x
-               the best peer: the requests a hold delays delay the next ones in turn, which the whole
-               hold stands for (docs/benchmarks.md, 2026-12-05)
-
+    others   = what the request costs the ones that come next (``policies.others``: on vLLM its
+               prefill, to each request arriving while it waits and prefills; a one-off's whole run on
+               a llama.cpp slot; a session's turn on its own llama.cpp backend nothing)
     queue_s  = an idle llama.cpp slot, or vLLM: the prefill backlog of turnout's requests in flight
                there (both engines process earlier prompt chunks first; ``backends.inflight``: at
                least what streamed prompts without a first token still need, as the engine's clock
@@ -105,15 +86,16 @@ an agent's first turn can start where its conversation will be cheap, one-off tr
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 
+from policies.coming import NextTurn, stall_s
 from policies.decision import Estimate
 from policies.learning import DeploymentStats, LearnedState, client_key
+from policies.others import others_s, seat_of
 from policies.pricing import checkpoint_restore_s, decode_step_s, interleaved_decode_s, prefill_s, ram_saves_s
 from policies.slot_costs import Situation
 from policies.slot_rules import consults_ram, ram_span, reuse
-from policies.slots import DEFAULT_LEASE_IDLE_S, SlotOption, llama_options, proven
+from policies.slots import DEFAULT_LEASE_IDLE_S, SlotOption, llama_options, proven, slots_of
 from policies.types import (
     Architecture,
     BackendSnapshot,
@@ -126,10 +108,6 @@ from policies.types import (
     SlotLease,
 )
 
-OTHERS_SHARE = 0.5
-"""Of the requests arriving while a request holds an engine's prompt processing (vLLM) or a slot
-(llama.cpp, a one-off), the share taken to wait for it: the rest go elsewhere (the routing benchmark:
-0.25 and 0.5 did alike on the contention rows; 1 hurt every row)."""
 LOOKAHEAD_TURNS = 3.0
 GROWTH_PRIOR = 0.2
 
@@ -138,36 +116,6 @@ def queue_factor(snapshot: BackendSnapshot, stats: DeploymentStats) -> float:
     """What a predicted queue is scaled by (module docstring): the learned factor on vLLM, 1 on
     llama.cpp (a factor a state store still holds from before is not applied)."""
     return 1.0 if snapshot.kind is EngineKind.LLAMACPP else stats.queue_factor.value
-
-
-class Seat(enum.Enum):
-    """Whose llama.cpp slot a request takes, for what it costs the requests that come next."""
-
-    ONE_OFF = "one-off"  # a request no session is proven to follow: it holds the slot for its run
-    SESSION = "session"  # a session's turn on the backend holding its state: the slot is the session's
-    MOVED = "moved"  # a session's turn leaving another llama.cpp backend that holds its state
-
-
-def others_s(snapshot: BackendSnapshot, prefill: float, queue: float, run: float, seat: Seat) -> float:
-    """What sending the request here is expected to add to the requests that come next (module
-    docstring): on vLLM its prefill, to each arriving while it waits and prefills; on a llama.cpp slot
-    a one-off's whole run, to each arriving for that slot meanwhile; a session's turn on the backend
-    holding its state nothing; a session's turn moved from another llama.cpp backend its prefill, as
-    on vLLM: it re-prefills there a conversation another engine holds, in the steps every slot of
-    the engine shares."""
-    rate = snapshot.arrivals_per_s
-    if snapshot.kind is EngineKind.LLAMACPP:
-        if seat is Seat.SESSION:
-            return 0.0
-        if seat is Seat.ONE_OFF:
-            return held_s(rate / max(snapshot.total_slots or 1, 1), queue, run)
-    return held_s(rate, queue, prefill)
-
-
-def held_s(rate: float, queue: float, hold: float) -> float:
-    """What holding an engine (or a slot) for ``hold`` seconds after ``queue`` costs the requests
-    arriving there at ``rate`` meanwhile: OTHERS_SHARE of them wait for it (module docstring)."""
-    return OTHERS_SHARE * rate * hold * (queue + hold)
 
 
 def prefix_cache_span(match: PrefixMatch) -> int:
@@ -285,12 +233,15 @@ def estimate(
     keep: float = 1.0,
     follow: float = 0.0,
     sharing: int = 0,
+    coming: Sequence[NextTurn] = (),
+    share: float = 1.0,
+    background: float = 0.0,
 ) -> Estimate:
     """Predict this candidate's reuse and timing (see the module docstring for the formulas);
     ``keep``: the chance a slot pinned now lasts (``policies.slots.keep_chance``); ``follow``: the
     chance a session not yet proven to continue has a next turn (0: no look-ahead); ``sharing``: the
     active sessions at home on a crowded llama-server (``policies.homes``: its turns share its slots;
-    0: not crowded)."""
+    0: not crowded); ``coming``: the other sessions' next turns expected there (``policies.coming``)."""
     stats = learned.for_deployment(deployment, snapshot.kind)
     situation = Situation(
         snapshot, deployment, stats, match or PrefixMatch(), session, leases, now, lease_idle_s, sharing
@@ -346,6 +297,15 @@ def estimate(
     )
     ttft = queue + saves + checkpoint + prefill + interleaved
     decode = (expected_output(features, learned, session) - 1) * decode_step
+    room = slots_of(snapshot) - 1 if snapshot.kind is EngineKind.LLAMACPP else None
+    stall = (
+        stall_s(coming, deployment, stats, now + ttft, now + ttft + decode, now, room, share)
+        if coming
+        else 0.0
+    )
+    if room is None or room > 0:
+        stall += background * decode
+    decode += stall
     total = ttft + decode
     # what the engine could reuse by its rules: learning measures how much of it it really did
     shared = option.usable
@@ -357,6 +317,7 @@ def estimate(
         ttft_s=ttft,
         total_s=total,
         decode_s=decode,
+        stall_s=stall,
         prefill_s=prefill,
         interleaved_s=interleaved,
         saves_s=saves,
@@ -379,16 +340,5 @@ def estimate(
         margin_s=decode_step,
         others_s=0.0  # a token count holds nothing
         if features.endpoint is Endpoint.COUNT_TOKENS
-        else others_s(snapshot, prefill, queue, total - queue, _seat(features, session, option, snapshot)),
+        else others_s(snapshot, prefill, queue, total - queue, seat_of(features, session, option, snapshot)),
     )
-
-
-def _seat(
-    features: RequestFeatures, session: SessionView | None, option: SlotOption, snapshot: BackendSnapshot
-) -> Seat:
-    """Whose llama.cpp slot the request runs on, for ``others_s``."""
-    if not (proven(features, session) or option.mine):
-        return Seat.ONE_OFF
-    if session is not None and session.slot is not None and session.backend_id != snapshot.backend_id:
-        return Seat.MOVED
-    return Seat.SESSION

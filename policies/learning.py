@@ -100,6 +100,10 @@ PRIOR_LIVE = 0.5
 recurrent states of the saved checkpoints)."""
 RAM_MISS_SHRINK = 0.5
 MERGE_WEIGHT_CAP = 10
+STALL_KEPT = 0.5
+"""Of a measured decode, the least share a predicted stall (``Estimate.stall_s``: the other sessions'
+prompts it was expected to wait for, ``policies.coming``) leaves before a rate is learned from it: a
+stall predicted but not come cannot teach a rate more than twice the measured one."""
 NOTHING_PREDICTED = Estimate(expected_cached_tokens=0, queue_s=0.0, ttft_s=0.0, total_s=0.0)
 MIN_QUEUE_S = 0.01
 QUEUE_SPREAD = 10.0
@@ -253,7 +257,8 @@ def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> 
     elif outcome.stream and outcome.ttft_s is not None and steps >= 4 and outcome.duration_s > outcome.ttft_s:
         decode_s = outcome.duration_s - outcome.ttft_s
     if decode_s is not None:
-        rate = steps / decode_s
+        stall = outcome.predicted.stall_s if outcome.predicted is not None else 0.0
+        rate = steps / max(decode_s - stall, decode_s * STALL_KEPT)  # the prompts it waited for out
         if profile is not None:  # the profile's step at this context is longer than at none
             rate *= profile.batch_slowdown(1, usage.prompt_tokens)
         stats = replace(stats, decode_tok_s=stats.decode_tok_s.update(rate))

@@ -8,11 +8,13 @@ Ties keep the snapshot order (the order backends are configured in).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from msgspec.structs import replace
 
 from policies.awaited import in_session
+from policies.coming import NextTurn
 from policies.context import RoutingContext
 from policies.cost import estimate
 from policies.decision import Decision, Rejection, ScoredCandidate
@@ -53,6 +55,25 @@ def pooled_arrivals(candidates: Sequence[Candidate]) -> list[Candidate]:
     ]
 
 
+def pooled_load(
+    candidates: Sequence[Candidate], context: RoutingContext
+) -> tuple[dict[EngineKind, tuple[NextTurn, ...]], dict[EngineKind, float]]:
+    """The other sessions' next turns and the background prompt load (``policies.coming``) pooled
+    over the candidates of each engine kind: each candidate is priced by the kind's mean (a turn
+    counts ``share`` = 1 / candidates of the kind). Where a session is at home among equal replicas
+    is the router's to change, and one replica's residents of the moment (one agent gone quiet
+    there) are noise that moved sessions off their warm caches."""
+    turns: dict[EngineKind, list[NextTurn]] = {}
+    loads: dict[EngineKind, list[float]] = {}
+    for _, snapshot in candidates:
+        turns.setdefault(snapshot.kind, []).extend(context.coming.get(snapshot.backend_id, ()))
+        loads.setdefault(snapshot.kind, []).append(context.background.get(snapshot.backend_id, 0.0))
+    return (
+        {kind: tuple(found) for kind, found in turns.items()},
+        {kind: sum(found) / len(found) for kind, found in loads.items()},
+    )
+
+
 def route(
     features: RequestFeatures,
     snapshots: Sequence[BackendSnapshot],
@@ -79,6 +100,8 @@ def route(
             return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
 
     candidates = pooled_arrivals(candidates)
+    coming, background = pooled_load(candidates, context)
+    kinds = Counter(snapshot.kind for _, snapshot in candidates)
     slots = sum(s.total_slots or len(s.slots) for _, s in candidates if s.kind is EngineKind.LLAMACPP)
     keep = keep_chance(context.session, context.leases, slots, context.live_sessions)
     follow = context.follow_rate if free_slot([s for _, s in candidates], context.leases) else 0.0
@@ -99,6 +122,9 @@ def route(
                 keep=keep,
                 follow=follow,
                 sharing=sharing(snapshot, context.homes, context.session),
+                coming=coming[snapshot.kind],
+                share=1.0 / kinds[snapshot.kind],
+                background=background[snapshot.kind],
             ),
             match=context.matches.get(snapshot.backend_id),
             router=context.routers.get(snapshot.backend_id, IDLE),

@@ -6,7 +6,7 @@ conversation known only by its content pays it on its second turn, once it is pr
 (the first went where it was fastest). With a warm-up the turn goes to vLLM (fast prefill) and the
 same prompt, capped at one output token, goes to an idle, unleased slot of a llama.cpp candidate; the
 next turn then reuses it there. What it costs: the llama.cpp engine's prefill time, which delays
-the prompts arriving there meanwhile (priced like vLLM's prefill in ``policies.cost.others_s``:
+the prompts arriving there meanwhile (priced like vLLM's prefill in ``policies.others.others_s``:
 llama-server runs every slot's prompt chunks in the same batches).
 
 For each candidate that is not llama.cpp and expects more turns (``horizon``), the best llama.cpp
@@ -17,7 +17,7 @@ candidate (the lowest ``future_s``) on a slot that evicts no one offers
                   predicted end there and the session's think time): the next turn waits that
                   long, once; the turns after it find the slot warm
     cost        = OTHERS_SHARE * rate * prefill * (queue + prefill)   (the llama.cpp engine's arrivals,
-                  ``policies.cost.held_s``)
+                  ``policies.others.held_s``)
 
 and the candidate takes it when ``horizon * (future_s - warm future) > cost``: its ``future_s``
 becomes the warm future, its ``others_s`` grows by the cost, and ``warm_up`` names the slot. The
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 
 from msgspec.structs import replace
 
-from policies.cost import held_s
 from policies.decision import Estimate, WarmUp
+from policies.others import held_s
 from policies.types import BackendSnapshot, EngineKind
 from policies.views import CandidateView
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.live import FollowUps, Homes, LiveSessions
+from gateway.live import TURN_WEIGHT, FollowUps, Homes, LiveSessions, Prompts
+from policies.coming import NextTurn
 
 
 def test_a_session_counts_until_its_window_of_silence_ends() -> None:
@@ -161,3 +162,49 @@ def test_a_re_route_moves_the_turn_without_counting_another() -> None:
     assert homes.counts(1.0) == {"llama-1": 1}
     homes.ended("a", 2.0)  # its one end
     assert homes.counts(12.5) == {}
+
+
+def test_a_session_s_next_turn_comes_when_its_turn_ends_after_its_think_time() -> None:
+    """``Homes.coming``: nothing before a think time and a growth were seen; then each other session
+    at home tells when it is ready (its running turn's predicted end, or its last end), its think
+    time and its growth a turn, its own where it has them, else the fleet's."""
+    homes = Homes(active_s=10.0)
+    homes.placed("a", "llama-0", 0.0, prompt_tokens=10_000, ends_at=3.0)
+    assert homes.coming(0.0) == {}  # no sample of either yet
+    homes.ended("a", 2.5)
+    homes.placed("a", "llama-0", 4.0, prompt_tokens=12_000, ends_at=7.0)  # 1.5 s thought, 2,000 more
+    homes.placed("b", "vllm", 4.0, prompt_tokens=5_000, ends_at=6.0)  # a first turn: the fleet's
+    coming = homes.coming(4.0)
+    assert coming == {
+        "llama-0": (NextTurn(ready_at=7.0, think_s=1.5, tokens=2000, cached=12_000),),
+        "vllm": (NextTurn(ready_at=6.0, think_s=1.5, tokens=2000, cached=5_000),),
+    }
+    assert homes.coming(4.0, excluding="a") == {"vllm": coming["vllm"]}  # the session routed
+    homes.ended("a", 6.5)  # earlier than predicted: ready from its real end
+    assert homes.coming(6.5)["llama-0"][0].ready_at == 6.5
+    homes.placed("a", "llama-0", 7.5, prompt_tokens=18_000, ends_at=9.0)  # 1 s, 6,000 more
+    (turn,) = homes.coming(7.5)["llama-0"]
+    assert turn.think_s == pytest.approx(1.5 + TURN_WEIGHT * (1.0 - 1.5))
+    assert turn.tokens == round(2000 + TURN_WEIGHT * (6000 - 2000))
+
+
+def test_a_re_route_or_a_turn_beside_a_running_one_teaches_no_think_time() -> None:
+    homes = Homes(active_s=10.0)
+    homes.placed("a", "llama-0", 0.0, prompt_tokens=10_000, ends_at=3.0)
+    homes.placed("a", "llama-1", 0.5, again=True, prompt_tokens=10_000, ends_at=3.5)  # refused: the same turn
+    homes.placed("a", "llama-1", 1.0, prompt_tokens=11_000, ends_at=4.0)  # in parallel with it
+    assert homes.coming(1.0) == {}  # growth seen, think time not: no next turn told
+
+
+def test_the_prompts_other_work_begins_load_a_backend() -> None:
+    """``Prompts.load``: predicted prefill seconds a second begun there over the window, not counting
+    the sessions at home there (``Homes.coming`` tells their next turns) nor the session routed."""
+    prompts = Prompts(window=10.0)
+    prompts.begun("vllm", 0.0, 2.0, None)  # a one-off
+    prompts.begun("vllm", 5.0, 1.0, "a")  # a turn of a session at home there
+    prompts.begun("vllm", 6.0, 3.0, "b")  # of a session since gone elsewhere
+    prompts.begun("llama-0", 6.0, 4.0, "c")
+    homes = {"vllm": frozenset({"a"})}
+    assert prompts.load(8.0, homes, own=None) == {"vllm": pytest.approx(0.5), "llama-0": pytest.approx(0.4)}
+    assert prompts.load(8.0, homes, own="c") == {"vllm": pytest.approx(0.5)}
+    assert prompts.load(12.0, homes, own=None) == {"vllm": pytest.approx(0.3), "llama-0": pytest.approx(0.4)}

@@ -21,10 +21,11 @@ from policies import (
     RequestFeatures,
     route,
 )
-from policies.cost import OTHERS_SHARE, estimate
+from policies.cost import estimate
 from policies.decision import Decision, Estimate, Outcome
 from policies.engine_profile import DecodeModel
 from policies.learning import LearnedState, learn
+from policies.others import OTHERS_SHARE
 from policies.pricing import BATCH_SLOWDOWN, STEP_TOKENS
 from policies.route import RoutingContext
 from policies.slots import keep_chance

@@ -8,8 +8,8 @@ import pytest
 from msgspec.structs import replace
 
 from policies import BUILTIN_PROFILES, route
-from policies.cost import OTHERS_SHARE
 from policies.decision import Decision, ScoredCandidate
+from policies.others import OTHERS_SHARE
 from policies.route import RoutingContext
 from policies.types import BackendSnapshot, PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch
 from policies.views import CandidateView
