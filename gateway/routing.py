@@ -126,8 +126,10 @@ class Router:
         self.live = LiveSessions(lease_idle_s)
         """Sessions that sent a turn within ``lease_idle_s``: how many compete for llama.cpp slots."""
         self.homes = Homes(stale_s=lease_idle_s)
+        """Where the active sessions are at home: a crowded llama-server's turns share its slots; what
+        each will send next (``policies.coming``)."""
         self.prompts = Prompts()
-        """Where the active sessions are at home: a crowded llama-server's turns share its slots."""
+        """The prompts begun on each backend lately: the other work an answer there waits for."""
         self.follow_ups = FollowUps()
         """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
         self.history = RouterHistory()
@@ -296,28 +298,17 @@ class Router:
         routed = await self._decide(features, session, excluded, overflowed)
         routed = await self._warm(routed)
         if routed.decision.chosen is not None and features.endpoint is not Endpoint.COUNT_TOKENS:
-            self.history.sent(routed.decision.chosen.backend_id, self.clock.time())
-            picked = routed.decision.chosen_candidate
-            if picked is not None and picked.estimate is not None:
-                self.prompts.begun(
-                    routed.decision.chosen.backend_id,
-                    self.clock.time(),
-                    picked.estimate.prefill_s,
-                    session.key if session is not None and proven(features, session) else None,
-                )
-            if session is not None and proven(features, session):
+            backend, now = routed.decision.chosen.backend_id, self.clock.time()
+            self.history.sent(backend, now)
+            chosen = routed.decision.chosen_candidate
+            estimate = chosen.estimate if chosen is not None else None
+            key = session.key if session is not None and proven(features, session) else None
+            self.prompts.begun(backend, now, estimate.prefill_s if estimate is not None else 0.0, key)
+            if key is not None:
                 again = bool(excluded or overflowed)  # a re-route: the same turn
-                now = self.clock.time()
-                chosen = routed.decision.chosen_candidate
-                total = chosen.estimate.total_s if chosen is not None and chosen.estimate is not None else 0.0
-                self.homes.placed(
-                    session.key,
-                    routed.decision.chosen.backend_id,
-                    now,
-                    again=again,
-                    prompt_tokens=routed.features.prompt_tokens,
-                    ends_at=now + total,
-                )
+                total = estimate.total_s if estimate is not None else 0.0
+                tokens = routed.features.prompt_tokens
+                self.homes.placed(key, backend, now, again=again, prompt_tokens=tokens, ends_at=now + total)
         move = moved(routed)
         if move is not None and session is not None:
             log.info("session.moved", session=session_label(session.key), **move)

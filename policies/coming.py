@@ -11,11 +11,16 @@ agent row, 0.335 s short on average with both agents on the llama-server's two s
 ``gateway.live.Homes`` tells, for each session at home on a backend, when its turn in flight ends
 (or ended), its think time (a turn's end to its next turn, a moving average) and how many tokens its
 turns add (its growth): a ``NextTurn``. Each is expected to arrive ``think_s`` after it is ready, by
-an exponential wait of that mean (memoryless: a session silent for a while is as likely to come in
-the next second as it was at first), so the chance it arrives while this answer decodes, between
-``start`` and ``end``, is
+an exponential wait of that mean from when it was ready, so the chance it arrives while this answer
+decodes, between ``start`` and ``end``, is
 
-    p = exp(-(start - ready) / think) - exp(-(end - ready) / think)     ready = max(ready_at, now)
+    p = exp(-max(start - ready, 0) / think) - exp(-(end - ready) / think)     (0 when end <= ready)
+
+not the chance given it has not come yet: a session silent for several of its think times is ever
+less likely to send at once (its agent may be done; ``Homes`` drops it after ``ACTIVE_S``). Taken as
+memoryless, a session whose turns had come milliseconds apart was priced as about to send for the
+10 s it stayed at home, and a 4-token answer on the llama-server it had used "waited" 0.7 s for it
+(tests/e2e/test_groups.py caught it).
 
 and the answer is expected to wait ``stall = sum(p * prefill of its growth after what it holds)``,
 priced by the candidate's profile and learned rates (``policies.pricing.prefill_s``). A llama-server
@@ -52,13 +57,10 @@ class NextTurn(msgspec.Struct, frozen=True):
     """What that turn finds reused there: its last prompt's tokens."""
 
 
-def arrival_chance(turn: NextTurn, start: float, end: float, now: float) -> float:
-    """The chance ``turn`` arrives between ``start`` and ``end`` (module docstring), given it has not
-    arrived by ``now``."""
-    if end <= start:
-        return 0.0
-    ready = max(turn.ready_at, now)
-    if end <= ready:
+def arrival_chance(turn: NextTurn, start: float, end: float) -> float:
+    """The chance ``turn`` arrives between ``start`` and ``end`` (module docstring)."""
+    ready = turn.ready_at
+    if end <= start or end <= ready:
         return 0.0
     if turn.think_s <= 0.0:
         return 1.0 if start <= ready else 0.0
@@ -73,7 +75,6 @@ def stall_s(
     stats: DeploymentStats,
     start: float,
     end: float,
-    now: float,
     room: int | None = None,
     share: float = 1.0,
 ) -> float:
@@ -82,7 +83,7 @@ def stall_s(
     once (llama.cpp: its other slots; None: any number, vLLM's batch)."""
     total = mass = 0.0
     for turn in turns:
-        chance = arrival_chance(turn, start, end, now) * share
+        chance = arrival_chance(turn, start, end) * share
         if chance > 0.0:
             mass += chance
             total += chance * prefill_s(deployment, stats, turn.tokens, turn.cached)

@@ -298,11 +298,8 @@ def estimate(
     ttft = queue + saves + checkpoint + prefill + interleaved
     decode = (expected_output(features, learned, session) - 1) * decode_step
     room = slots_of(snapshot) - 1 if snapshot.kind is EngineKind.LLAMACPP else None
-    stall = (
-        stall_s(coming, deployment, stats, now + ttft, now + ttft + decode, now, room, share)
-        if coming
-        else 0.0
-    )
+    start = now + ttft
+    stall = stall_s(coming, deployment, stats, start, start + decode, room, share) if coming else 0.0
     if room is None or room > 0:
         stall += background * decode
     decode += stall

@@ -28,16 +28,17 @@ from tests.policies.cost_helpers import LLAMA, VLLM, features, llama_snapshot, v
 
 def test_a_turn_with_no_think_time_arrives_the_moment_it_is_ready() -> None:
     turn = NextTurn(ready_at=5.0, think_s=0.0, tokens=2000, cached=10_000)
-    assert arrival_chance(turn, 4.0, 6.0, now=0.0) == 1.0
-    assert arrival_chance(turn, 5.5, 9.0, now=0.0) == 0.0  # it came before the answer decoded
-    assert arrival_chance(turn, 0.0, 4.0, now=0.0) == 0.0  # after the answer ended
+    assert arrival_chance(turn, 4.0, 6.0) == 1.0
+    assert arrival_chance(turn, 5.5, 9.0) == 0.0  # it came before the answer decoded
+    assert arrival_chance(turn, 0.0, 4.0) == 0.0  # after the answer ended
 
 
 def test_the_wait_is_exponential_from_when_it_is_ready() -> None:
     turn = NextTurn(ready_at=2.0, think_s=2.0, tokens=2000, cached=10_000)
-    assert math.isclose(arrival_chance(turn, 3.0, 6.0, now=0.0), math.exp(-0.5) - math.exp(-2.0))
-    # memoryless: a session silent since it was ready is as likely to come in the next seconds
-    assert math.isclose(arrival_chance(turn, 10.0, 12.0, now=10.0), arrival_chance(turn, 2.0, 4.0, now=0.0))
+    assert math.isclose(arrival_chance(turn, 3.0, 6.0), math.exp(-0.5) - math.exp(-2.0))
+    assert math.isclose(arrival_chance(turn, 0.0, 4.0), 1.0 - math.exp(-1.0))  # from when it is ready
+    # not memoryless: a session silent for five of its think times is unlikely to send at once
+    assert arrival_chance(turn, 12.0, 14.0) < arrival_chance(turn, 2.0, 4.0) / 100
 
 
 @given(
@@ -51,8 +52,8 @@ def test_the_chance_is_a_probability_and_grows_with_the_window(
     ready: float, think: float, start: float, length: float, more: float
 ) -> None:
     turn = NextTurn(ready_at=ready, think_s=think, tokens=100, cached=0)
-    chance = arrival_chance(turn, start, start + length, now=0.0)
-    longer = arrival_chance(turn, start, start + length + more, now=0.0)
+    chance = arrival_chance(turn, start, start + length)
+    longer = arrival_chance(turn, start, start + length + more)
     assert 0.0 <= chance <= longer <= 1.0 + 1e-12
 
 
@@ -63,8 +64,8 @@ def test_the_stall_is_the_expected_prefill_of_the_turns_that_come() -> None:
     late = NextTurn(ready_at=50.0, think_s=0.0, tokens=3000, cached=20_000)
     one = prefill_s(LLAMA, stats, 3000, 20_000)
     assert one > 0
-    assert math.isclose(stall_s((sure, late), LLAMA, stats, 0.0, 5.0, now=0.0), one)
-    assert stall_s((late,), LLAMA, stats, 0.0, 5.0, now=0.0) == 0.0
+    assert math.isclose(stall_s((sure, late), LLAMA, stats, 0.0, 5.0), one)
+    assert stall_s((late,), LLAMA, stats, 0.0, 5.0) == 0.0
 
 
 def test_a_llama_server_runs_no_more_prompts_beside_an_answer_than_its_other_slots() -> None:
@@ -74,9 +75,9 @@ def test_a_llama_server_runs_no_more_prompts_beside_an_answer_than_its_other_slo
     stats = learned.for_deployment(LLAMA, EngineKind.LLAMACPP)
     turns = tuple(NextTurn(ready_at=1.0, think_s=0.0, tokens=3000, cached=20_000) for _ in range(8))
     one = prefill_s(LLAMA, stats, 3000, 20_000)
-    assert math.isclose(stall_s(turns, LLAMA, stats, 0.0, 5.0, now=0.0), 8 * one)  # vLLM's batch
-    assert math.isclose(stall_s(turns, LLAMA, stats, 0.0, 5.0, now=0.0, room=1), one)
-    assert stall_s(turns, LLAMA, stats, 0.0, 5.0, now=0.0, room=0) == 0.0
+    assert math.isclose(stall_s(turns, LLAMA, stats, 0.0, 5.0), 8 * one)  # vLLM's batch
+    assert math.isclose(stall_s(turns, LLAMA, stats, 0.0, 5.0, room=1), one)
+    assert stall_s(turns, LLAMA, stats, 0.0, 5.0, room=0) == 0.0
 
 
 def test_an_answer_on_a_server_where_another_agent_lives_ends_later() -> None:
