@@ -210,9 +210,11 @@ PROMPTS_WINDOW_S = 30.0
 
 class Prompts:
     """The prompts begun on each backend over the last ``window`` seconds, in predicted prefill
-    seconds, by session (None: a request of no proven session): the other work whose prompts stall
-    an answer there (``policies.coming``). Sums are kept as requests begin and age out, so a decision
-    pays for the sessions at home on a backend, not for its traffic."""
+    seconds, by session (None: a request of none): the other work whose prompts stall an answer there
+    (``policies.coming``). A prompt the engine refused and turnout sent elsewhere still counts where
+    it was sent first (a re-route is rare; its load ages out with the window). Sums are kept as
+    requests begin and age out, so a decision pays for the sessions at home on a backend, not for
+    its traffic."""
 
     def __init__(self, window: float = PROMPTS_WINDOW_S) -> None:
         self.window = window
@@ -246,17 +248,17 @@ class Prompts:
     def _expire(self, horizon: float) -> None:
         while self._begun and self._begun[0][0] < horizon:
             _, backend, key, seconds = self._begun.popleft()
-            left = self._total[backend] - seconds
+            left = self._total.get(backend, 0.0) - seconds
             if left > 1e-9:
                 self._total[backend] = left
             else:
-                del self._total[backend]
+                self._total.pop(backend, None)
             if key is not None:
-                mine = self._by_session[backend, key] - seconds
+                mine = self._by_session.get((backend, key), 0.0) - seconds
                 if mine > 1e-9:
                     self._by_session[backend, key] = mine
                 else:
-                    del self._by_session[backend, key]
+                    self._by_session.pop((backend, key), None)
 
 
 FOLLOW_WINDOW = 100

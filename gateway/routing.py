@@ -302,13 +302,15 @@ class Router:
             self.history.sent(backend, now)
             chosen = routed.decision.chosen_candidate
             estimate = chosen.estimate if chosen is not None else None
-            key = session.key if session is not None and proven(features, session) else None
+            key = session.key if session is not None else None  # proven or not: its next turn's own
             self.prompts.begun(backend, now, estimate.prefill_s if estimate is not None else 0.0, key)
-            if key is not None:
+            if session is not None and proven(features, session):
                 again = bool(excluded or overflowed)  # a re-route: the same turn
                 total = estimate.total_s if estimate is not None else 0.0
                 tokens = routed.features.prompt_tokens
-                self.homes.placed(key, backend, now, again=again, prompt_tokens=tokens, ends_at=now + total)
+                self.homes.placed(
+                    session.key, backend, now, again=again, prompt_tokens=tokens, ends_at=now + total
+                )
         move = moved(routed)
         if move is not None and session is not None:
             log.info("session.moved", session=session_label(session.key), **move)

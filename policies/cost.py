@@ -19,7 +19,8 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
                sessions' next turns (each by the chance it arrives while this one decodes, times its
                prefill), and the other work's prompts begun there lately (``background``: prefill
                seconds a second) over the decode, both pooled over the candidates of the engine kind
-               (``policies.route.pooled_load``); on a llama-server at most its other slots' worth.
+               (``policies.route.pooled_load``); on a llama-server the next turns at most its other
+               slots' worth, and on one of a single slot nothing (a prompt there waits for the slot).
                Issue #61: with two agents on the llama-server's slots, each one's answer was predicted
                0.335 s short on average, the other's next prompt stalling it
     decode_step = decode_step_s(requests already running on the engine, the prompt's tokens): the

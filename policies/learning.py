@@ -101,9 +101,9 @@ recurrent states of the saved checkpoints)."""
 RAM_MISS_SHRINK = 0.5
 MERGE_WEIGHT_CAP = 10
 STALL_KEPT = 0.5
-"""Of a measured decode, the least share a predicted stall (``Estimate.stall_s``: the other sessions'
-prompts it was expected to wait for, ``policies.coming``) leaves before a rate is learned from it: a
-stall predicted but not come cannot teach a rate more than twice the measured one."""
+"""Of a measured decode, the least share a predicted stall (``Estimate.stall_s``: the prompts it was
+expected to wait for, ``policies.coming``) leaves before a rate is learned from it: a stall predicted
+but not come cannot teach a rate more than twice the measured one."""
 NOTHING_PREDICTED = Estimate(expected_cached_tokens=0, queue_s=0.0, ttft_s=0.0, total_s=0.0)
 MIN_QUEUE_S = 0.01
 QUEUE_SPREAD = 10.0
@@ -257,12 +257,24 @@ def _rates(stats: DeploymentStats, outcome: Outcome, deployment: Deployment) -> 
     elif outcome.stream and outcome.ttft_s is not None and steps >= 4 and outcome.duration_s > outcome.ttft_s:
         decode_s = outcome.duration_s - outcome.ttft_s
     if decode_s is not None:
-        stall = outcome.predicted.stall_s if outcome.predicted is not None else 0.0
-        rate = steps / max(decode_s - stall, decode_s * STALL_KEPT)  # the prompts it waited for out
+        rate = steps / max(decode_s - _stalled(outcome.predicted), decode_s * STALL_KEPT)
         if profile is not None:  # the profile's step at this context is longer than at none
             rate *= profile.batch_slowdown(1, usage.prompt_tokens)
         stats = replace(stats, decode_tok_s=stats.decode_tok_s.update(rate))
     return stats
+
+
+def _stalled(predicted: Estimate | None) -> float:
+    """The seconds a measured decode is taken to have waited for other prompts: its predicted stall,
+    whole. It was priced over the decode of the answer expected (``Estimate.decode_s``), so a shorter
+    answer waited for less of it and teaches a faster rate (bounded by ``STALL_KEPT``), a longer one
+    for more. Scaled by the decode measured over the decode expected, the learned rates came out
+    slower and routing worse in sample (the agent row's last token 2.894 / 4.377 s, mean / p90,
+    against 2.544 / 3.842 with the stall taken out whole; fleet-16's wait 5.219 / 10.421 s against
+    4.853 / 8.777; docs/benchmarks.md, 2026-12-07):
+    the learned rate also carries the batch running beside each answer, which the prediction applies
+    again (``policies.pricing.decode_step_s``), and the faster rate offsets that."""
+    return predicted.stall_s if predicted is not None else 0.0
 
 
 def restored(outcome: Outcome) -> bool:

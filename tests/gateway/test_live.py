@@ -208,3 +208,16 @@ def test_the_prompts_other_work_begins_load_a_backend() -> None:
     assert prompts.load(8.0, homes, own=None) == {"vllm": pytest.approx(0.5), "llama-0": pytest.approx(0.4)}
     assert prompts.load(8.0, homes, own="c") == {"vllm": pytest.approx(0.5)}
     assert prompts.load(12.0, homes, own=None) == {"vllm": pytest.approx(0.3), "llama-0": pytest.approx(0.4)}
+
+
+def test_prompts_of_no_time_age_out_without_harm() -> None:
+    """A prompt priced at nothing (no estimate) is counted and ages out like the others, also after the
+    sums it was in reached zero."""
+    prompts = Prompts(window=10.0)
+    prompts.begun("vllm", 0.0, 1.0, "a")
+    prompts.begun("vllm", 1.0, 0.0, "a")
+    prompts.begun("vllm", 2.0, 0.0, None)
+    assert prompts.load(5.0, {}, own=None) == {"vllm": pytest.approx(0.1)}
+    assert prompts.load(30.0, {}, own=None) == {}
+    prompts.begun("vllm", 31.0, 2.0, None)
+    assert prompts.load(31.0, {}, own=None) == {"vllm": pytest.approx(0.2)}

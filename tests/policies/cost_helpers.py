@@ -5,6 +5,8 @@ llama.cpp backend) and the CPU-MoE engine profile."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from msgspec.structs import replace
 
 from backends.engine_profiles import load_profile
@@ -19,6 +21,8 @@ from policies import (
 )
 from policies.cost import estimate
 from policies.decision import Estimate, Outcome
+from policies.engine_profile import linear_profile
+from policies.ewma import Ewma
 from policies.learning import LearnedState, learn
 from policies.types import PrefixMatch, SessionSource, SessionView, SlotLease, SlotMatch, SlotState, Usage
 
@@ -102,3 +106,15 @@ def llama(
 
 CPU_MOE = load_profile("workstation-llamacpp-flash-next-cpu-moe")
 MOE = replace(LLAMA, profile=CPU_MOE)
+
+
+def seed_snapshots() -> list[BackendSnapshot]:
+    """A vLLM that prefills fast and decodes slowly and a llama.cpp that prefills slowly and decodes
+    fast (the seeds' single-5090 shapes: 6,600 / 64 and 3,000 / 109 tokens a second)."""
+    vllm = replace(VLLM, profile=linear_profile("vllm", 6600, 64))
+    fast = replace(LLAMA, profile=linear_profile("llamacpp", 3000, 109))
+    return [replace(vllm_snapshot(), deployments=(vllm,)), replace(llama_snapshot(), deployments=(fast,))]
+
+
+CODEX_500 = LearnedState(clients=MappingProxyType({"m codex": Ewma(500.0, 256.0, samples=5)}))
+"""What was learned of a client (``codex``) whose answers run to 500 tokens."""

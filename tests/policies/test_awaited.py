@@ -15,7 +15,6 @@ from policies.awaited import AGENT_HEADER, AGENT_SESSION, TOOLS, awaited_of, cli
 from policies.context import RoutingContext
 from policies.cost import expected_output
 from policies.decision import Outcome
-from policies.engine_profile import linear_profile
 from policies.ewma import Ewma
 from policies.features import extract
 from policies.learning import LearnedState, learn
@@ -23,7 +22,14 @@ from policies.learning_merge import merge
 from policies.profiles import BUILTIN_PROFILES
 from policies.route import route
 from policies.types import Awaited, Endpoint, SessionSource, SessionView, Usage
-from tests.policies.cost_helpers import LLAMA, VLLM, features, llama_snapshot, vllm_snapshot
+from tests.policies.cost_helpers import (
+    CODEX_500,
+    VLLM,
+    features,
+    llama_snapshot,
+    seed_snapshots,
+    vllm_snapshot,
+)
 
 TOOL = {"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -98,15 +104,8 @@ def test_answers_are_learned_per_client_and_merged_across_replicas() -> None:
 def profiled(ask: RequestFeatures) -> tuple[str, str, str]:
     """Where ``cost`` sends ``ask`` between a vLLM that prefills fast and decodes slowly and a
     llama.cpp that prefills slowly and decodes fast (the seeds' single-5090 shapes)."""
-    vllm = replace(VLLM, profile=linear_profile("vllm", 6600, 64))
-    llama = replace(LLAMA, profile=linear_profile("llamacpp", 3000, 109))
-    snapshots = [
-        replace(vllm_snapshot(), deployments=(vllm,)),
-        replace(llama_snapshot(), deployments=(llama,)),
-    ]
-    answers = LearnedState(clients=MappingProxyType({"m codex": Ewma(500.0, 256.0, samples=5)}))
     decision = route(
-        ask, snapshots, BUILTIN_PROFILES["cost"], now=0.0, context=RoutingContext(learned=answers)
+        ask, seed_snapshots(), BUILTIN_PROFILES["cost"], now=0.0, context=RoutingContext(learned=CODEX_500)
     )
     assert decision.chosen is not None
     return decision.chosen.backend_id, decision.objective, decision.reason.value

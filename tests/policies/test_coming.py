@@ -18,12 +18,18 @@ from policies.coming import NextTurn, arrival_chance, stall_s
 from policies.context import RoutingContext
 from policies.cost import estimate
 from policies.decision import Estimate, Outcome
-from policies.engine_profile import linear_profile
-from policies.ewma import Ewma
 from policies.learning import STALL_KEPT, LearnedState, learn
 from policies.pricing import prefill_s
 from policies.types import Awaited, EngineKind, SessionSource, Usage
-from tests.policies.cost_helpers import LLAMA, VLLM, features, llama_snapshot, vllm_snapshot
+from tests.policies.cost_helpers import (
+    CODEX_500,
+    LLAMA,
+    VLLM,
+    features,
+    llama_snapshot,
+    seed_snapshots,
+    vllm_snapshot,
+)
 
 
 def test_a_turn_with_no_think_time_arrives_the_moment_it_is_ready() -> None:
@@ -103,29 +109,48 @@ def test_an_answer_on_a_server_where_another_agent_lives_ends_later() -> None:
         assert math.isclose(shared.decode_s, alone.decode_s + shared.stall_s)
 
 
+def learned_rate(stall: float, predicted: float = 3.0, measured: float = 3.0, tokens: int = 101) -> float:
+    """The decode rate learned from one vLLM answer of ``tokens`` tokens that decoded in ``measured``
+    seconds, predicted to take ``predicted`` of which ``stall`` waiting for other prompts."""
+    outcome = Outcome(
+        "vllm",
+        "m",
+        EngineKind.VLLM,
+        Usage(1000, tokens, 0),
+        0.5,
+        0.5 + measured,
+        4000,
+        0,
+        True,
+        predicted=Estimate(0, 0.0, 0.5, 0.5 + predicted, decode_s=predicted, stall_s=stall),
+    )
+    return learn(LearnedState(), outcome, VLLM).for_deployment(VLLM, EngineKind.VLLM).decode_tok_s.value
+
+
 def test_learning_takes_the_predicted_stall_out_of_a_measured_decode() -> None:
     """A 100-token answer that took 3 s, 1 s of it waiting for a prompt that was predicted, teaches
-    the rate of 2 s; one whose predicted stall exceeds what it took keeps at least half of it."""
-
-    def learned_rate(stall: float) -> float:
-        outcome = Outcome(
-            "vllm",
-            "m",
-            EngineKind.VLLM,
-            Usage(1000, 101, 0),
-            0.5,
-            3.5,
-            4000,
-            0,
-            True,
-            predicted=Estimate(0, 0.0, 0.5, 3.5, stall_s=stall),
-        )
-        return learn(LearnedState(), outcome, VLLM).for_deployment(VLLM, EngineKind.VLLM).decode_tok_s.value
-
-    prior = LearnedState().for_deployment(VLLM, EngineKind.VLLM).decode_tok_s.value
+    what 2 s would have without the stall; a stall predicted beyond what it took leaves half of it."""
+    assert learned_rate(1.0) == pytest.approx(learned_rate(0.0, measured=2.0))
     assert learned_rate(1.0) > learned_rate(0.0)
-    assert learned_rate(100.0) == learned_rate(3.0 * (1 - STALL_KEPT))  # bounded: half the decode kept
-    assert learned_rate(0.0) != prior
+    assert learned_rate(100.0, predicted=100.0, measured=3.0) == pytest.approx(
+        learned_rate(0.0, measured=3.0 * STALL_KEPT)
+    )
+
+
+def test_the_other_prompts_begun_there_stall_an_answer_by_their_share_of_the_engine_s_time() -> None:
+    """Prefill seconds begun a second (``background``) times the decode; none on a one-slot
+    llama-server, whose next prompt waits for the slot."""
+    plain = estimate(features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState())
+    loaded = estimate(
+        features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState(), background=0.25
+    )
+    assert loaded.stall_s == pytest.approx(0.25 * plain.decode_s)
+    assert loaded.total_s == pytest.approx(plain.total_s + loaded.stall_s)
+    one_slot = estimate(
+        features(), LLAMA, llama_snapshot((False,)), session=None, leases=(), learned=LearnedState(),
+        background=0.25,
+    )  # fmt: skip
+    assert one_slot.stall_s == 0.0
 
 
 def test_an_agent_leaves_the_fast_decoder_where_another_agent_s_next_prompt_will_stall_it() -> None:
@@ -134,13 +159,7 @@ def test_an_agent_leaves_the_fast_decoder_where_another_agent_s_next_prompt_will
     llama-server and its next turn, 10,000 tokens more, arrives 3.5 s from now: that prompt takes 3.3 s
     of the steps this answer decodes in, and the agent goes to vLLM. A reader waits for the first
     token, which no later prompt delays: it goes to vLLM either way."""
-    vllm = replace(VLLM, profile=linear_profile("vllm", 6600, 64))
-    llama = replace(LLAMA, profile=linear_profile("llamacpp", 3000, 109))
-    snapshots = [
-        replace(vllm_snapshot(), deployments=(vllm,)),
-        replace(llama_snapshot(), deployments=(llama,)),
-    ]
-    answers = LearnedState(clients=MappingProxyType({"m codex": Ewma(500.0, 256.0, samples=5)}))
+    snapshots, answers = seed_snapshots(), CODEX_500
     ask = replace(features(10_000, SessionSource.NONE), session_key=None, max_tokens=None, client="codex")
     agent = replace(ask, awaited=Awaited.LAST_TOKEN, awaited_why=TOOLS)
     other = NextTurn(ready_at=3.5, think_s=0.0, tokens=10_000, cached=20_000)
@@ -159,18 +178,23 @@ def test_an_agent_leaves_the_fast_decoder_where_another_agent_s_next_prompt_will
 def test_equal_replicas_share_the_stall_of_the_sessions_at_home_among_them() -> None:
     """Which of two equal vLLM replicas another agent lives on is the router's to change and moves
     with every turn: each is priced by the mean (``policies.route.pooled_load``), so the agent's
-    estimates on both carry half the stall, and neither is preferred for it."""
+    estimates on both carry half its stall and the mean of the other prompts' load (0.4 on one, 0 on
+    the other), and neither is preferred for it."""
     first = replace(vllm_snapshot(), backend_id="vllm-0", deployments=(replace(VLLM, backend_id="vllm-0"),))
     second = replace(vllm_snapshot(), backend_id="vllm-1", deployments=(replace(VLLM, backend_id="vllm-1"),))
     ask = replace(features(10_000, SessionSource.NONE), session_key=None, max_tokens=300)
     agent = replace(ask, awaited=Awaited.LAST_TOKEN, awaited_why=TOOLS)
     other = NextTurn(ready_at=1.0, think_s=1.0, tokens=3000, cached=20_000)
-    context = RoutingContext(coming=MappingProxyType({"vllm-1": (other,)}))
+    context = RoutingContext(
+        coming=MappingProxyType({"vllm-1": (other,)}), background=MappingProxyType({"vllm-0": 0.4})
+    )
     decision = route(agent, [first, second], BUILTIN_PROFILES["cost"], now=0.0, context=context)
     stalls = [c.estimate.stall_s for c in decision.candidates if c.estimate is not None]
     alone = estimate(
-        agent, VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState(), coming=(other,)
-    )
-    assert stalls == [pytest.approx(alone.stall_s / 2)] * 2
+        agent, VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState(), coming=(other,),
+        share=0.5, background=0.2,
+    )  # fmt: skip
+    assert alone.stall_s > 0
+    assert stalls == [pytest.approx(alone.stall_s)] * 2  # half the turn, the mean of the loads: on both
     assert decision.chosen is not None
     assert decision.chosen.backend_id == "vllm-0"  # the configured order
