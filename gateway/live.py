@@ -14,7 +14,7 @@ an answer decoding there is expected to wait for (``policies.coming``).
 from __future__ import annotations
 
 import itertools
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Mapping, Set
 
 from policies.coming import NextTurn
@@ -94,8 +94,7 @@ class Homes:
         self.stale_s = stale_s
         self.max_tracked = max_tracked
         self._homes: dict[str, _Home] = {}  # oldest placed first
-        self._counts: Counter[str] = Counter()
-        self._members: dict[str, set[str]] = {}  # backend -> the sessions counted there
+        self._members: dict[str, set[str]] = {}  # backend -> the sessions at home there
         self._ends: deque[tuple[float, str, int]] = deque()  # (ended at, session, its latest turn then)
         self._turns = itertools.count()
         self._think: float | None = None  # the fleet's think time and growth a turn (``_learn``)
@@ -116,18 +115,17 @@ class Homes:
         ``prompt_tokens``: its prompt; ``ends_at``: when its answer is predicted to end."""
         home = self._homes.pop(key, None)
         running = 0 if again else 1
-        new = _Home(backend, now, next(self._turns), 1)
         if home is not None:
             self._uncount(home.backend, key)
             running += home.running
+        new = _Home(backend, now, next(self._turns), max(running, 1))
+        new.prompt = prompt_tokens
+        new.ends_at = now if ends_at is None else ends_at
+        if home is not None:
             new.growth, new.think = home.growth, home.think
             if not again:
                 self._learn(new, home, now, prompt_tokens)
-        new.running = max(running, 1)
-        new.prompt = prompt_tokens
-        new.ends_at = now if ends_at is None else ends_at
         self._homes[key] = new
-        self._counts[backend] += 1
         self._members.setdefault(backend, set()).add(key)
         if len(self._homes) > self.max_tracked:
             self._leave(next(iter(self._homes)))
@@ -152,7 +150,7 @@ class Homes:
                 self._leave(key)
         while self._homes and next(iter(self._homes.values())).at < now - self.stale_s:
             self._leave(next(iter(self._homes)))
-        counts = dict(self._counts)
+        counts = {backend: len(keys) for backend, keys in self._members.items()}
         home = self._homes.get(excluding) if excluding is not None else None
         if home is not None:
             counts[home.backend] -= 1
@@ -195,9 +193,6 @@ class Homes:
             self._uncount(home.backend, key)
 
     def _uncount(self, backend: str, key: str) -> None:
-        self._counts[backend] -= 1
-        if self._counts[backend] <= 0:
-            del self._counts[backend]
         members = self._members.get(backend)
         if members is not None:
             members.discard(key)
@@ -206,6 +201,8 @@ class Homes:
 
 
 PROMPTS_WINDOW_S = 30.0
+"""How far back ``Prompts`` counts the prompts begun on a backend (as ``arrivals_per_s`` counts the
+requests, ``backends.inflight.ARRIVALS_WINDOW_S``)."""
 
 
 class Prompts:

@@ -16,20 +16,22 @@ decodes, between ``start`` and ``end``, is
 
     p = exp(-max(start - ready, 0) / think) - exp(-(end - ready) / think)     (0 when end <= ready)
 
-not the chance given it has not come yet: a session silent for several of its think times is ever
-less likely to send at once (its agent may be done; ``Homes`` drops it after ``ACTIVE_S``). Taken as
-memoryless, a session whose turns had come milliseconds apart was priced as about to send for the
-10 s it stayed at home, and a 4-token answer on the llama-server it had used "waited" 0.7 s for it
-(tests/e2e/test_groups.py caught it).
-
 and the answer is expected to wait ``stall = sum(p * prefill of its growth after what it holds)``,
-priced by the candidate's profile and learned rates (``policies.pricing.prefill_s``). A llama-server
+priced by the candidate's profile and learned rates (``policies.pricing.prefill_s``).
+
+``p`` is not the chance given the turn has not come yet: a session silent for several of its think
+times is ever less likely to send at once (its agent may be done; ``Homes`` drops it after
+``ACTIVE_S``). Taken as memoryless, a session whose turns had come milliseconds apart was priced as
+about to send for the 10 s it stayed at home, and a 4-token answer on the llama-server it had used
+"waited" 0.7 s for it (tests/e2e/test_groups.py caught it).
+
+A llama-server
 runs at most one prompt a slot: beside this answer, its other slots' worth (``room``); where the
 chances sum to more, the stall is scaled to that many (the rest queue for a slot: they delay their
 own turns, not this answer). With 8 agents at home on 2 slots, counting every one of them sent the
 agents of the contention rows off the llama-server's warm slots to re-prefill on vLLM. Learning takes
-the predicted stall out of a measured decode before it learns a rate from it (``policies.learning``),
-so the rate stays the engine's and the stall is not counted twice.
+the predicted stall out of a measured decode before it learns a rate from it, whole
+(``policies.learning._stalled`` says why), so the stall is not counted twice.
 """
 
 from __future__ import annotations

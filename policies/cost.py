@@ -242,7 +242,9 @@ def estimate(
     ``keep``: the chance a slot pinned now lasts (``policies.slots.keep_chance``); ``follow``: the
     chance a session not yet proven to continue has a next turn (0: no look-ahead); ``sharing``: the
     active sessions at home on a crowded llama-server (``policies.homes``: its turns share its slots;
-    0: not crowded); ``coming``: the other sessions' next turns expected there (``policies.coming``)."""
+    0: not crowded); ``coming``: the other sessions' next turns expected there, each counting
+    ``share`` (pooled over the engine kind's candidates: ``policies.route.pooled_load``);
+    ``background``: the prefill seconds a second other work began there lately (``policies.coming``)."""
     stats = learned.for_deployment(deployment, snapshot.kind)
     situation = Situation(
         snapshot, deployment, stats, match or PrefixMatch(), session, leases, now, lease_idle_s, sharing
