@@ -2,7 +2,10 @@
 and the wait (``awaited``): a quick look while a routing change is being worked out (the validation
 set judges it; docs/replay.md).
 
-    .venv/bin/python bench/insample_cost.py [--only chat mixed ...] [--draws 8] [--jobs 2]
+    .venv/bin/python bench/insample_cost.py [--only chat mixed ...] [--draws 8] [--jobs 2] [--answer-cap]
+
+``--answer-cap`` sends each answer's length as ``max_tokens``, as the replay did before 2026-12-07
+(``VirtualOptions.answer_cap``): the router then reads the answer's length from the request.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from gateway.replay.virtual import VirtualOptions
 ROWS = ("chat", "mixed", "contention-4", "mooncake")
 
 
-def _draw(name: str, seed: int) -> list[tuple[float, float, float]]:
+def _draw(name: str, seed: int, answer_cap: bool = False) -> list[tuple[float, float, float]]:
     workload = next(w for w in WORKLOADS if w.name == name)
     trace = workload.seeded(seed) if workload.seeded is not None else workload.make(False)
     requests = with_model(trace, MODEL)
@@ -39,7 +42,9 @@ def _draw(name: str, seed: int) -> list[tuple[float, float, float]]:
         configs = sim_configs(settings_for("cost"), MODEL)
         fleet = capacity(settings_for("cost"), MODEL, configs)
         requests = with_rate(requests, rate_for_load(requests, workload.load, fleet))
-    runs = simulate(requests, ["cost"], settings_for, MODEL, VirtualOptions(), oracle=False)
+    runs = simulate(
+        requests, ["cost"], settings_for, MODEL, VirtualOptions(answer_cap=answer_cap), oracle=False
+    )
     agents = [r.agent for r in requests]
     return [
         (r.ttft_s, r.completion_s, awaited_s(r, agents))
@@ -55,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=list(ROWS))
     parser.add_argument("--draws", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--answer-cap", action="store_true", help="send each answer's length as max_tokens")
     args = parser.parse_args(argv)
     configure_logging("json", "warning")
     with concurrent.futures.ProcessPoolExecutor(
@@ -63,7 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.only:
             workload = next(w for w in WORKLOADS if w.name == name)
             seeds = range(args.draws) if workload.seeded is not None else range(1)
-            times = [t for part in pool.map(_draw, itertools.repeat(name), seeds) for t in part]
+            times = [
+                t
+                for part in pool.map(_draw, itertools.repeat(name), seeds, itertools.repeat(args.answer_cap))
+                for t in part
+            ]
             cells = []
             for i, key in enumerate(("ttft", "last", "wait")):
                 values = [t[i] for t in times]

@@ -105,6 +105,11 @@ def add_replay_parser(commands: Any) -> None:
     )
     replay.add_argument("--no-oracle", action="store_true", help="skip the hindsight oracle run")
     replay.add_argument(
+        "--answer-cap",
+        action="store_true",
+        help="virtual only: send each answer's length as max_tokens (the router then knows it)",
+    )
+    replay.add_argument(
         "--schedules",
         type=int,
         default=0,
@@ -294,7 +299,9 @@ def _replay_virtual(args: argparse.Namespace, requests: Any, profiles: list[str]
     factor = _rate(args, requests, lambda: capacity(first, model, configs))
     requests = with_rate(requests, factor)
     overhead = OVERHEAD_S if args.overhead_ms is None else args.overhead_ms / 1000
-    options = VirtualOptions(overhead_s=overhead, block_tokens=block_tokens(args.scale_tokens))
+    options = VirtualOptions(
+        overhead_s=overhead, block_tokens=block_tokens(args.scale_tokens), answer_cap=args.answer_cap
+    )
 
     def done(name: str, world: Any) -> None:
         speedup = world.simulated_s / world.wall_s if world.wall_s > 0 else 0.0

@@ -44,16 +44,26 @@ class Result:
         return self.error is None and self.ttft_s is not None
 
 
-def request_body(request: TraceRequest, block_tokens: int = BLOCK_TOKENS) -> dict[str, Any]:
-    """The streamed chat request for ``request`` (synthesized messages, ``ignore_eos``, usage on)."""
-    return {
+def request_body(
+    request: TraceRequest, block_tokens: int = BLOCK_TOKENS, *, answer_cap: bool = True
+) -> dict[str, Any]:
+    """The streamed chat request for ``request`` (synthesized messages, ``ignore_eos``, usage on).
+
+    ``answer_cap``: send the answer's length as ``max_tokens``, where a real engine must be told where
+    to stop (the wall replay). The virtual replay ends each answer at its length itself and sends no
+    ``max_tokens``, as coding agents' clients send none or a ceiling far above any answer: a router
+    that caps its expected answer by ``max_tokens`` (``policies.cost.expected_output``) would read
+    the trace's answer from the request, which no client tells."""
+    body: dict[str, Any] = {
         "model": request.model,
         "messages": request_messages(request, block_tokens),
-        "max_tokens": request.max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
+    if answer_cap:
+        body["max_tokens"] = request.max_tokens
+    return body
 
 
 def request_headers(request: TraceRequest) -> dict[str, str]:

@@ -119,7 +119,7 @@ class GatewayReplay(World):
         return None
 
     def send(self, index: int, request: TraceRequest, task: SimTask) -> None:
-        body = request_body(request, self.options.block_tokens)
+        body = request_body(request, self.options.block_tokens, answer_cap=self.options.answer_cap)
         self._in_hand = (body["messages"], len(task.prompt)) if request.messages is None else None
         try:
             routed = run_now(self.lifecycle.route(body, Endpoint.CHAT, request_headers(request)))

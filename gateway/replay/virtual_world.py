@@ -57,6 +57,8 @@ class VirtualOptions:
 
     overhead_s: float = OVERHEAD_S
     block_tokens: int = BLOCK_TOKENS
+    answer_cap: bool = False
+    """Send each answer's length as ``max_tokens`` (``results.request_body``): off, as clients do."""
 
 
 DEFAULT_OPTIONS = VirtualOptions()

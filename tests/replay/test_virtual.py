@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +80,32 @@ def test_a_later_turn_resumes_its_slot_4_tokens_before_the_previous_prompts_end(
     assert (first.backend, second.backend) == ("llama", "llama")
     assert second.cached_tokens == first.prompt_tokens - 4
     assert second.prompt_tokens == len(prompt_tokens(world.requests[1]))
+
+
+@pytest.mark.parametrize("answer_cap", [False, True])
+def test_the_router_is_told_an_answers_length_only_with_answer_cap(
+    answer_cap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clients do not tell a router how long the answer will be: the virtual replay sends no
+    ``max_tokens`` and still ends the answer at the line's length; ``answer_cap`` sends it (as the
+    wall replay must), and ``cost`` then caps its expected answer by it."""
+    requests = one(1500, 300)
+    options = VirtualOptions(answer_cap=answer_cap)
+    world = GatewayReplay(
+        requests, default_fleet(MODEL, "cost"), StackOptions(model=MODEL).sim_configs(), options
+    )
+    asked: list[int | None] = []
+    route = world.lifecycle.route
+
+    async def spy(body: Any, endpoint: Any, headers: Any) -> Any:
+        routed = await route(body, endpoint, headers)
+        asked.append(routed.features.max_tokens)
+        return routed
+
+    monkeypatch.setattr(world.lifecycle, "route", spy)
+    (result,) = world.run()
+    assert result.completion_tokens == 300
+    assert asked == ([300] if answer_cap else [None])
 
 
 def test_the_same_trace_and_options_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:
