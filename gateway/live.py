@@ -125,6 +125,8 @@ class Homes:
             new.growth, new.think = home.growth, home.think
             if not again:
                 self._learn(new, home, now, prompt_tokens)
+            if home.running > (1 if again else 0):  # beside another turn still running: the
+                new.ends_at = max(new.ends_at, home.ends_at)  # session is ready when both have ended
         self._homes[key] = new
         self._members.setdefault(backend, set()).add(key)
         if len(self._homes) > self.max_tracked:

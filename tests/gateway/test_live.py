@@ -196,6 +196,25 @@ def test_a_re_route_or_a_turn_beside_a_running_one_teaches_no_think_time() -> No
     assert homes.coming(1.0) == {}  # growth seen, think time not: no next turn told
 
 
+def test_a_session_with_turns_in_parallel_is_ready_when_the_later_one_ends() -> None:
+    """A turn sent beside one still running (a sub-agent's call) does not make the session ready at
+    its own end if the other ends later; a re-route is the same turn, and its new end replaces its own
+    (not the other's)."""
+    homes = Homes(active_s=10.0)
+    homes.placed("a", "llama-0", 0.0, prompt_tokens=10_000, ends_at=3.0)
+    homes.ended("a", 2.5)
+    homes.placed("a", "llama-0", 4.0, prompt_tokens=12_000, ends_at=20.0)  # a long answer
+    homes.placed("a", "llama-0", 5.0, prompt_tokens=13_000, ends_at=8.0)  # a short one beside it
+    (turn,) = homes.coming(5.0)["llama-0"]
+    assert turn.ready_at == 20.0
+    homes.placed("a", "llama-1", 5.5, again=True, prompt_tokens=13_000, ends_at=9.0)  # refused, sent on
+    (turn,) = homes.coming(5.5)["llama-1"]
+    assert turn.ready_at == 20.0  # the long answer still runs
+    homes.placed("b", "llama-0", 0.0, prompt_tokens=1_000, ends_at=30.0)
+    homes.placed("b", "llama-1", 0.5, again=True, prompt_tokens=1_000, ends_at=6.0)  # its only turn
+    assert homes.coming(0.5)["llama-1"][-1].ready_at == 6.0
+
+
 def test_the_prompts_other_work_begins_load_a_backend() -> None:
     """``Prompts.load``: predicted prefill seconds a second begun there over the window, not counting
     the sessions at home there (``Homes.coming`` tells their next turns) nor the session routed."""
