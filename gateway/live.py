@@ -126,7 +126,10 @@ class Homes:
             if not again:
                 self._learn(new, home, now, prompt_tokens)
             if home.running > (1 if again else 0):  # beside another turn still running: the
-                new.ends_at = max(new.ends_at, home.ends_at)  # session is ready when both have ended
+                # session is ready when both have ended. One end is kept a session, not one a turn
+                # (``ended`` does not say which turn ended): a re-route of the later turn, or a turn
+                # ending early, leaves the later prediction until the session's last turn ends
+                new.ends_at = max(new.ends_at, home.ends_at)
         self._homes[key] = new
         self._members.setdefault(backend, set()).add(key)
         if len(self._homes) > self.max_tracked:

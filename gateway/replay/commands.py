@@ -196,10 +196,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from policies import BUILTIN_PROFILES
 
     virtual_only = (
-        args.backends is not None or args.overhead_ms is not None or args.schedules or args.lookahead
+        args.backends is not None
+        or args.overhead_ms is not None
+        or args.schedules
+        or args.lookahead
+        or args.answer_cap
     )
     if args.clock == "wall" and virtual_only:
-        return _usage("--backends, --overhead-ms, --schedules and --lookahead apply to --clock virtual only")
+        return _usage(
+            "--backends, --overhead-ms, --schedules, --lookahead and --answer-cap apply to --clock virtual "
+            "only (the wall replay always sends max_tokens: the engines must stop there)"
+        )
     if args.schedules < 0 or (args.schedules and args.no_oracle):
         return _usage("--schedules must be 0 or more, and needs the oracle (not --no-oracle)")
     if args.lookahead and args.no_oracle:

@@ -95,6 +95,6 @@ def test_turnout_replay_runs_the_look_ahead_in_virtual_time_only(
     profiles = json.loads(out.read_text())["profiles"]
     assert profiles[LOOKAHEAD]["ttft_mean_s"] < profiles[ORACLE]["ttft_mean_s"]
     assert main(["replay", str(trace), "--clock", "wall", "--lookahead"]) == 2
-    assert "--lookahead apply to --clock virtual only" in capsys.readouterr().err
+    assert "--answer-cap apply to --clock virtual only" in capsys.readouterr().err
     assert main(["replay", str(trace), "--lookahead", "--no-oracle"]) == 2
     assert "--lookahead needs the oracle (not --no-oracle)" in capsys.readouterr().err

@@ -61,4 +61,6 @@ def test_turnout_replay_reports_the_best_schedule_in_virtual_time_only(
     assert main(["replay", str(trace), "--schedules", "2", "--json", str(out)]) == 0
     assert BEST_SCHEDULE in json.loads(out.read_text())["profiles"]
     assert main(["replay", str(trace), "--clock", "wall", "--schedules", "2"]) == 2
-    assert "--schedules and --lookahead apply to --clock virtual only" in capsys.readouterr().err
+    assert (
+        "--schedules, --lookahead and --answer-cap apply to --clock virtual only" in capsys.readouterr().err
+    )

@@ -108,6 +108,17 @@ def test_the_router_is_told_an_answers_length_only_with_answer_cap(
     assert asked == ([300] if answer_cap else [None])
 
 
+def test_answer_cap_is_the_virtual_replays_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The wall replay always sends ``max_tokens`` (a real engine stops there): ``--answer-cap`` is refused
+    there, and taken by the virtual replay."""
+    trace = tmp_path / "one.jsonl"
+    with trace.open("w") as handle:
+        write_trace(one(1500, 4), handle)
+    assert main(["replay", str(trace), "--clock", "wall", "--answer-cap"]) == 2
+    assert "--answer-cap apply to --clock virtual only" in capsys.readouterr().err
+    assert main(["replay", str(trace), "--answer-cap", "--no-oracle"]) == 0
+
+
 def test_the_same_trace_and_options_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:
     """Two runs of the command, one JSON: nothing depends on the machine or the wall clock."""
     trace = tmp_path / "mixed.jsonl"
