@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Mapping, Set
 
 from policies.coming import NextTurn
 
@@ -176,10 +175,6 @@ class Homes:
             turns.setdefault(home.backend, []).append(turn)
         return {backend: tuple(found) for backend, found in turns.items()}
 
-    def residents(self) -> Mapping[str, Set[str]]:
-        """Backend -> the sessions at home there (``counts`` first: it drops the ones gone quiet)."""
-        return self._members
-
     def _learn(self, new: _Home, old: _Home, now: float, prompt_tokens: int) -> None:
         """``new``'s think time and growth after its previous turn ``old``: the time since that one
         ended (none while one still runs) and the tokens the prompt added."""
@@ -203,64 +198,6 @@ class Homes:
             members.discard(key)
             if not members:
                 del self._members[backend]
-
-
-PROMPTS_WINDOW_S = 30.0
-"""How far back ``Prompts`` counts the prompts begun on a backend (as ``arrivals_per_s`` counts the
-requests, ``backends.inflight.ARRIVALS_WINDOW_S``)."""
-
-
-class Prompts:
-    """The prompts begun on each backend over the last ``window`` seconds, in predicted prefill
-    seconds, by session (None: a request of none): the other work whose prompts stall an answer there
-    (``policies.coming``). A prompt the engine refused and turnout sent elsewhere still counts where
-    it was sent first (a re-route is rare; its load ages out with the window). Sums are kept as
-    requests begin and age out, so a decision pays for the sessions at home on a backend, not for
-    its traffic."""
-
-    def __init__(self, window: float = PROMPTS_WINDOW_S) -> None:
-        self.window = window
-        self._begun: deque[tuple[float, str, str | None, float]] = deque()  # (at, backend, session, s)
-        self._total: dict[str, float] = {}
-        self._by_session: dict[tuple[str, str], float] = {}
-
-    def begun(self, backend: str, now: float, prefill_s: float, key: str | None) -> None:
-        """A request of session ``key`` (None: of none) began on ``backend``, its prompt predicted to
-        take ``prefill_s`` there."""
-        self._begun.append((now, backend, key, prefill_s))
-        self._total[backend] = self._total.get(backend, 0.0) + prefill_s
-        if key is not None:
-            self._by_session[backend, key] = self._by_session.get((backend, key), 0.0) + prefill_s
-
-    def load(self, now: float, at_home: Mapping[str, Set[str]], own: str | None) -> dict[str, float]:
-        """Backend -> prefill seconds a second begun there lately by requests other than the turns
-        of the sessions at home there (``Homes.coming`` tells their next ones) and of ``own``."""
-        self._expire(now - self.window)
-        out: dict[str, float] = {}
-        for backend, total in self._total.items():
-            home = at_home.get(backend, ())
-            theirs = sum(self._by_session.get((backend, key), 0.0) for key in home)
-            if own is not None and own not in home:
-                theirs += self._by_session.get((backend, own), 0.0)
-            seconds = total - theirs
-            if seconds > 1e-9:
-                out[backend] = seconds / self.window
-        return out
-
-    def _expire(self, horizon: float) -> None:
-        while self._begun and self._begun[0][0] < horizon:
-            _, backend, key, seconds = self._begun.popleft()
-            left = self._total.get(backend, 0.0) - seconds
-            if left > 1e-9:
-                self._total[backend] = left
-            else:
-                self._total.pop(backend, None)
-            if key is not None:
-                mine = self._by_session.get((backend, key), 0.0) - seconds
-                if mine > 1e-9:
-                    self._by_session[backend, key] = mine
-                else:
-                    self._by_session.pop((backend, key), None)
 
 
 FOLLOW_WINDOW = 100

@@ -20,7 +20,7 @@ from msgspec.structs import replace
 from backends.clock import Clock
 from backends.fleet import Fleet
 from gateway.decisions import moved
-from gateway.live import FollowUps, Homes, LiveSessions, Prompts
+from gateway.live import FollowUps, Homes, LiveSessions
 from gateway.refusals import too_long_everywhere
 from gateway.routed import Routed
 from gateway.router_views import RouterHistory
@@ -128,8 +128,6 @@ class Router:
         self.homes = Homes(stale_s=lease_idle_s)
         """Where the active sessions are at home: a crowded llama-server's turns share its slots; what
         each will send next (``policies.coming``)."""
-        self.prompts = Prompts()
-        """The prompts begun on each backend lately: the other work an answer there waits for."""
         self.follow_ups = FollowUps()
         """How often a conversation known only by content had a second turn (a first turn's look-ahead)."""
         self.history = RouterHistory()
@@ -279,7 +277,6 @@ class Router:
             live_sessions=self.live.count(self.clock.time()),
             homes=self.homes.counts(now, excluding=own),
             coming=self.homes.coming(now, excluding=own),
-            background=self.prompts.load(now, self.homes.residents(), own),
             follow_rate=self.follow_ups.rate_for(chain.family),
             routers={s.backend_id: self.history.view(self.fleet, s.backend_id, now) for s in snapshots}
             if history
@@ -300,11 +297,9 @@ class Router:
         if routed.decision.chosen is not None and features.endpoint is not Endpoint.COUNT_TOKENS:
             backend, now = routed.decision.chosen.backend_id, self.clock.time()
             self.history.sent(backend, now)
-            chosen = routed.decision.chosen_candidate
-            estimate = chosen.estimate if chosen is not None else None
-            key = session.key if session is not None else None  # proven or not: its next turn's own
-            self.prompts.begun(backend, now, estimate.prefill_s if estimate is not None else 0.0, key)
             if session is not None and proven(features, session):
+                chosen = routed.decision.chosen_candidate
+                estimate = chosen.estimate if chosen is not None else None
                 again = bool(excluded or overflowed)  # a re-route: the same turn
                 total = estimate.total_s if estimate is not None else 0.0
                 tokens = routed.features.prompt_tokens

@@ -38,8 +38,6 @@ class RoutingContext(msgspec.Struct, frozen=True):
     coming: Mapping[str, tuple[NextTurn, ...]] = msgspec.field(default_factory=lambda: MappingProxyType({}))
     """Backend -> the next turns of the other sessions at home there (``gateway.live.Homes``): the
     prompts an answer decoding there is expected to wait for (``policies.coming``)."""
-    background: Mapping[str, float] = msgspec.field(default_factory=lambda: MappingProxyType({}))
-    """Backend -> prefill seconds a second begun there lately by other work than ``coming``'s."""
     follow_rate: float = 0.0
     """The chance a conversation known only by its content comes back after its first turn (learned
     by the gateway per prompt family: ``gateway.live.FollowUps``); weighs a first turn's look-ahead

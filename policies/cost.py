@@ -17,10 +17,12 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
     total    = ttft + (expected_output - 1) * decode_step + stall
     stall    = the prompts it is expected to wait for while it decodes (``policies.coming``): the other
                sessions' next turns (each by the chance it arrives while this one decodes, times its
-               prefill), and the other work's prompts begun there lately (``background``: prefill
-               seconds a second) over the decode, both pooled over the candidates of the engine kind
-               (``policies.route.pooled_load``); on a llama-server the next turns at most its other
-               slots' worth, and on one of a single slot nothing (a prompt there waits for the slot).
+               prefill), pooled over the candidates of the engine kind (``policies.route.pooled_load``);
+               on a llama-server at most its other slots' worth, and on one of a single slot nothing (a
+               prompt there waits for the slot). The other work's prompts are not counted: priced as
+               their recent prefill seconds a second over the decode, they did not hold on the
+               validation set once the replay stopped telling the answer's length (val-burst p90
+               +1.3%; docs/benchmarks.md, twenty-fourth session).
                Issue #61: with two agents on the llama-server's slots, each one's answer was predicted
                0.335 s short on average, the other's next prompt stalling it
     decode_step = decode_step_s(requests already running on the engine, the prompt's tokens): the
@@ -236,15 +238,13 @@ def estimate(
     sharing: int = 0,
     coming: Sequence[NextTurn] = (),
     share: float = 1.0,
-    background: float = 0.0,
 ) -> Estimate:
     """Predict this candidate's reuse and timing (see the module docstring for the formulas);
     ``keep``: the chance a slot pinned now lasts (``policies.slots.keep_chance``); ``follow``: the
     chance a session not yet proven to continue has a next turn (0: no look-ahead); ``sharing``: the
     active sessions at home on a crowded llama-server (``policies.homes``: its turns share its slots;
     0: not crowded); ``coming``: the other sessions' next turns expected there, each counting
-    ``share`` (pooled over the engine kind's candidates: ``policies.route.pooled_load``);
-    ``background``: the prefill seconds a second other work began there lately (``policies.coming``)."""
+    ``share`` (pooled over the engine kind's candidates: ``policies.route.pooled_load``)."""
     stats = learned.for_deployment(deployment, snapshot.kind)
     situation = Situation(
         snapshot, deployment, stats, match or PrefixMatch(), session, leases, now, lease_idle_s, sharing
@@ -303,8 +303,6 @@ def estimate(
     room = slots_of(snapshot) - 1 if snapshot.kind is EngineKind.LLAMACPP else None
     start = now + ttft
     stall = stall_s(coming, deployment, stats, start, start + decode, room, share) if coming else 0.0
-    if room is None or room > 0:
-        stall += background * decode
     decode += stall
     total = ttft + decode
     # what the engine could reuse by its rules: learning measures how much of it it really did

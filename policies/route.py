@@ -57,21 +57,16 @@ def pooled_arrivals(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 def pooled_load(
     candidates: Sequence[Candidate], context: RoutingContext
-) -> tuple[dict[EngineKind, tuple[NextTurn, ...]], dict[EngineKind, float]]:
-    """The other sessions' next turns and the background prompt load (``policies.coming``) pooled
-    over the candidates of each engine kind: each candidate is priced by the kind's mean (a turn
-    counts ``share`` = 1 / candidates of the kind). Where a session is at home among equal replicas
+) -> dict[EngineKind, tuple[NextTurn, ...]]:
+    """The other sessions' next turns (``policies.coming``) pooled over the candidates of each engine
+    kind: each candidate is priced by the kind's mean (a turn counts ``share`` = 1 / candidates of
+    the kind). Where a session is at home among equal replicas
     is the router's to change, and one replica's residents of the moment (one agent gone quiet
     there) are noise that moved sessions off their warm caches."""
     turns: dict[EngineKind, list[NextTurn]] = {}
-    loads: dict[EngineKind, list[float]] = {}
     for _, snapshot in candidates:
         turns.setdefault(snapshot.kind, []).extend(context.coming.get(snapshot.backend_id, ()))
-        loads.setdefault(snapshot.kind, []).append(context.background.get(snapshot.backend_id, 0.0))
-    return (
-        {kind: tuple(found) for kind, found in turns.items()},
-        {kind: sum(found) / len(found) for kind, found in loads.items()},
-    )
+    return {kind: tuple(found) for kind, found in turns.items()}
 
 
 def route(
@@ -100,7 +95,7 @@ def route(
             return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
 
     candidates = pooled_arrivals(candidates)
-    coming, background = pooled_load(candidates, context)
+    coming = pooled_load(candidates, context)
     kinds = Counter(snapshot.kind for _, snapshot in candidates)
     slots = sum(s.total_slots or len(s.slots) for _, s in candidates if s.kind is EngineKind.LLAMACPP)
     keep = keep_chance(context.session, context.leases, slots, context.live_sessions)
@@ -124,7 +119,6 @@ def route(
                 sharing=sharing(snapshot, context.homes, context.session),
                 coming=coming[snapshot.kind],
                 share=1.0 / kinds[snapshot.kind],
-                background=background[snapshot.kind],
             ),
             match=context.matches.get(snapshot.backend_id),
             router=context.routers.get(snapshot.backend_id, IDLE),

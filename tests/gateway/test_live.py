@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.live import TURN_WEIGHT, FollowUps, Homes, LiveSessions, Prompts
+from gateway.live import TURN_WEIGHT, FollowUps, Homes, LiveSessions
 from policies.coming import NextTurn
 
 
@@ -213,30 +213,3 @@ def test_a_session_with_turns_in_parallel_is_ready_when_the_later_one_ends() -> 
     homes.placed("b", "llama-0", 0.0, prompt_tokens=1_000, ends_at=30.0)
     homes.placed("b", "llama-1", 0.5, again=True, prompt_tokens=1_000, ends_at=6.0)  # its only turn
     assert homes.coming(0.5)["llama-1"][-1].ready_at == 6.0
-
-
-def test_the_prompts_other_work_begins_load_a_backend() -> None:
-    """``Prompts.load``: predicted prefill seconds a second begun there over the window, not counting
-    the sessions at home there (``Homes.coming`` tells their next turns) nor the session routed."""
-    prompts = Prompts(window=10.0)
-    prompts.begun("vllm", 0.0, 2.0, None)  # a one-off
-    prompts.begun("vllm", 5.0, 1.0, "a")  # a turn of a session at home there
-    prompts.begun("vllm", 6.0, 3.0, "b")  # of a session since gone elsewhere
-    prompts.begun("llama-0", 6.0, 4.0, "c")
-    homes = {"vllm": frozenset({"a"})}
-    assert prompts.load(8.0, homes, own=None) == {"vllm": pytest.approx(0.5), "llama-0": pytest.approx(0.4)}
-    assert prompts.load(8.0, homes, own="c") == {"vllm": pytest.approx(0.5)}
-    assert prompts.load(12.0, homes, own=None) == {"vllm": pytest.approx(0.3), "llama-0": pytest.approx(0.4)}
-
-
-def test_prompts_of_no_time_age_out_without_harm() -> None:
-    """A prompt priced at nothing (no estimate) is counted and ages out like the others, also after the
-    sums it was in reached zero."""
-    prompts = Prompts(window=10.0)
-    prompts.begun("vllm", 0.0, 1.0, "a")
-    prompts.begun("vllm", 1.0, 0.0, "a")
-    prompts.begun("vllm", 2.0, 0.0, None)
-    assert prompts.load(5.0, {}, own=None) == {"vllm": pytest.approx(0.1)}
-    assert prompts.load(30.0, {}, own=None) == {}
-    prompts.begun("vllm", 31.0, 2.0, None)
-    assert prompts.load(31.0, {}, own=None) == {"vllm": pytest.approx(0.2)}

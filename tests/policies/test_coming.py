@@ -137,22 +137,6 @@ def test_learning_takes_the_predicted_stall_out_of_a_measured_decode() -> None:
     )
 
 
-def test_the_other_prompts_begun_there_stall_an_answer_by_their_share_of_the_engine_s_time() -> None:
-    """Prefill seconds begun a second (``background``) times the decode; none on a one-slot
-    llama-server, whose next prompt waits for the slot."""
-    plain = estimate(features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState())
-    loaded = estimate(
-        features(), VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState(), background=0.25
-    )
-    assert loaded.stall_s == pytest.approx(0.25 * plain.decode_s)
-    assert loaded.total_s == pytest.approx(plain.total_s + loaded.stall_s)
-    one_slot = estimate(
-        features(), LLAMA, llama_snapshot((False,)), session=None, leases=(), learned=LearnedState(),
-        background=0.25,
-    )  # fmt: skip
-    assert one_slot.stall_s == 0.0
-
-
 def test_an_agent_leaves_the_fast_decoder_where_another_agent_s_next_prompt_will_stall_it() -> None:
     """A 10k-token fresh prompt from a client whose answers run to 500 tokens: alone, the agent goes
     to llama.cpp (its answer ends at 7.9 s there, 9.3 s on vLLM). Another agent lives on the
@@ -178,23 +162,20 @@ def test_an_agent_leaves_the_fast_decoder_where_another_agent_s_next_prompt_will
 def test_equal_replicas_share_the_stall_of_the_sessions_at_home_among_them() -> None:
     """Which of two equal vLLM replicas another agent lives on is the router's to change and moves
     with every turn: each is priced by the mean (``policies.route.pooled_load``), so the agent's
-    estimates on both carry half its stall and the mean of the other prompts' load (0.4 on one, 0 on
-    the other), and neither is preferred for it."""
+    estimates on both carry half its stall, and neither is preferred for it."""
     first = replace(vllm_snapshot(), backend_id="vllm-0", deployments=(replace(VLLM, backend_id="vllm-0"),))
     second = replace(vllm_snapshot(), backend_id="vllm-1", deployments=(replace(VLLM, backend_id="vllm-1"),))
     ask = replace(features(10_000, SessionSource.NONE), session_key=None, max_tokens=300)
     agent = replace(ask, awaited=Awaited.LAST_TOKEN, awaited_why=TOOLS)
     other = NextTurn(ready_at=1.0, think_s=1.0, tokens=3000, cached=20_000)
-    context = RoutingContext(
-        coming=MappingProxyType({"vllm-1": (other,)}), background=MappingProxyType({"vllm-0": 0.4})
-    )
+    context = RoutingContext(coming=MappingProxyType({"vllm-1": (other,)}))
     decision = route(agent, [first, second], BUILTIN_PROFILES["cost"], now=0.0, context=context)
     stalls = [c.estimate.stall_s for c in decision.candidates if c.estimate is not None]
     alone = estimate(
         agent, VLLM, vllm_snapshot(), session=None, leases=(), learned=LearnedState(), coming=(other,),
-        share=0.5, background=0.2,
+        share=0.5,
     )  # fmt: skip
     assert alone.stall_s > 0
-    assert stalls == [pytest.approx(alone.stall_s)] * 2  # half the turn, the mean of the loads: on both
+    assert stalls == [pytest.approx(alone.stall_s)] * 2  # half the turn on both
     assert decision.chosen is not None
     assert decision.chosen.backend_id == "vllm-0"  # the configured order
