@@ -17,7 +17,7 @@ to the last one, from the snapshot, the prefix index's match, the slot leases an
     total    = ttft + (expected_output - 1) * decode_step + stall
     stall    = the prompts it is expected to wait for while it decodes (``policies.coming``): the other
                sessions' next turns (each by the chance it arrives while this one decodes, times its
-               prefill), pooled over the candidates of the engine kind (``policies.route.pooled_load``);
+               prefill), pooled over the candidates of the engine kind (``policies.route.pooled_turns``);
                on a llama-server at most its other slots' worth, and on one of a single slot nothing (a
                prompt there waits for the slot). The other work's prompts are not counted: priced as
                their recent prefill seconds a second over the decode, they did not hold on the
@@ -244,7 +244,7 @@ def estimate(
     chance a session not yet proven to continue has a next turn (0: no look-ahead); ``sharing``: the
     active sessions at home on a crowded llama-server (``policies.homes``: its turns share its slots;
     0: not crowded); ``coming``: the other sessions' next turns expected there, each counting
-    ``share`` (pooled over the engine kind's candidates: ``policies.route.pooled_load``)."""
+    ``share`` (pooled over the engine kind's candidates: ``policies.route.pooled_turns``)."""
     stats = learned.for_deployment(deployment, snapshot.kind)
     situation = Situation(
         snapshot, deployment, stats, match or PrefixMatch(), session, leases, now, lease_idle_s, sharing

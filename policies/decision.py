@@ -73,7 +73,7 @@ class Estimate(msgspec.Struct, frozen=True):
     others_s: float = 0.0  # what sending it here is expected to add to the requests that come next
     warm_up: WarmUp | None = None  # a llama.cpp slot warmed meanwhile for the next turn (in future_s)
     decode_s: float = 0.0  # the expected answer's decode after its first token (total_s - ttft_s)
-    stall_s: float = 0.0  # of decode_s: the other prompts it is expected to wait for (``policies.coming``)
+    stall_s: float = 0.0  # of decode_s: the other sessions' next prompts it waits for (``policies.coming``)
 
     @property
     def objective_ttft_s(self) -> float:

@@ -101,9 +101,9 @@ recurrent states of the saved checkpoints)."""
 RAM_MISS_SHRINK = 0.5
 MERGE_WEIGHT_CAP = 10
 STALL_KEPT = 0.5
-"""Of a measured decode, the least share a predicted stall (``Estimate.stall_s``: the prompts it was
-expected to wait for, ``policies.coming``) leaves before a rate is learned from it: a stall predicted
-but not come cannot teach a rate more than twice the measured one."""
+"""Of a measured decode, the least share a predicted stall (``Estimate.stall_s``: the other sessions'
+prompts it was expected to wait for, ``policies.coming``) leaves before a rate is learned from it: a
+stall predicted but not come cannot teach a rate more than twice the measured one."""
 NOTHING_PREDICTED = Estimate(expected_cached_tokens=0, queue_s=0.0, ttft_s=0.0, total_s=0.0)
 MIN_QUEUE_S = 0.01
 QUEUE_SPREAD = 10.0
@@ -271,7 +271,8 @@ def _stalled(predicted: Estimate | None) -> float:
     for more. Scaled by the decode measured over the decode expected, the learned rates came out
     slower and routing worse in sample (the agent row's last token 2.894 / 4.377 s, mean / p90,
     against 2.544 / 3.842 with the stall taken out whole; fleet-16's wait 5.219 / 10.421 s against
-    4.853 / 8.777; docs/benchmarks.md, 2026-12-07):
+    4.853 / 8.777; docs/benchmarks.md, 2026-12-07, measured while the replay still told the answer's
+    length):
     the learned rate also carries the batch running beside each answer, which the prediction applies
     again (``policies.pricing.decode_step_s``), and the faster rate offsets that."""
     return predicted.stall_s if predicted is not None else 0.0

@@ -55,14 +55,14 @@ def pooled_arrivals(candidates: Sequence[Candidate]) -> list[Candidate]:
     ]
 
 
-def pooled_load(
+def pooled_turns(
     candidates: Sequence[Candidate], context: RoutingContext
 ) -> dict[EngineKind, tuple[NextTurn, ...]]:
     """The other sessions' next turns (``policies.coming``) pooled over the candidates of each engine
     kind: each candidate is priced by the kind's mean (a turn counts ``share`` = 1 / candidates of
-    the kind). Where a session is at home among equal replicas
-    is the router's to change, and one replica's residents of the moment (one agent gone quiet
-    there) are noise that moved sessions off their warm caches."""
+    the kind). Where a session is at home among equal replicas is the router's to change, and one
+    replica's residents of the moment (one agent gone quiet there) are noise that moved sessions off
+    their warm caches."""
     turns: dict[EngineKind, list[NextTurn]] = {}
     for _, snapshot in candidates:
         turns.setdefault(snapshot.kind, []).extend(context.coming.get(snapshot.backend_id, ()))
@@ -95,7 +95,7 @@ def route(
             return Decision(profile.name, None, Reason.NO_CANDIDATE, rejected=tuple(rejected))
 
     candidates = pooled_arrivals(candidates)
-    coming = pooled_load(candidates, context)
+    coming = pooled_turns(candidates, context)
     kinds = Counter(snapshot.kind for _, snapshot in candidates)
     slots = sum(s.total_slots or len(s.slots) for _, s in candidates if s.kind is EngineKind.LLAMACPP)
     keep = keep_chance(context.session, context.leases, slots, context.live_sessions)

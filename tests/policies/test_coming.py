@@ -161,7 +161,7 @@ def test_an_agent_leaves_the_fast_decoder_where_another_agent_s_next_prompt_will
 
 def test_equal_replicas_share_the_stall_of_the_sessions_at_home_among_them() -> None:
     """Which of two equal vLLM replicas another agent lives on is the router's to change and moves
-    with every turn: each is priced by the mean (``policies.route.pooled_load``), so the agent's
+    with every turn: each is priced by the mean (``policies.route.pooled_turns``), so the agent's
     estimates on both carry half its stall, and neither is preferred for it."""
     first = replace(vllm_snapshot(), backend_id="vllm-0", deployments=(replace(VLLM, backend_id="vllm-0"),))
     second = replace(vllm_snapshot(), backend_id="vllm-1", deployments=(replace(VLLM, backend_id="vllm-1"),))
