@@ -13,16 +13,12 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from routing_peers import VS_PEER, best_peer, peer_seed_target, peer_targets, with_best_peer
+from routing_bounds import agent_trace, last_token_best, warm_turn_best
+from routing_peers import VS_PEER, best_peer, judged_on, peer_seed_target, peer_targets, with_best_peer
 from routing_text import ratio, verdict
-from routing_workloads import MODEL, SEEDS, WORKLOADS
+from routing_workloads import SEEDS
 
-from backends.sim.prefix_cache import add_checkpoints, llama_reuse
-from gateway.replay.report import LONG_PROMPT_TOKENS, LOWER_BOUND, table
-from gateway.replay.synth import prompt_tokens, threaded, user_starts
-from gateway.replay.traces import TraceRequest, with_model
-from gateway.replay.virtual_world import ANSWER_TOKEN, OVERHEAD_S
-from gateway.replay.workstation import StackOptions
+from gateway.replay.report import LOWER_BOUND, table
 
 SINGLE_ENGINE = ("prefer-vllm", "prefer-llamacpp")
 VS_ORACLE = 1.10
@@ -90,7 +86,7 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
             name, result["profiles"], bool(meta.get("homogeneous")), meta.get("agent_share", 0.0)
         )
         if name == "agent":
-            lines += agent_peer_bound(result["profiles"], quick)
+            lines += agent_peer_bound(result["profiles"], quick, meta.get("agent_share", 0.0))
         if result.get("peer_seeds"):
             lines.append(peer_seed_target(result["peer_seeds"], first, result.get("peer_seeds_on", "TTFT")))
     if "agent" in results:
@@ -98,53 +94,31 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
     return lines
 
 
-def warm_turn_best(
-    requests: Sequence[TraceRequest], overhead_s: float = OVERHEAD_S, min_tokens: int = LONG_PROMPT_TOKENS
-) -> float | None:
-    """The mean TTFT of the prompts of ``min_tokens`` or more if every turn found its own previous
-    turn in its llama.cpp slot with nothing else running (the engines' own rules: ``llama_reuse`` over
-    the slot's tokens, the previous answer included, and its checkpoints), or went to vLLM when that
-    was faster: what no routing can beat on this trace."""
-    configs = StackOptions(model=MODEL).sim_configs()
-    llama, vllm = configs["llama"], configs["vllm"]
-    gap = llama.engine_profile.prefill.checkpoint_gap
-    best: list[float] = []
-    previous: dict[str | None, tuple[list[int], tuple[int, ...]]] = {}
-    for request in threaded(requests):
-        prompt = prompt_tokens(request)
-        tokens, checkpoints = previous.get(request.session, ([], ()))
-        reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=True)
-        user, first = user_starts(request)
-        checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past, gap, user, first)
-        previous[request.session] = (prompt + [ANSWER_TOKEN.id] * (request.max_tokens - 1), checkpoints)
-        warm = (len(prompt) - reuse.n_past) / llama.prefill_tok_s
-        if len(prompt) >= min_tokens:
-            best.append(overhead_s + min(warm, len(prompt) / vllm.prefill_tok_s))
-    return sum(best) / len(best) if best else None
-
-
-def agent_trace(quick: bool) -> list[TraceRequest]:
-    """The agent row's requests, as its replay sends them."""
-    agent = next(w for w in WORKLOADS if w.name == "agent")
-    return with_model(agent.make(quick), MODEL)
-
-
-def agent_peer_bound(profiles: dict[str, Any], quick: bool) -> list[str]:
-    """Where ``cost`` misses ``VS_PEER`` on the agent row, what the engines' rules allow any router:
-    every turn warm on its own slot with nothing else running (``warm_turn_best`` over every turn)."""
+def agent_peer_bound(profiles: dict[str, Any], quick: bool, agent_share: float = 0.0) -> list[str]:
+    """Where ``cost`` misses ``VS_PEER`` on the agent row, what the engines' rules allow any router on
+    what the row is judged on (``judged_on``): to the last token, every turn alone and warm on the
+    engine that ends it first (``last_token_best``); to the first token, every turn warm on its own
+    slot with nothing else running (``warm_turn_best`` over every turn)."""
     best = best_peer(profiles)
-    if best is None or profiles["cost"]["ttft_mean_s"] <= VS_PEER * best["ttft_mean_s"]:
+    cost = profiles["cost"]
+    mean_key, _, what = judged_on(agent_share, "awaited_mean_s" in cost)
+    if best is None or best.get(mean_key) is None or cost[mean_key] <= VS_PEER * best[mean_key]:
         return []
-    bound = warm_turn_best(agent_trace(quick), min_tokens=0)
+    trace = agent_trace(quick)
+    last = mean_key != "ttft_mean_s"
+    bound = last_token_best(trace) if last else warm_turn_best(trace, min_tokens=0)
     if bound is None:
         return []
-    reach = "no router reaches" if bound > VS_PEER * best["ttft_mean_s"] else "a router could reach"
+    reach = "no router reaches" if bound > VS_PEER * best[mean_key] else "a router could reach"
+    alone = (
+        "every turn alone and warm on the engine that ends it first, its answer decoded at batch 1"
+        if last
+        else "every turn warm on its own slot with nothing else running (each resumes 4 tokens before"
+        " the previous prompt's end and re-prefills the answer and the new message, note below)"
+    )
     return [
-        f"  - {reach} {VS_PEER:.1f}x here: every turn warm on its own slot with nothing else running "
-        f"averages {bound:.3f} s = {ratio(bound, best['ttft_mean_s'])} the best peer's (each resumes 4 "
-        "tokens before the previous prompt's end and re-prefills the answer and the new message, note "
-        "below); cost is "
-        f"{ratio(profiles['cost']['ttft_mean_s'], bound)} that"
+        f"  - {reach} {VS_PEER:.1f}x here on the {what}: {alone}, averages {bound:.3f} s ="
+        f" {ratio(bound, best[mean_key])} the best peer's; cost is {ratio(cost[mean_key], bound)} that"
     ]
 
 

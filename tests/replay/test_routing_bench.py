@@ -11,8 +11,8 @@ import pytest
 
 from tests.replay.bench_scripts import bench_scripts
 
-routing, routing_peers, routing_report, routing_validation = bench_scripts(
-    "routing", "routing_peers", "routing_report", "routing_validation"
+routing, routing_bounds, routing_peers, routing_report, routing_validation = bench_scripts(
+    "routing", "routing_bounds", "routing_peers", "routing_report", "routing_validation"
 )
 
 
@@ -90,21 +90,64 @@ def test_a_row_is_judged_on_what_its_clients_wait_for() -> None:
 
 
 def test_the_agent_rows_miss_says_what_no_router_can_reach() -> None:
-    """Where ``cost`` misses 0.8x the best peer on the agent row, the Targets say what every turn warm
-    on its own slot would average (the engines' rules), and that nothing reaches 0.8x below it."""
+    """Where ``cost`` misses 0.8x the best peer on the agent row, judged on the first token (a report
+    from before issue #61), the Targets say what every turn warm on its own slot would average (the
+    engines' rules), and that nothing reaches 0.8x below it."""
 
     def row(cost_s: float, peer_s: float) -> dict[str, dict[str, float]]:
         return {"cost": {"ttft_mean_s": cost_s}, "llm-d": {"requests": 60, "ttft_mean_s": peer_s}}
 
     (line,) = routing_report.agent_peer_bound(row(0.853, 0.858), quick=True)
-    bound = routing_report.warm_turn_best(routing_report.agent_trace(True), min_tokens=0)
+    bound = routing_bounds.warm_turn_best(routing_bounds.agent_trace(True), min_tokens=0)
     assert bound is not None
     assert bound > 0.8 * 0.858
-    assert line.startswith("  - no router reaches 0.8x here")
+    assert line.startswith("  - no router reaches 0.8x here on the TTFT")
     assert f"averages {bound:.3f} s" in line
     assert routing_report.agent_peer_bound(row(0.853, 2.0), quick=True) == []  # met: nothing to explain
     (reachable,) = routing_report.agent_peer_bound(row(5.0, 4.0), quick=True)
     assert reachable.startswith("  - a router could reach 0.8x here")
+
+
+def test_the_agent_rows_miss_on_the_last_token_says_what_no_router_can_reach() -> None:
+    """The agent row is judged on the time to the last token (issue #61), and so is its floor: every
+    turn alone and warm on the engine that ends it first, its answer decoded at batch 1. It lies
+    between the first-token floor plus the shortest answer's decode and every replayed profile's mean
+    (none of them beats it), and the line compares it with the best peer's last token, not its TTFT."""
+    trace = routing_bounds.agent_trace(True)
+    bound = routing_bounds.last_token_best(trace)
+    ttft = routing_bounds.warm_turn_best(trace, min_tokens=0)
+    assert bound is not None
+    assert ttft is not None
+    assert bound > ttft
+    answers = [r.max_tokens for r in trace]
+    assert bound > min(answers) / 109.0  # no decode faster than llama.cpp's 109 tok/s at batch 1
+
+    def row(cost_s: float, peer_s: float) -> dict[str, dict[str, float]]:
+        return {
+            "cost": {"ttft_mean_s": 0.1, "completion_mean_s": cost_s},
+            "dynamo-kv": {"requests": 60, "ttft_mean_s": 0.1, "completion_mean_s": peer_s},
+        }
+
+    (line,) = routing_report.agent_peer_bound(row(bound * 1.3, bound * 1.2), quick=True, agent_share=1.0)
+    assert line.startswith("  - no router reaches 0.8x here on the time to the last token")
+    assert f"averages {bound:.3f} s = 0.83x the best peer's" in line
+    assert "cost is 1.30x that" in line
+    (reachable,) = routing_report.agent_peer_bound(row(bound * 3, bound * 2), quick=True, agent_share=1.0)
+    assert reachable.startswith("  - a router could reach 0.8x here")
+    assert routing_report.agent_peer_bound(row(bound, bound * 2), quick=True, agent_share=1.0) == []
+
+
+def test_the_agent_rows_last_token_floor_is_below_every_replayed_profile() -> None:
+    """The floor is a floor: on the quick agent row replayed in virtual time, no profile (cost, the
+    peers, the oracle) ends its turns sooner on average."""
+    result = routing.run(routing.WORKLOADS[0], quick=True)
+    bound = routing_bounds.last_token_best(routing_bounds.agent_trace(True))
+    assert bound is not None
+    means = {
+        name: p["completion_mean_s"] for name, p in result["profiles"].items() if p.get("completion_mean_s")
+    }
+    assert len(means) >= 10
+    assert all(mean >= bound for mean in means.values()), (bound, means)
 
 
 def test_the_validation_set_runs_apart_and_prints_its_targets(
