@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from tests.e2e.conftest import Stack, start_stack, stop_stack
+from tests.servers import ADMIN_TOKEN
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -81,3 +83,26 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def screenshot(page: Any, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+
+
+def log_in(page: Any, stack: Stack) -> None:
+    page.goto(stack.url + "/admin")
+    assert page.url.endswith("/admin/login")
+    page.fill("input[name=token]", ADMIN_TOKEN)
+    page.click("button")
+    page.wait_for_url(stack.url + "/admin")
+
+
+def ask(
+    stack: Stack, model: str = "m-both", stream: bool = True, content: str = "hello", **headers: str
+) -> str:
+    """One request, its id; streamed by default: its first token is observed, so the charts draw its
+    TTFT (a non-streamed one is settled, recorded and logged before its answer is sent)."""
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0)
+    response = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=4, stream=stream,
+        extra_headers=headers,
+    )  # fmt: skip
+    if stream:
+        list(response.parse())
+    return response.headers["x-request-id"]
