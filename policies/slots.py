@@ -11,9 +11,10 @@ just past a shared system prompt) serves every later prompt sharing that much; o
 what the slot holds (``checkpoint_gap``) counts too. When ``s`` shares little with the prompt
 (``consults_ram``: at most 10% of the prompt, or less than half of what ``s`` holds), llama-server
 saves the slot to its RAM prompt cache and loads the best cached state: the longest prefix turnout
-sent to the backend lately, by the same rules, times the learned ``ram_reuse`` (at most ``reuse``: a
-restored state is matched as a slot's is), if that entry is young enough to be there still
-(``ram_span`` within the learned ``ram_tokens``).
+sent to the backend lately that llama-server saved there (``gateway.state.prefix_index``), by the
+same rules, times the learned ``ram_reuse`` (at most ``reuse``: a restored state is matched as a
+slot's is), if that entry is young enough to be there still (``ram_span`` within the learned
+``ram_tokens``).
 
 Every slot is an option (``llama_options``); the cost model picks the best objective:
 

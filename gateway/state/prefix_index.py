@@ -5,8 +5,8 @@ Every finished request records its prompt's chain (``policies.prefix``: chained 
 
 - ``recent[backend]``: the prompts sent to the backend lately, newest last, a prompt that extends an
   older one replacing it; bounded by ``max_tokens`` per backend (oldest out first). For llama.cpp
-  this is what its RAM prompt cache may hold (every idle slot is saved there), for vLLM what its
-  prefix cache may hold. ``chunks[backend]`` counts each hash over those prompts, so the longest
+  this is what its RAM prompt cache may hold (a slot's prompt once saved there: ``pending``), for
+  vLLM what its prefix cache may hold. ``chunks[backend]`` counts each hash over those prompts, so the longest
   held prefix of a new prompt is a binary search over its chain (chains are prefix-closed).
 - ``slots[backend][slot]``: the prompt last pinned to that llama.cpp slot, with the context
   checkpoints a hybrid slot holds (``Held.checkpoints``), rebuilt by llama-server's rules
@@ -16,6 +16,14 @@ Every finished request records its prompt's chain (``policies.prefix``: chained 
   system prompt. Turnout does not know what a slot loaded from the RAM cache holds: a prompt that
   reused more than it shares with the slot's previous prompt, or whose ``cached`` is unknown, keeps
   only its own.
+- ``pending[backend][slot]``: a llama.cpp slot's prompt that nothing has saved to the RAM cache yet.
+  llama-server saves every idle slot when a task starts (``--cache-idle-slots``, its default), and a
+  slot that a prompt sharing little with it takes (``policies.slot_rules.consults_ram``). So a prompt
+  joins ``recent`` at the next launch on another slot of its backend (``launched``), or when a prompt
+  that consults the RAM cache takes its slot; one that the next prompt on its slot reuses as it is
+  (another session on the same long system prompt, or its own next turn) was never saved, and is not
+  expected in the RAM cache. Another replica's records go to ``recent`` at once (``record``'s
+  ``seen``): its launches are not seen here.
 - ``tips``: each recorded prompt's mark under its last full chunk, with its session: a request that
   extends a known prompt byte for byte continues that session (implicit sessions are this view).
 
@@ -33,7 +41,7 @@ import msgspec
 
 from policies.checkpoints import DEFAULT_GAP
 from policies.prefix import CHUNK_BYTES, PromptChain, PromptMark
-from policies.slot_rules import checkpoints_after
+from policies.slot_rules import checkpoints_after, consults_ram_by_counts
 from policies.types import PrefixMatch, SlotMatch
 
 ROOT = -1  # the tip key of prompts shorter than one chunk
@@ -174,15 +182,26 @@ class PrefixIndex:
         self.max_tips = max_tips
         self._recent: dict[str, _Recent] = {}
         self._slots: dict[str, dict[int, Held]] = {}
+        self._pending: dict[str, dict[int, tuple[Held, PromptChain]]] = {}
         self._tips: OrderedDict[int, list[tuple[PromptMark, str]]] = OrderedDict()
 
-    def record(self, sent: SentPrompt) -> None:
+    def record(self, sent: SentPrompt, *, seen: bool = True) -> None:
         """The sent prompt's chain now sits on its backend (and slot, with the checkpoints the
-        engine's rules leave it), and continues its session."""
+        engine's rules leave it), and continues its session. ``seen``: this replica routes the
+        launches on its backend; another replica's record (False) goes to ``recent`` at once, as
+        the RAM cache may hold it, since its launches are not seen here."""
         backend_id, slot, chain, tokens = sent.backend_id, sent.slot, sent.chain, sent.tokens
         session, cached = sent.session_key, sent.cached
         held = Held(chain.hashes, chain.mark, tokens)
-        self._recent.setdefault(backend_id, _Recent(self.max_tokens)).add(held, chain)
+        recent = self._recent.setdefault(backend_id, _Recent(self.max_tokens))
+        if slot is None or not seen:
+            recent.add(held, chain)
+        else:
+            pending = self._pending.setdefault(backend_id, {})
+            prior = pending.pop(slot, None)
+            if prior is not None and _saved_by(chain, tokens, prior[0]):
+                recent.add(*prior)
+            pending[slot] = (held, chain)
         if slot is not None:
             slots = self._slots.setdefault(backend_id, {})
             previous = slots.get(slot)
@@ -200,6 +219,17 @@ class PrefixIndex:
         """The backend restarted: none of its slots or caches hold anything any more."""
         self._recent.pop(backend_id, None)
         self._slots.pop(backend_id, None)
+        self._pending.pop(backend_id, None)
+
+    def launched(self, backend_id: str, slot: int | None) -> None:
+        """A task starts on ``backend_id``, pinned to ``slot`` (None: llama-server picks one): every
+        other idle slot's prompt is saved to the RAM cache now (module docstring, ``pending``)."""
+        pending = self._pending.get(backend_id)
+        if not pending:
+            return
+        recent = self._recent.setdefault(backend_id, _Recent(self.max_tokens))
+        for other in [s for s in pending if s != slot]:
+            recent.add(*pending.pop(other))
 
     def slot(self, backend_id: str, slot: int) -> Held | None:
         """What turnout last pinned to ``slot`` of ``backend_id``, with its checkpoints."""
@@ -228,3 +258,13 @@ class PrefixIndex:
                 if mark.length < chain.length and chain.extends(mark):
                     return session
         return None
+
+
+def _saved_by(chain: PromptChain, tokens: int, prior: Held) -> bool:
+    """Whether llama-server saved a slot's ``prior`` prompt before ``chain`` (``tokens`` long) took
+    the slot: it does when the two share little (``consults_ram``), not when ``chain`` reuses the slot
+    as it is (it continues ``prior``, or shares a long system prompt with it)."""
+    if chain.extends(prior.mark):
+        return False
+    shared = prior.tokens_for(chain.common(prior.hashes))
+    return consults_ram_by_counts(shared, tokens, prior.tokens)

@@ -179,6 +179,9 @@ class RedisStore(StateStore):
         self._index.record(sent)
         self.queue_prompt(sent)
 
+    def launched(self, backend_id: str, slot: int | None) -> None:
+        self._index.launched(backend_id, slot)
+
     def queue_prompt(self, sent: SentPrompt) -> None:
         """Tell the other replicas what was sent where (``prompt_log``), with the next batch of
         writes (``finish_turn``: no round trip of its own). While Redis is away the newest
@@ -313,7 +316,7 @@ async def follow_prompts(store: RedisStore, index: PrefixIndex) -> None:
         read: tuple[str, list[PromptRecord]] = await reading(store.read_prompts, after)
         after, records = read
         for r in records:
-            index.record(r.sent)
+            index.record(r.sent, seen=False)
 
 
 def _text(value: Any) -> str:

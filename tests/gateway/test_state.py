@@ -53,10 +53,13 @@ def test_sessions_are_found_by_key_and_by_their_last_prompt(store_factory: Calla
 
 
 def test_the_prefix_index_knows_slots_and_recent_prompts(store_factory: Callable[..., StateStore]) -> None:
-    """Per slot what was last pinned there; per backend the longest prefix of anything sent lately."""
+    """Per slot what was last pinned there; per backend the longest prefix of anything the RAM cache
+    got: a's prompt is saved there when a task starts on another slot while a's sits idle."""
     store = store_factory()
     a, b = TURN, SYSTEM + b"agent b: other work " * 100
     run(store.record_prompt(SentPrompt("llama", 0, chain_of(a), 1500, "a")))
+    store.launched("llama", 1)  # another task starts: the idle slot 0 is saved
+    store.launched("llama", 0)
     run(store.record_prompt(SentPrompt("llama", 0, chain_of(b), 1200, "b")))  # b took slot 0
     matches = run(store.match_prefix(chain_of(a + b" next"), ["llama", "vllm"]))
     llama = matches["llama"]
@@ -67,6 +70,29 @@ def test_the_prefix_index_knows_slots_and_recent_prompts(store_factory: Callable
     assert matches["vllm"].recent == 0
     edited = chain_of(a[: len(SYSTEM) + 10] + b"EDIT" + a[len(SYSTEM) + 14 :])
     assert 0 < run(store.match_prefix(edited, ["llama"]))["llama"].recent < 1500
+
+
+def test_a_slot_reused_as_it_is_was_never_saved(store_factory: Callable[..., StateStore]) -> None:
+    """b takes a's slot before any other task starts, and shares a's long system prompt: llama-server
+    reuses the slot as it is (f_keep >= 0.5) and never saves a's prompt, so the RAM cache is not
+    expected to hold it. One that shares little with a's is saved before it takes the slot."""
+    store = store_factory()
+    a, b = TURN, SYSTEM + b"agent b: other work " * 100
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(a), 1500, "a")))
+    nothing_saved = run(store.match_prefix(chain_of(a + b" next"), ["llama"]))["llama"]
+    assert nothing_saved.recent == 0
+    store.launched("llama", 0)  # b, on a's slot: the slot is not idle, nothing is saved
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(b), 1200, "b")))
+    store.launched("llama", 1)  # a later task elsewhere saves b's, not a's
+    matches = run(store.match_prefix(chain_of(a + b" next"), ["llama"]))["llama"]
+    assert matches.recent < 1500
+    assert run(store.match_prefix(chain_of(b + b" next"), ["llama"]))["llama"].recent == 1200
+    other = b"z" * 6000
+    run(store.record_prompt(SentPrompt("llama", 1, chain_of(other), 1700, "c")))  # c takes slot 1
+    store.launched("llama", 1)
+    run(store.record_prompt(SentPrompt("llama", 1, chain_of(a), 1500, "a")))  # a's, sharing nothing
+    saved_first = run(store.match_prefix(chain_of(other + b" more"), ["llama"]))["llama"]
+    assert saved_first.recent == 1700
 
 
 def test_the_prefix_index_is_bounded(store_factory: Callable[..., StateStore]) -> None:
