@@ -101,7 +101,9 @@ def next_session(router: Router, done: Completion) -> None:
         features = routed.features
         user, first = features.user_start_at(tokens), features.first_user_start_at(tokens)
         gap = checkpoint_gap(chosen.deployment)
-        done.sent = SentPrompt(outcome.backend_id, slot, chain, tokens, key, cached, user, gap, first)
+        done.sent = SentPrompt(
+            outcome.backend_id, slot, chain, tokens, key, cached, user, gap, first, features.head
+        )
     if session is None:
         return
     cached = usage.cached_tokens or 0

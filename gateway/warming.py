@@ -83,8 +83,9 @@ def warmed(warm: WarmUp, routed: Routed) -> SentPrompt | None:
     there = warm_deployment(routed, warm)
     gap = checkpoint_gap(there) if there is not None else DEFAULT_GAP
     return SentPrompt(
-        warm.backend_id, warm.slot, chain, tokens, key, user_start=user, gap=gap, first_user=first
-    )
+        warm.backend_id, warm.slot, chain, tokens, key, user_start=user, gap=gap, first_user=first,
+        head=features.head,
+    )  # fmt: skip
 
 
 def learn_from(router: Router, warm: WarmUp, routed: Routed, usage: Usage | None, *, shared: bool) -> None:

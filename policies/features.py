@@ -60,9 +60,9 @@ def conversation(body: Mapping[str, Any], endpoint: Endpoint) -> list[Any]:
     return ([{"role": "system", "content": system}] if system is not None else []) + messages
 
 
-def user_shares(messages: Sequence[Any], stream: bytes) -> tuple[float, float]:
-    """Where the first and the last user message start in ``stream`` (``render(messages)``), as
-    shares of it; a user message that starts the prompt is not counted (llama-server looks for a user
+def user_starts(messages: Sequence[Any], stream: bytes) -> tuple[int, int]:
+    """Where the first and the last user message start in ``stream`` (``render(messages)``), in
+    bytes; a user message that starts the prompt is not counted (llama-server looks for a user
     message's start only after a token is in); -1 for none. A user message of tool results alone
     (Anthropic's ``tool_result`` blocks) is not one: the engines make tool messages of them, and
     llama-server ends a prefill step only at a user message's start (``EngineProfile.step_tokens``).
@@ -73,20 +73,26 @@ def user_shares(messages: Sequence[Any], stream: bytes) -> tuple[float, float]:
         i for i, m in enumerate(rendered) if m.get("role") == "user" and not _tool_results(m.get("content"))
     ]
     if not users:
-        return -1.0, -1.0
+        return -1, -1
     at = len(stream)
     for _ in range(len(rendered) - users[-1]):  # the last user message's mark, from the end
         at = stream.rfind(MESSAGE_MARK, 0, at)
     if at <= 0:  # it starts the prompt: so did every other one
-        return -1.0, -1.0
-    last = at / len(stream)
+        return -1, -1
+    last = at
     at, seen = -1, 0
     for index in users:  # the first user message's mark past the prompt's start, from the start
         while seen <= index:
             at, seen = stream.find(MESSAGE_MARK, at + 1), seen + 1
         if at > 0:
-            return at / len(stream), last
+            return at, last
     return last, last
+
+
+def user_shares(messages: Sequence[Any], stream: bytes) -> tuple[float, float]:
+    """:func:`user_starts` as shares of ``stream``'s length (-1 for none)."""
+    first, last = user_starts(messages, stream)
+    return (first / len(stream) if first > 0 else -1.0), (last / len(stream) if last > 0 else -1.0)
 
 
 def _tool_results(content: Any) -> bool:
@@ -200,9 +206,8 @@ def extract(
         if endpoint is Endpoint.COMPLETIONS
         else render(messages, body.get("tools"))
     )
-    first_user, last_user = (
-        (-1.0, -1.0) if endpoint is Endpoint.COMPLETIONS else user_shares(messages, stream)
-    )
+    first_user, last_user = (-1, -1) if endpoint is Endpoint.COMPLETIONS else user_starts(messages, stream)
+    chain = chain_of(stream)
     return RequestFeatures(
         model=model,
         endpoint=endpoint,
@@ -213,9 +218,10 @@ def extract(
         stream=bool(body.get("stream", False)),
         session_key=key,
         session_source=source,
-        chain=chain_of(stream),
-        user_share=last_user,
-        first_user_share=first_user,
+        chain=chain,
+        user_share=last_user / len(stream) if last_user > 0 else -1.0,
+        first_user_share=first_user / len(stream) if first_user > 0 else -1.0,
+        head=chain.mark_at(first_user) if first_user > 0 else None,
         shape=shape_of(messages, body.get("tools")) if shape and endpoint in SHAPED else None,
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,

@@ -164,6 +164,14 @@ class PromptChain:
     def mark(self) -> PromptMark:
         return PromptMark(self.length, self.hashes[-1] if self.hashes else None, self.whole)
 
+    def mark_at(self, length: int) -> PromptMark | None:
+        """The mark of this prompt's first ``length`` bytes (None when it is shorter, or has no bytes)."""
+        digest = self.prefix_digest(length) if self.stream or length == self.length else None
+        if digest is None:
+            return None
+        chunks = length // CHUNK_BYTES
+        return PromptMark(length, self.hashes[chunks - 1] if chunks else None, digest)
+
     def extends(self, other: PromptMark) -> bool:
         """Whether a previous prompt, known by its mark, is a byte prefix of this one.
 

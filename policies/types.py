@@ -214,6 +214,9 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     user_shares``; -1: none, or a text completion)."""
     first_user_share: float = -1.0
     """Where its first user message starts, as a share of the prompt (-1: none, or a text completion)."""
+    head: PromptMark | None = None
+    """The prompt up to its first user message (its system prompt and tools): another session with
+    the same head restores the checkpoint a cold prompt takes there (``gateway.state.prefix_index``)."""
 
     @property
     def user_start(self) -> int:

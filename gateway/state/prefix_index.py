@@ -68,6 +68,8 @@ class SentPrompt:
     (``policies.slot_rules.checkpoint_gap``)."""
     first_user: int = -1
     """Where its first user message starts (the engine checkpoints it on a cold prompt; -1: none)."""
+    head: PromptMark | None = None
+    """Its bytes up to that first user message (``RequestFeatures.head``)."""
 
 
 class Held(msgspec.Struct, frozen=True):
@@ -78,6 +80,11 @@ class Held(msgspec.Struct, frozen=True):
     mark: PromptMark
     tokens: int
     checkpoints: tuple[int, ...] = ()
+    head: PromptMark | None = None
+    """On a slot: the prompt's bytes up to its first user message, where the slot holds a checkpoint
+    (``head_at``): a prompt with the same head restores it, though the whole chunks it shares end
+    before it (two sessions on one system prompt part right after it)."""
+    head_at: int = 0
 
     def tokens_for(self, chunks: int) -> int:
         """Tokens of this prompt's first ``chunks`` chunks (proportional to bytes)."""
@@ -207,7 +214,8 @@ class PrefixIndex:
             previous = slots.get(slot)
             kept = previous.survivors(chain, cached) if previous is not None else ()
             checkpoints = checkpoints_after(kept, tokens, cached, sent.gap, sent.user_start, sent.first_user)
-            slots[slot] = Held(chain.hashes, chain.mark, tokens, checkpoints)
+            head, head_at = _head(sent, previous, checkpoints)
+            slots[slot] = Held(chain.hashes, chain.mark, tokens, checkpoints, head, head_at)
         if session is not None:
             key = chain.hashes[-1] if chain.hashes else ROOT
             tips = [(mark, owner) for mark, owner in self._tips.pop(key, []) if mark.whole != chain.whole]
@@ -244,6 +252,8 @@ class PrefixIndex:
             whole = chain.extends(held.mark)
             tokens = held.tokens if whole else held.tokens_for(chain.common(held.hashes))
             at = held.checkpoint_at(tokens)
+            if not whole and held.head is not None and held.head_at > at and chain.extends(held.head):
+                tokens, at = max(tokens, held.head_at), held.head_at  # the same system prompt: its checkpoint
             slots.append(SlotMatch(slot, tokens, whole, held.tokens, at, len(held.checkpoints)))
         best, age = recent.match(chain) if recent else (SlotMatch(-1, 0), 0)
         return PrefixMatch(tuple(slots), best.tokens, best.whole, best.held, age)
@@ -268,3 +278,17 @@ def _saved_by(chain: PromptChain, tokens: int, prior: Held) -> bool:
         return False
     shared = prior.tokens_for(chain.common(prior.hashes))
     return consults_ram_by_counts(shared, tokens, prior.tokens)
+
+
+def _head(
+    sent: SentPrompt, previous: Held | None, checkpoints: tuple[int, ...]
+) -> tuple[PromptMark | None, int]:
+    """The slot's checkpoint at a first user message and that prompt's head, after ``sent``: the one
+    ``sent`` took (a cold prompt), else the previous one if it survived and ``sent`` has that head."""
+    if sent.head is not None and sent.first_user in checkpoints and (sent.cached or 0) < sent.first_user:
+        return sent.head, sent.first_user
+    if previous is None or previous.head is None:
+        return None, 0
+    if previous.head_at in checkpoints and sent.chain.extends(previous.head):
+        return previous.head, previous.head_at
+    return None, 0

@@ -27,7 +27,7 @@ import msgspec
 
 from gateway.state.prefix_index import SentPrompt
 from policies.checkpoints import DEFAULT_GAP
-from policies.prefix import PromptChain
+from policies.prefix import PromptChain, PromptMark
 
 LOG_ENTRIES = 20_000
 UNSENT = 1000
@@ -61,6 +61,7 @@ class Packed(msgspec.Struct, array_like=True, frozen=True):
     user_start: int = -1
     gap: int = DEFAULT_GAP
     first_user: int = -1
+    head: tuple[int, int | None, int] | None = None  # a PromptMark's length, last chunk and digest
 
 
 def pack(record: PromptRecord) -> bytes:
@@ -70,6 +71,7 @@ def pack(record: PromptRecord) -> bytes:
     packed = Packed(
         record.replica, sent.backend_id, sent.slot, hashes, chain.length, chain.whole, sent.tokens,
         sent.session_key, sent.cached, sent.user_start, sent.gap, sent.first_user,
+        (sent.head.length, sent.head.last_chunk, sent.head.whole) if sent.head is not None else None,
     )  # fmt: skip
     return msgspec.msgpack.encode(packed)
 
@@ -77,8 +79,18 @@ def pack(record: PromptRecord) -> bytes:
 def unpack(raw: bytes) -> PromptRecord:
     p = msgspec.msgpack.decode(raw, type=Packed)
     chain = PromptChain(tuple(_ordered(array("Q", p.hashes))), p.length, p.whole)
+    head = PromptMark(*p.head) if p.head is not None else None
     sent = SentPrompt(
-        p.backend_id, p.slot, chain, p.tokens, p.session_key, p.cached, p.user_start, p.gap, p.first_user
+        p.backend_id,
+        p.slot,
+        chain,
+        p.tokens,
+        p.session_key,
+        p.cached,
+        p.user_start,
+        p.gap,
+        p.first_user,
+        head,
     )
     return PromptRecord(p.replica, sent)
 

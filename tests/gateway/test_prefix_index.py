@@ -158,6 +158,35 @@ class TestCheckpoints:
         index.record(SentPrompt("llama", 0, chain_of(encode(chat)), 2748, "b", 2048, first_user=2048))
         assert checkpoints(index) == (2048, 2748 - 516, 2748 - 4)  # a warm prompt: none taken again
 
+    def test_the_system_prompt_checkpoint_is_offered_past_the_whole_chunks_shared(self) -> None:
+        """Two sessions on one system prompt part right after it, so the whole 1 KiB chunks they
+        share end before the checkpoint a cold prompt took at its first user message; the record's
+        head (its bytes up to there) says the new prompt has them all, and the slot offers it."""
+        system = bytes(range(256)) * 19 + b"tools"  # 4,869 bytes: not a whole number of chunks
+        conversation = system + b"u" * 20_000
+        chain = chain_of(conversation)
+        head = chain.mark_at(len(system))
+        assert head is not None
+        first, tokens = len(system) // 4, len(conversation) // 4
+        index = PrefixIndex()
+        sent = SentPrompt("llama", 0, chain, tokens, "a", 0, tokens - 50, first_user=first, head=head)
+        index.record(sent)
+        assert first in checkpoints(index)
+        newcomer = chain_of(system + b"v" * 2_000)
+        assert index.match(newcomer, "llama").slot(0).checkpoint == first
+        other = chain_of(system[:-1] + b"X" + b"v" * 2_000)  # another tool list: not the same head
+        assert index.match(other, "llama").slot(0).checkpoint < first
+        headless = PrefixIndex()
+        headless.record(SentPrompt("llama", 0, chain, tokens, "a", 0, tokens - 50, first_user=first))
+        assert headless.match(newcomer, "llama").slot(0).checkpoint < first  # what it offered before
+        later = chain_of(
+            conversation + b"w" * 4_000
+        )  # the session goes on: the checkpoint stays, and its head
+        index.record(
+            SentPrompt("llama", 0, later, tokens + 1000, "a", tokens - 4, first_user=first, head=head)
+        )
+        assert index.match(newcomer, "llama").slot(0).checkpoint == first
+
     def test_a_prompt_that_shares_nothing_erases_them(self) -> None:
         fresh, engine = Tokens(), Engine()
         system = fresh.take(SYSTEM_TOKENS)

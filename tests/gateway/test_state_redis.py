@@ -152,18 +152,22 @@ def test_a_prompt_record_carries_the_cached_count_and_older_ones_read_back() -> 
     """Records of a turnout from before ``cached`` have eight fields: they read back with None; ones
     from before ``gap`` (the engine's checkpoint gap) read back with llama-server's default, and
     without a first user message."""
-    sent = SentPrompt("llama", 0, chain_of(CHAT_A), 2229, "a", 1713, 300, gap=2048, first_user=120)
+    chain = chain_of(CHAT_A)
+    head = chain.mark_at(700)
+    sent = SentPrompt("llama", 0, chain, 2229, "a", 1713, 300, gap=2048, first_user=120, head=head)
     record = PromptRecord("r1", sent)
     packed = prompt_log.pack(record)
     assert prompt_log.unpack(packed) == record
     older = msgspec.msgpack.encode(msgspec.msgpack.decode(packed)[:8])
     assert prompt_log.unpack(older) == dataclasses.replace(
         record,
-        sent=dataclasses.replace(record.sent, cached=None, user_start=-1, gap=DEFAULT_GAP, first_user=-1),
+        sent=dataclasses.replace(
+            record.sent, cached=None, user_start=-1, gap=DEFAULT_GAP, first_user=-1, head=None
+        ),
     )
     before_gap = msgspec.msgpack.encode(msgspec.msgpack.decode(packed)[:10])
     assert prompt_log.unpack(before_gap) == dataclasses.replace(
-        record, sent=dataclasses.replace(record.sent, gap=DEFAULT_GAP, first_user=-1)
+        record, sent=dataclasses.replace(record.sent, gap=DEFAULT_GAP, first_user=-1, head=None)
     )
 
 

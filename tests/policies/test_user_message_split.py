@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,3 +123,23 @@ def test_a_user_message_that_starts_the_prompt_is_not_one_the_server_breaks_at()
     simulated = parse_request(body, Endpoint.CHAT, llama=True)
     assert routed.first_user_start == routed.user_start > 0
     assert simulated.first_user == simulated.user_start > 0
+
+
+def test_two_sessions_on_one_system_prompt_have_one_head() -> None:
+    """The head (the prompt's bytes up to its first user message) is what a new session must share
+    with a slot's cold prompt to restore the checkpoint taken there: the same system prompt and tools
+    give the same head, whatever follows; another tool list another one."""
+    system = {"role": "system", "content": "you are a careful coding agent " * 60}
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+
+    def head_of(question: str, tool_list: list[dict[str, Any]]) -> Any:
+        body = {"model": "m", "messages": [system, {"role": "user", "content": question}], "tools": tool_list}
+        return request_features(body, Api.CHAT, {}, ModelFacts("m")).head
+
+    first, second = head_of("fix the parser " * 30, tools), head_of("why is CI red?", tools)
+    assert first is not None
+    assert first == second
+    assert head_of("why is CI red?", [*tools, {"type": "function", "function": {"name": "edit"}}]) != first
+    bare = request_features({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, Api.CHAT, {},
+                            ModelFacts("m"))  # fmt: skip
+    assert bare.head is None  # nothing before its only user message
