@@ -43,31 +43,34 @@ def warm_turn_best(
 
 def last_token_best(requests: Sequence[TraceRequest], overhead_s: float = OVERHEAD_S) -> float | None:
     """The mean time to the last token if every turn ran alone on the engine that ends it first, warm
-    from its own previous turn there: on its llama.cpp slot (``llama_reuse`` and its checkpoints, as
-    ``warm_turn_best``) or on vLLM (the whole blocks of the previous prompt and answer that it
-    extends), each answer decoded at batch 1 at the prompt's context. Both warm at once, nothing
-    beside it and no context growth while it decodes: what no routing can beat on this trace."""
+    from its own previous turn on its llama.cpp slot (``llama_reuse`` and its checkpoints, as
+    ``warm_turn_best``) or from any earlier prompt on vLLM (the whole blocks of a previous prompt and
+    answer that it extends), each answer cut at what the engine's window leaves (as the replay cuts
+    it) and decoded at batch 1 at the prompt's context. Both warm at once, nothing beside it and no
+    context growth while it decodes: what no routing can beat on this trace."""
     configs = StackOptions(model=MODEL).sim_configs()
     llama, vllm = configs["llama"].engine_profile, configs["vllm"]
-    block, window = vllm.cache_block_size, vllm.context_window
-    gap = llama.prefill.checkpoint_gap
+    block, gap = vllm.cache_block_size, llama.prefill.checkpoint_gap
     ends: list[float] = []
     previous: dict[str | None, tuple[list[int], tuple[int, ...]]] = {}
+    cached_on_vllm: list[list[int]] = []
     for request in threaded(requests):
         prompt = prompt_tokens(request)
         tokens, checkpoints = previous.get(request.session, ([], ()))
         reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=True)
         user, first = user_starts(request)
         checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past, gap, user, first)
-        previous[request.session] = (prompt + [ANSWER_TOKEN.id] * (request.max_tokens - 1), checkpoints)
-        new = len(prompt) - reuse.n_past
-        decode = max(request.max_tokens - 1, 0)
-        on_llama = llama.prefill_seconds(new, reuse.n_past, user, first_user=first)
-        best = on_llama + decode * llama.decode_step_seconds(1, len(prompt))
-        if len(prompt) + request.max_tokens <= window:
-            blocks = min(common_prefix(tokens, prompt), len(prompt) - 1) // block * block
+        answer = min(request.max_tokens, max(configs["llama"].context_window - len(prompt), 0))
+        previous[request.session] = (prompt + [ANSWER_TOKEN.id] * max(answer - 1, 0), checkpoints)
+        on_llama = llama.prefill_seconds(len(prompt) - reuse.n_past, reuse.n_past, user, first_user=first)
+        best = on_llama + max(answer - 1, 0) * llama.decode_step_seconds(1, len(prompt))
+        answer = min(request.max_tokens, vllm.context_window - len(prompt))
+        if answer > 0:
+            shared = max((common_prefix(held, prompt) for held in cached_on_vllm), default=0)
+            blocks = min(shared, len(prompt) - 1) // block * block
             on_vllm = vllm.engine_profile.prefill_seconds(len(prompt) - blocks, blocks)
-            best = min(best, on_vllm + decode * vllm.engine_profile.decode_step_seconds(1, len(prompt)))
+            best = min(best, on_vllm + (answer - 1) * vllm.engine_profile.decode_step_seconds(1, len(prompt)))
+            cached_on_vllm.append(prompt + [ANSWER_TOKEN.id] * (answer - 1))
         ends.append(overhead_s + best)
     return sum(ends) / len(ends) if ends else None
 

@@ -297,9 +297,10 @@ class Router:
         if routed.decision.chosen is not None and features.endpoint is not Endpoint.COUNT_TOKENS:
             backend, now = routed.decision.chosen.backend_id, self.clock.time()
             self.history.sent(backend, now)
-            self.store.launched(backend, routed.decision.slot)
+            chain, tokens = features.chain, features.prompt_tokens
+            self.store.launched(backend, routed.decision.slot, chain, tokens)
             if routed.warm is not None:
-                self.store.launched(routed.warm.backend_id, routed.warm.slot)
+                self.store.launched(routed.warm.backend_id, routed.warm.slot, chain, tokens)
             if session is not None and proven(features, session):
                 chosen = routed.decision.chosen_candidate
                 estimate = chosen.estimate if chosen is not None else None

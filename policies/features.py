@@ -89,12 +89,6 @@ def user_starts(messages: Sequence[Any], stream: bytes) -> tuple[int, int]:
     return last, last
 
 
-def user_shares(messages: Sequence[Any], stream: bytes) -> tuple[float, float]:
-    """:func:`user_starts` as shares of ``stream``'s length (-1 for none)."""
-    first, last = user_starts(messages, stream)
-    return (first / len(stream) if first > 0 else -1.0), (last / len(stream) if last > 0 else -1.0)
-
-
 def _tool_results(content: Any) -> bool:
     parts = content if isinstance(content, list) else []
     return bool(parts) and all(isinstance(p, Mapping) and p.get("type") == "tool_result" for p in parts)

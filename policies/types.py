@@ -211,7 +211,7 @@ class RequestFeatures(msgspec.Struct, frozen=True):
 
     user_share: float = -1.0
     """Where the prompt's last user message starts, as a share of the prompt (``policies.features.
-    user_shares``; -1: none, or a text completion)."""
+    user_starts``; -1: none, or a text completion)."""
     first_user_share: float = -1.0
     """Where its first user message starts, as a share of the prompt (-1: none, or a text completion)."""
     head: PromptMark | None = None

@@ -32,9 +32,10 @@ class StateStore(ABC):
         slot (its checkpoints too) and the session hold."""
 
     @abstractmethod
-    def launched(self, backend_id: str, slot: int | None) -> None:
-        """A request was sent to ``backend_id``, pinned to ``slot`` (None: the engine picks one): the
-        prefix index counts the other idle slots saved to its RAM cache (``PrefixIndex.launched``)."""
+    def launched(self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int) -> None:
+        """A request of ``chain`` (``tokens`` long) was sent to ``backend_id``, pinned to ``slot``
+        (None: the engine picks one): the prefix index counts the slots it saved to the RAM cache
+        (``PrefixIndex.launched``)."""
 
     @abstractmethod
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:

@@ -71,8 +71,8 @@ class MemoryStore(StateStore):
     async def record_prompt(self, sent: SentPrompt) -> None:
         self.index.record(sent)
 
-    def launched(self, backend_id: str, slot: int | None) -> None:
-        self.index.launched(backend_id, slot)
+    def launched(self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int) -> None:
+        self.index.launched(backend_id, slot, chain, tokens)
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return {backend: self.index.match(chain, backend) for backend in backend_ids}

@@ -16,14 +16,21 @@ Every finished request records its prompt's chain (``policies.prefix``: chained 
   system prompt. Turnout does not know what a slot loaded from the RAM cache holds: a prompt that
   reused more than it shares with the slot's previous prompt, or whose ``cached`` is unknown, keeps
   only its own.
-- ``pending[backend][slot]``: a llama.cpp slot's prompt that nothing has saved to the RAM cache yet.
-  llama-server saves every idle slot when a task starts (``--cache-idle-slots``, its default), and a
-  slot that a prompt sharing little with it takes (``policies.slot_rules.consults_ram``). So a prompt
-  joins ``recent`` at the next launch on another slot of its backend (``launched``), or when a prompt
-  that consults the RAM cache takes its slot; one that the next prompt on its slot reuses as it is
-  (another session on the same long system prompt, or its own next turn) was never saved, and is not
-  expected in the RAM cache. Another replica's records go to ``recent`` at once (``record``'s
-  ``seen``): its launches are not seen here.
+- ``pending[backend][slot]``: an idle llama.cpp slot's prompt that nothing has saved to the RAM cache
+  yet. llama-server saves every idle slot when a task starts (``--cache-idle-slots``, its default),
+  and a slot that a prompt sharing little with it takes (``policies.slot_rules.consults_ram``). So a
+  prompt joins ``recent`` at the next launch on another slot of its backend (``launched``), or when
+  a prompt that consults the RAM cache takes its slot; one that the next prompt on its slot reuses as
+  it is (another session on the same long system prompt, or its own next turn) was never saved, and
+  is not expected in the RAM cache. Whether the prompt that takes a slot saved its prompt is judged
+  when that one is recorded (``_saved_by``). Another replica's record resolves the slot's pending
+  prompt so too, and goes to ``recent`` at once (``record``'s ``seen``): its launches are not seen.
+  Approximations: a launch is counted when turnout routes the request (a task that waits for a busy
+  slot, or that the server refuses, starts later or never); a warm-up's prompt is recorded as it
+  starts; and a slot's prompt stays pending while the next task there runs, so a launch elsewhere
+  meanwhile counts it saved, which llama-server does not do to a busy slot. Judging the takeover at
+  its launch instead, which gets that right, failed the validation set (val-copilot's p90 +2.3%;
+  docs/benchmarks.md, twenty-fifth entry).
 - ``tips``: each recorded prompt's mark under its last full chunk, with its session: a request that
   extends a known prompt byte for byte continues that session (implicit sessions are this view).
 
@@ -41,7 +48,7 @@ import msgspec
 
 from policies.checkpoints import DEFAULT_GAP
 from policies.prefix import CHUNK_BYTES, PromptChain, PromptMark
-from policies.slot_rules import checkpoints_after, consults_ram_by_counts
+from policies.slot_rules import SIMILARITY_THRESHOLD, checkpoints_after, consults_ram_by_counts
 from policies.types import PrefixMatch, SlotMatch
 
 ROOT = -1  # the tip key of prompts shorter than one chunk
@@ -201,14 +208,17 @@ class PrefixIndex:
         session, cached = sent.session_key, sent.cached
         held = Held(chain.hashes, chain.mark, tokens)
         recent = self._recent.setdefault(backend_id, _Recent(self.max_tokens))
-        if slot is None or not seen:
+        if slot is None:
             recent.add(held, chain)
-        else:
+        else:  # a launch there not seen (another replica's) took the slot's prompt: saved or not
             pending = self._pending.setdefault(backend_id, {})
             prior = pending.pop(slot, None)
             if prior is not None and _saved_by(chain, tokens, prior[0]):
                 recent.add(*prior)
-            pending[slot] = (held, chain)
+            if seen:
+                pending[slot] = (held, chain)
+            else:
+                recent.add(held, chain)
         if slot is not None:
             slots = self._slots.setdefault(backend_id, {})
             previous = slots.get(slot)
@@ -229,14 +239,17 @@ class PrefixIndex:
         self._slots.pop(backend_id, None)
         self._pending.pop(backend_id, None)
 
-    def launched(self, backend_id: str, slot: int | None) -> None:
-        """A task starts on ``backend_id``, pinned to ``slot`` (None: llama-server picks one): every
-        other idle slot's prompt is saved to the RAM cache now (module docstring, ``pending``)."""
+    def launched(self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int) -> None:
+        """A task of ``chain`` (``tokens`` long) starts on ``backend_id``, pinned to ``slot`` (None:
+        llama-server gives it the idle slot most similar to it, else the least recently used one):
+        every other slot's pending prompt is saved now (module docstring, ``pending``); the one it
+        takes is judged when it is recorded (``record``)."""
         pending = self._pending.get(backend_id)
         if not pending:
             return
         recent = self._recent.setdefault(backend_id, _Recent(self.max_tokens))
-        for other in [s for s in pending if s != slot]:
+        taken = slot if slot is not None else _similar(pending, chain, tokens)
+        for other in [s for s in pending if s != taken]:
             recent.add(*pending.pop(other))
 
     def slot(self, backend_id: str, slot: int) -> Held | None:
@@ -292,3 +305,11 @@ def _head(
     if previous.head_at in checkpoints and sent.chain.extends(previous.head):
         return previous.head, previous.head_at
     return None, 0
+
+
+def _similar(pending: dict[int, tuple[Held, PromptChain]], chain: PromptChain, tokens: int) -> int | None:
+    """The idle slot llama-server gives an unpinned task by similarity, among those whose prompt is
+    not saved yet: the most tokens shared with ``chain``, above ``SIMILARITY_THRESHOLD`` of it."""
+    shared = {slot: held.tokens_for(chain.common(held.hashes)) for slot, (held, _) in pending.items()}
+    best = max(shared, key=lambda slot: shared[slot], default=None)
+    return best if best is not None and shared[best] > SIMILARITY_THRESHOLD * tokens else None

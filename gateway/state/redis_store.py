@@ -179,8 +179,8 @@ class RedisStore(StateStore):
         self._index.record(sent)
         self.queue_prompt(sent)
 
-    def launched(self, backend_id: str, slot: int | None) -> None:
-        self._index.launched(backend_id, slot)
+    def launched(self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int) -> None:
+        self._index.launched(backend_id, slot, chain, tokens)
 
     def queue_prompt(self, sent: SentPrompt) -> None:
         """Tell the other replicas what was sent where (``prompt_log``), with the next batch of

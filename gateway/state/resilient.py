@@ -119,8 +119,8 @@ class ResilientStore(StateStore):
         await self.local.record_prompt(sent)
         self.redis.queue_prompt(sent)  # sent with finish_turn
 
-    def launched(self, backend_id: str, slot: int | None) -> None:
-        self.local.launched(backend_id, slot)
+    def launched(self, backend_id: str, slot: int | None, chain: PromptChain, tokens: int) -> None:
+        self.local.launched(backend_id, slot, chain, tokens)
 
     async def match_prefix(self, chain: PromptChain, backend_ids: Sequence[str]) -> dict[str, PrefixMatch]:
         return await self.local.match_prefix(chain, backend_ids)

@@ -223,3 +223,17 @@ class TestCheckpoints:
         match = index.match(chain_of(encode(system + fresh.take(900))), "vllm")
         assert match.slots == ()
         assert match.best_recent.checkpoint == 0
+
+
+def test_another_replicas_prompt_on_a_slot_settles_what_it_held() -> None:
+    """A prompt another replica sent (its launches unseen here) goes to the RAM cache's view at once,
+    and settles the slot's pending prompt as this replica's own would: b reused a's slot as it is
+    (the same long system prompt), so a's was never saved."""
+    system = b"you are a careful coding agent. " * 200
+    a, b = system + b"the first task " * 100, system + b"another task " * 100
+    index = PrefixIndex()
+    index.record(SentPrompt("llama", 0, chain_of(a), 2000, "a"))
+    index.record(SentPrompt("llama", 0, chain_of(b), 2000, "b"), seen=False)
+    index.launched("llama", 1, chain_of(b"z" * 5000), 1400)
+    assert index.match(chain_of(a + b" next"), "llama").recent < 2000
+    assert index.match(chain_of(b + b" next"), "llama").recent == 2000

@@ -58,8 +58,8 @@ def test_the_prefix_index_knows_slots_and_recent_prompts(store_factory: Callable
     store = store_factory()
     a, b = TURN, SYSTEM + b"agent b: other work " * 100
     run(store.record_prompt(SentPrompt("llama", 0, chain_of(a), 1500, "a")))
-    store.launched("llama", 1)  # another task starts: the idle slot 0 is saved
-    store.launched("llama", 0)
+    store.launched("llama", 1, chain_of(b"another prompt " * 200), 700)  # the idle slot 0 is saved
+    store.launched("llama", 0, chain_of(b), 1200)
     run(store.record_prompt(SentPrompt("llama", 0, chain_of(b), 1200, "b")))  # b took slot 0
     matches = run(store.match_prefix(chain_of(a + b" next"), ["llama", "vllm"]))
     llama = matches["llama"]
@@ -75,24 +75,38 @@ def test_the_prefix_index_knows_slots_and_recent_prompts(store_factory: Callable
 def test_a_slot_reused_as_it_is_was_never_saved(store_factory: Callable[..., StateStore]) -> None:
     """b takes a's slot before any other task starts, and shares a's long system prompt: llama-server
     reuses the slot as it is (f_keep >= 0.5) and never saves a's prompt, so the RAM cache is not
-    expected to hold it. One that shares little with a's is saved before it takes the slot."""
+    expected to hold it. b's, idle once it ended, is saved at the next task elsewhere. One that
+    shares little with the prompt that takes its slot is saved first."""
     store = store_factory()
     a, b = TURN, SYSTEM + b"agent b: other work " * 100
     run(store.record_prompt(SentPrompt("llama", 0, chain_of(a), 1500, "a")))
     nothing_saved = run(store.match_prefix(chain_of(a + b" next"), ["llama"]))["llama"]
     assert nothing_saved.recent == 0
-    store.launched("llama", 0)  # b, on a's slot: the slot is not idle, nothing is saved
-    run(store.record_prompt(SentPrompt("llama", 0, chain_of(b), 1200, "b")))
-    store.launched("llama", 1)  # a later task elsewhere saves b's, not a's
-    matches = run(store.match_prefix(chain_of(a + b" next"), ["llama"]))["llama"]
-    assert matches.recent < 1500
+    store.launched("llama", 0, chain_of(b), 1200)  # b on a's slot
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(b), 1200, "b")))  # reused as it is
+    store.launched("llama", 1, chain_of(b"z" * 4000), 1000)  # b's slot idle: saved, a's never was
+    assert run(store.match_prefix(chain_of(a + b" next"), ["llama"]))["llama"].recent < 1500
     assert run(store.match_prefix(chain_of(b + b" next"), ["llama"]))["llama"].recent == 1200
-    other = b"z" * 6000
-    run(store.record_prompt(SentPrompt("llama", 1, chain_of(other), 1700, "c")))  # c takes slot 1
-    store.launched("llama", 1)
-    run(store.record_prompt(SentPrompt("llama", 1, chain_of(a), 1500, "a")))  # a's, sharing nothing
+    other = b"x" * 6000
+    run(store.record_prompt(SentPrompt("llama", 1, chain_of(other), 1700, "c")))
+    store.launched("llama", 1, chain_of(a), 1500)
+    run(store.record_prompt(SentPrompt("llama", 1, chain_of(a), 1500, "a")))  # sharing nothing with c's
     saved_first = run(store.match_prefix(chain_of(other + b" more"), ["llama"]))["llama"]
     assert saved_first.recent == 1700
+
+
+def test_an_unpinned_task_takes_the_most_similar_idle_slot_as_it_is(
+    store_factory: Callable[..., StateStore],
+) -> None:
+    """Without a slot named, llama-server gives a task the idle slot most similar to it: b, on a's
+    system prompt, reuses a's slot as it is (a never saved); c's prompt in the other idle slot is."""
+    store = store_factory()
+    a, b, c = TURN, SYSTEM + b"agent b: other work " * 100, b"w" * 5000
+    run(store.record_prompt(SentPrompt("llama", 0, chain_of(a), 1500, "a")))
+    run(store.record_prompt(SentPrompt("llama", 1, chain_of(c), 1400, "c")))
+    store.launched("llama", None, chain_of(b), 1200)
+    assert run(store.match_prefix(chain_of(a + b" next"), ["llama"]))["llama"].recent < 1500
+    assert run(store.match_prefix(chain_of(c + b" next"), ["llama"]))["llama"].recent == 1400
 
 
 def test_the_prefix_index_is_bounded(store_factory: Callable[..., StateStore]) -> None:
