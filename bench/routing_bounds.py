@@ -1,6 +1,6 @@
 """What no router can beat on a trace, by the engines' own rules (the engine models of the virtual
 replay, each turn alone): the floors the routing benchmark's Targets quote where ``cost`` misses
-(``routing_report.agent_peer_bound``, ``routing_report.agent_target``)."""
+(``routing_report.peer_bound``, ``routing_report.agent_target``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from routing_workloads import MODEL, WORKLOADS
 from backends.sim.prefix_cache import add_checkpoints, common_prefix, llama_reuse
 from gateway.replay.report import LONG_PROMPT_TOKENS
 from gateway.replay.synth import prompt_tokens, threaded, user_starts
-from gateway.replay.traces import TraceRequest, with_model
+from gateway.replay.traces import TraceRequest, conversations, with_model
 from gateway.replay.virtual_world import ANSWER_TOKEN, OVERHEAD_S
 from gateway.replay.workstation import StackOptions
 
@@ -41,38 +41,71 @@ def warm_turn_best(
     return sum(best) / len(best) if best else None
 
 
-def last_token_best(requests: Sequence[TraceRequest], overhead_s: float = OVERHEAD_S) -> float | None:
-    """The mean time to the last token if every turn ran alone on the engine that ends it first, warm
-    from its own previous turn on its llama.cpp slot (``llama_reuse`` and its checkpoints, as
-    ``warm_turn_best``) or from any earlier prompt on vLLM (the whole blocks of a previous prompt and
-    answer that it extends), each answer cut at what the engine's window leaves (as the replay cuts
-    it) and decoded at batch 1 at the prompt's context. Both warm at once, nothing beside it and no
-    context growth while it decodes: what no routing can beat on this trace."""
+def alone_best(
+    requests: Sequence[TraceRequest], overhead_s: float = OVERHEAD_S
+) -> list[tuple[float, float, bool]]:
+    """Each request's floor, as (TTFT, time to the last token, an agent's call): the request alone on
+    the engine that ends it first, warm from its own previous turn on its llama.cpp slot
+    (``llama_reuse`` and its checkpoints, as ``warm_turn_best``) or from any earlier prompt on vLLM
+    (the whole blocks of a previous prompt and answer that it extends; a conversation's turns by
+    ``traces.conversations``, as the replay paces them), its answer cut at what the
+    engine's window leaves (as the replay cuts it) and decoded at batch 1 at the prompt's context.
+    Both warm at once, nothing beside it and no context growth while it decodes: what no routing
+    can beat on this trace (the TTFT's engine may differ from the last token's)."""
     configs = StackOptions(model=MODEL).sim_configs()
     llama, vllm = configs["llama"].engine_profile, configs["vllm"]
     block, gap = vllm.cache_block_size, llama.prefill.checkpoint_gap
-    ends: list[float] = []
-    previous: dict[str | None, tuple[list[int], tuple[int, ...]]] = {}
+    floors: list[tuple[float, float, bool]] = []
+    previous: dict[int, tuple[list[int], tuple[int, ...]]] = {}
     cached_on_vllm: list[list[int]] = []
-    for request in threaded(requests):
+    conversation = {i: n for n, chain in enumerate(conversations(requests)) for i in chain}
+    for index, request in enumerate(threaded(requests)):
         prompt = prompt_tokens(request)
-        tokens, checkpoints = previous.get(request.session, ([], ()))
+        tokens, checkpoints = previous.get(conversation[index], ([], ()))
         reuse = llama_reuse(tokens, checkpoints, prompt, hybrid=True)
         user, first = user_starts(request)
         checkpoints = add_checkpoints(reuse.checkpoints, len(prompt), reuse.n_past, gap, user, first)
         answer = min(request.max_tokens, max(configs["llama"].context_window - len(prompt), 0))
-        previous[request.session] = (prompt + [ANSWER_TOKEN.id] * max(answer - 1, 0), checkpoints)
-        on_llama = llama.prefill_seconds(len(prompt) - reuse.n_past, reuse.n_past, user, first_user=first)
-        best = on_llama + max(answer - 1, 0) * llama.decode_step_seconds(1, len(prompt))
+        previous[conversation[index]] = (prompt + [ANSWER_TOKEN.id] * max(answer - 1, 0), checkpoints)
+        ttft = llama.prefill_seconds(len(prompt) - reuse.n_past, reuse.n_past, user, first_user=first)
+        last = ttft + max(answer - 1, 0) * llama.decode_step_seconds(1, len(prompt))
         answer = min(request.max_tokens, vllm.context_window - len(prompt))
         if answer > 0:
             shared = max((common_prefix(held, prompt) for held in cached_on_vllm), default=0)
             blocks = min(shared, len(prompt) - 1) // block * block
             on_vllm = vllm.engine_profile.prefill_seconds(len(prompt) - blocks, blocks)
-            best = min(best, on_vllm + (answer - 1) * vllm.engine_profile.decode_step_seconds(1, len(prompt)))
+            ttft = min(ttft, on_vllm)
+            last = min(last, on_vllm + (answer - 1) * vllm.engine_profile.decode_step_seconds(1, len(prompt)))
             cached_on_vllm.append(prompt + [ANSWER_TOKEN.id] * (answer - 1))
-        ends.append(overhead_s + best)
-    return sum(ends) / len(ends) if ends else None
+        floors.append((overhead_s + ttft, overhead_s + last, request.agent))
+    return floors
+
+
+def last_token_best(requests: Sequence[TraceRequest], overhead_s: float = OVERHEAD_S) -> float | None:
+    """The mean time to the last token of ``alone_best``: every turn alone and warm on the engine
+    that ends it first."""
+    floors = alone_best(requests, overhead_s)
+    return sum(last for _, last, _ in floors) / len(floors) if floors else None
+
+
+def floor(name: str, key: str, quick: bool, draws: range) -> float | None:
+    """Row ``name``'s floor on ``key`` (``ttft_mean_s``, ``completion_mean_s`` or ``awaited_mean_s``)
+    pooled over ``draws`` (``alone_best``); None for a row not on the two-engine workstation or
+    paced to a load (a long recorded trace: ``alone_best`` compares every prompt with every earlier)."""
+    workload = next((w for w in WORKLOADS if w.name == name), None)
+    if workload is None or workload.fleet is not None or workload.load is not None or workload.homogeneous:
+        return None
+    traces = (
+        [workload.make(quick)]
+        if quick or workload.seeded is None
+        else [workload.seeded(seed) for seed in draws]
+    )
+    pick = {
+        "ttft_mean_s": lambda ttft, last, agent: ttft,
+        "completion_mean_s": lambda ttft, last, agent: last,
+    }.get(key, lambda ttft, last, agent: last if agent else ttft)
+    values = [pick(*f) for trace in traces for f in alone_best(with_model(trace, MODEL))]
+    return sum(values) / len(values) if values else None
 
 
 def agent_trace(quick: bool) -> list[TraceRequest]:

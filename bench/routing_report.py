@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from routing_bounds import agent_trace, last_token_best, warm_turn_best
+from routing_bounds import agent_trace, floor, warm_turn_best
 from routing_peers import VS_PEER, best_peer, judged_on, peer_seed_target, peer_targets, with_best_peer
 from routing_text import ratio, verdict
 from routing_workloads import SEEDS
@@ -85,8 +85,9 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
         lines += peer_targets(
             name, result["profiles"], bool(meta.get("homogeneous")), meta.get("agent_share", 0.0)
         )
-        if name == "agent":
-            lines += agent_peer_bound(result["profiles"], quick, meta.get("agent_share", 0.0))
+        if not meta.get("homogeneous"):
+            draws = range(first, first + meta.get("draws", 1))
+            lines += peer_bound(name, result["profiles"], quick, meta.get("agent_share", 0.0), draws)
         if result.get("peer_seeds"):
             lines.append(peer_seed_target(result["peer_seeds"], first, result.get("peer_seeds_on", "TTFT")))
     if "agent" in results:
@@ -94,28 +95,32 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[str
     return lines
 
 
-def agent_peer_bound(profiles: dict[str, Any], quick: bool, agent_share: float = 0.0) -> list[str]:
-    """Where ``cost`` misses ``VS_PEER`` on the agent row, what the engines' rules allow any router on
-    what the row is judged on (``judged_on``): to the last token, every turn alone and warm on the
-    engine that ends it first (``last_token_best``); to the first token, every turn warm on its own
-    slot with nothing else running (``warm_turn_best`` over every turn)."""
+def peer_bound(
+    name: str, profiles: dict[str, Any], quick: bool, agent_share: float = 0.0, draws: range = range(1)
+) -> list[str]:
+    """Where ``cost`` misses ``VS_PEER`` on a row of the two-engine workstation, what the engines'
+    rules allow any router on what the row is judged on (``judged_on``), over the row's ``draws``:
+    each request alone and warm on the engine that ends it first (``routing_bounds.floor``); the
+    agent row judged on the first token (an older report): every turn warm on its own slot with
+    nothing else running (``warm_turn_best``)."""
     best = best_peer(profiles)
     cost = profiles["cost"]
     mean_key, _, what = judged_on(agent_share, "awaited_mean_s" in cost)
     if best is None or best.get(mean_key) is None or cost[mean_key] <= VS_PEER * best[mean_key]:
         return []
-    trace = agent_trace(quick)
-    last = mean_key != "ttft_mean_s"
-    bound = last_token_best(trace) if last else warm_turn_best(trace, min_tokens=0)
+    first_token_agent = name == "agent" and mean_key == "ttft_mean_s"
+    if first_token_agent:
+        bound = warm_turn_best(agent_trace(quick), min_tokens=0)
+        alone = (
+            "every turn warm on its own slot with nothing else running (each resumes 4 tokens before"
+            " the previous prompt's end and re-prefills the answer and the new message, note below)"
+        )
+    else:
+        bound = floor(name, mean_key, quick, draws)
+        alone = "each request alone and warm on the engine that ends it first, its answer decoded at batch 1"
     if bound is None:
         return []
     reach = "no router reaches" if bound > VS_PEER * best[mean_key] else "a router could reach"
-    alone = (
-        "every turn alone and warm on the engine that ends it first, its answer decoded at batch 1"
-        if last
-        else "every turn warm on its own slot with nothing else running (each resumes 4 tokens before"
-        " the previous prompt's end and re-prefills the answer and the new message, note below)"
-    )
     return [
         f"  - {reach} {VS_PEER:.1f}x here on the {what}: {alone}, averages {bound:.3f} s ="
         f" {ratio(bound, best[mean_key])} the best peer's; cost is {ratio(cost[mean_key], bound)} that"

@@ -97,14 +97,14 @@ def test_the_agent_rows_miss_says_what_no_router_can_reach() -> None:
     def row(cost_s: float, peer_s: float) -> dict[str, dict[str, float]]:
         return {"cost": {"ttft_mean_s": cost_s}, "llm-d": {"requests": 60, "ttft_mean_s": peer_s}}
 
-    (line,) = routing_report.agent_peer_bound(row(0.853, 0.858), quick=True)
+    (line,) = routing_report.peer_bound("agent", row(0.853, 0.858), quick=True)
     bound = routing_bounds.warm_turn_best(routing_bounds.agent_trace(True), min_tokens=0)
     assert bound is not None
     assert bound > 0.8 * 0.858
     assert line.startswith("  - no router reaches 0.8x here on the TTFT")
     assert f"averages {bound:.3f} s" in line
-    assert routing_report.agent_peer_bound(row(0.853, 2.0), quick=True) == []  # met: nothing to explain
-    (reachable,) = routing_report.agent_peer_bound(row(5.0, 4.0), quick=True)
+    assert routing_report.peer_bound("agent", row(0.853, 2.0), quick=True) == []  # met: nothing to explain
+    (reachable,) = routing_report.peer_bound("agent", row(5.0, 4.0), quick=True)
     assert reachable.startswith("  - a router could reach 0.8x here")
 
 
@@ -128,13 +128,37 @@ def test_the_agent_rows_miss_on_the_last_token_says_what_no_router_can_reach() -
             "dynamo-kv": {"requests": 60, "ttft_mean_s": 0.1, "completion_mean_s": peer_s},
         }
 
-    (line,) = routing_report.agent_peer_bound(row(bound * 1.3, bound * 1.2), quick=True, agent_share=1.0)
+    (line,) = routing_report.peer_bound("agent", row(bound * 1.3, bound * 1.2), quick=True, agent_share=1.0)
     assert line.startswith("  - no router reaches 0.8x here on the time to the last token")
     assert f"averages {bound:.3f} s = 0.83x the best peer's" in line
     assert "cost is 1.30x that" in line
-    (reachable,) = routing_report.agent_peer_bound(row(bound * 3, bound * 2), quick=True, agent_share=1.0)
+    (reachable,) = routing_report.peer_bound("agent", row(bound * 3, bound * 2), quick=True, agent_share=1.0)
     assert reachable.startswith("  - a router could reach 0.8x here")
-    assert routing_report.agent_peer_bound(row(bound, bound * 2), quick=True, agent_share=1.0) == []
+    assert routing_report.peer_bound("agent", row(bound, bound * 2), quick=True, agent_share=1.0) == []
+
+
+def test_a_mixed_rows_miss_says_what_no_router_can_reach_on_what_its_clients_wait_for() -> None:
+    """A contention row is judged on each request's own clock (an agent's call by its last token, a
+    one-off by its first): its floor pools each request's, alone and warm, over the row's draws; a
+    row on another fleet (fleet-16) or a recorded trace paced to a load (mooncake) has none."""
+    trace = routing_bounds.with_model(
+        next(w for w in routing.WORKLOADS if w.name == "contention-1").make(True), "m"
+    )
+    floors = routing_bounds.alone_best(trace)
+    assert {agent for _, _, agent in floors} == {True, False}
+    assert all(0 < ttft <= last for ttft, last, _ in floors)
+    bound = routing_bounds.floor("contention-1", "awaited_mean_s", True, range(1))
+    assert bound is not None
+    assert bound == pytest.approx(sum(last if agent else ttft for ttft, last, agent in floors) / len(floors))
+    profiles = {
+        "cost": {"ttft_mean_s": 0.1, "awaited_mean_s": bound * 1.1},
+        "dynamo-kv": {"requests": 9, "ttft_mean_s": 0.1, "awaited_mean_s": bound * 1.2},
+    }
+    (line,) = routing_report.peer_bound("contention-1", profiles, quick=True, agent_share=0.3)
+    assert line.startswith("  - no router reaches 0.8x here on the wait (agents' calls: last token")
+    assert f"averages {bound:.3f} s" in line
+    assert routing_bounds.floor("fleet-16", "awaited_mean_s", True, range(1)) is None
+    assert routing_bounds.floor("mooncake", "ttft_mean_s", True, range(1)) is None
 
 
 def test_the_agent_rows_last_token_floor_is_below_every_replayed_profile() -> None:
