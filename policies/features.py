@@ -215,7 +215,7 @@ def extract(
         chain=chain,
         user_share=last_user / len(stream) if last_user > 0 else -1.0,
         first_user_share=first_user / len(stream) if first_user > 0 else -1.0,
-        head=chain.mark_at(first_user) if first_user > 0 else None,
+        first_user_bytes=first_user,
         shape=shape_of(messages, body.get("tools")) if shape and endpoint in SHAPED else None,
         prompt_chars=chars,
         needs_response_store=endpoint is Endpoint.RESPONSES and body.get("previous_response_id") is not None,

@@ -214,9 +214,16 @@ class RequestFeatures(msgspec.Struct, frozen=True):
     user_starts``; -1: none, or a text completion)."""
     first_user_share: float = -1.0
     """Where its first user message starts, as a share of the prompt (-1: none, or a text completion)."""
-    head: PromptMark | None = None
-    """The prompt up to its first user message (its system prompt and tools): another session with
-    the same head restores the checkpoint a cold prompt takes there (``gateway.state.prefix_index``)."""
+    first_user_bytes: int = -1
+    """Where its first user message starts in the rendered prompt, in bytes (-1: none): ``head``."""
+
+    @property
+    def head(self) -> PromptMark | None:
+        """The prompt up to its first user message (its system prompt and tools): another session
+        with the same head restores the checkpoint a cold prompt takes there
+        (``gateway.state.prefix_index``). Digested when first asked (the chain keeps it): after the
+        answer, when the prompt is recorded, not while the request is routed."""
+        return self.chain.mark_at(self.first_user_bytes) if self.first_user_bytes > 0 else None
 
     @property
     def user_start(self) -> int:

@@ -210,7 +210,7 @@ class PrefixIndex:
         recent = self._recent.setdefault(backend_id, _Recent(self.max_tokens))
         if slot is None:
             recent.add(held, chain)
-        else:  # a launch there not seen (another replica's) took the slot's prompt: saved or not
+        else:  # this prompt took the slot: was the one it held saved first? (``_saved_by``)
             pending = self._pending.setdefault(backend_id, {})
             prior = pending.pop(slot, None)
             if prior is not None and _saved_by(chain, tokens, prior[0]):
@@ -219,7 +219,6 @@ class PrefixIndex:
                 pending[slot] = (held, chain)
             else:
                 recent.add(held, chain)
-        if slot is not None:
             slots = self._slots.setdefault(backend_id, {})
             previous = slots.get(slot)
             kept = previous.survivors(chain, cached) if previous is not None else ()
